@@ -1,0 +1,18 @@
+"""Storage adapters behind the `MemoryStore` Protocol; `create_store` picks one from settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .protocol import MemoryStore
+
+
+def create_store(sqlite_path: Path, postgres_dsn: str | None = None, embedding_dimension: int = 384) -> MemoryStore:
+    """PostgreSQL when a DSN is given, else the embedded SQLite file."""
+    if postgres_dsn:
+        from .postgres import PostgresStore
+
+        return PostgresStore(postgres_dsn, embedding_dimension=embedding_dimension)
+    from .sqlite import SQLiteStore
+
+    return SQLiteStore(sqlite_path)

@@ -1,0 +1,671 @@
+"""The embedded SQLite store: the zero-set-up default.
+
+WAL mode, `BEGIN IMMEDIATE` around every change (so concurrent writers from several processes
+serialise instead of racing to the same version), a schema version with migrations, and an FTS5
+index over the current version of each key. One connection per store, used from worker threads
+behind a lock so the event loop never blocks on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..core.errors import StoreError, ValidationError
+from ..core.models import (
+    Actor,
+    EntryFilter,
+    MemoryEntry,
+    MemoryType,
+    NewEntry,
+    OutcomeEffect,
+    OutcomeRecord,
+    OutcomeType,
+    Provenance,
+    SortBy,
+    Tier,
+    TraceEvent,
+    TraceKind,
+)
+from .protocol import OutcomeTarget, StoreSnapshot, TierUpdate
+
+T = TypeVar("T")
+
+BUSY_TIMEOUT_MS = 60_000
+
+# Each entry is one migration step; the schema version is its 1-based position.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE entries (
+        row_id INTEGER PRIMARY KEY,
+        entity_path TEXT NOT NULL,
+        key TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        is_current INTEGER NOT NULL,
+        value_json TEXT NOT NULL,
+        confidence REAL NOT NULL,
+        agent_id TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        written_at REAL NOT NULL,
+        outcome_count INTEGER NOT NULL DEFAULT 0,
+        recall_count INTEGER NOT NULL DEFAULT 0,
+        ttl_at REAL,
+        memory_type TEXT NOT NULL,
+        tier INTEGER NOT NULL,
+        priority_score REAL,
+        importance_score REAL,
+        importance_dimensions TEXT,
+        embedding BLOB,
+        amfs_version TEXT NOT NULL,
+        search_text TEXT NOT NULL DEFAULT '',
+        UNIQUE (entity_path, key, version)
+    );
+    CREATE UNIQUE INDEX entries_current_key ON entries (entity_path, key) WHERE is_current = 1;
+    CREATE INDEX entries_current_written ON entries (written_at) WHERE is_current = 1;
+    CREATE INDEX entries_current_confidence ON entries (confidence) WHERE is_current = 1;
+    CREATE VIRTUAL TABLE entries_fts USING fts5 (search_text, tokenize = "porter unicode61 tokenchars '_'");
+    CREATE TABLE outcomes (
+        outcome_ref TEXT PRIMARY KEY,
+        outcome_type TEXT NOT NULL,
+        multiplier REAL NOT NULL,
+        committed_at REAL NOT NULL,
+        agent_id TEXT NOT NULL,
+        session_id TEXT NOT NULL
+    );
+    CREATE TABLE outcome_effects (
+        outcome_ref TEXT NOT NULL REFERENCES outcomes (outcome_ref) ON DELETE CASCADE,
+        position INTEGER NOT NULL,
+        entity_path TEXT NOT NULL,
+        key TEXT NOT NULL,
+        version_read INTEGER,
+        version_updated INTEGER NOT NULL,
+        confidence_before REAL NOT NULL,
+        confidence_after REAL NOT NULL,
+        PRIMARY KEY (outcome_ref, entity_path, key)
+    );
+    CREATE INDEX outcome_effects_entry ON outcome_effects (entity_path, key);
+    CREATE TABLE trace_events (
+        event_id INTEGER PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        agent_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        entity_path TEXT NOT NULL,
+        key TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        at REAL NOT NULL
+    );
+    CREATE INDEX trace_events_session ON trace_events (session_id, kind);
+    CREATE TABLE meta (name TEXT PRIMARY KEY, value_json TEXT NOT NULL);
+    """,
+]
+
+_ENTRY_COLUMNS = (
+    "row_id, entity_path, key, version, value_json, confidence, agent_id, session_id, written_at, "
+    "outcome_count, recall_count, ttl_at, memory_type, tier, priority_score, importance_score, "
+    "importance_dimensions, embedding, amfs_version"
+)
+
+_SORT_SQL: dict[str, str] = {
+    "confidence": "confidence DESC, written_at DESC",
+    "recency": "written_at DESC",
+    "recall_count": "recall_count DESC, written_at DESC",
+    "priority": "priority_score DESC, written_at DESC",
+}
+
+
+def _ts(moment: datetime | None) -> float | None:
+    return None if moment is None else moment.timestamp()
+
+
+def _dt(seconds: float | None) -> datetime | None:
+    return None if seconds is None else datetime.fromtimestamp(seconds, tz=timezone.utc)
+
+
+def encode_embedding(embedding: list[float] | None) -> bytes | None:
+    if embedding is None:
+        return None
+    import numpy as np
+
+    return np.asarray(embedding, dtype=np.float32).tobytes()
+
+
+def decode_embedding(blob: bytes | None) -> list[float] | None:
+    if blob is None:
+        return None
+    import numpy as np
+
+    return np.frombuffer(blob, dtype=np.float32).tolist()
+
+
+def prefix_clause(column: str, entity_path: str) -> tuple[str, list[Any]]:
+    """`entity_path` and everything below it, without LIKE (paths contain `_`, a LIKE wildcard)."""
+    return f"({column} = ? OR substr({column}, 1, ?) = ?)", [entity_path, len(entity_path) + 1, entity_path + "/"]
+
+
+def _row_to_entry(row: sqlite3.Row, with_embedding: bool = True) -> MemoryEntry:
+    return MemoryEntry(
+        entity_path=row["entity_path"],
+        key=row["key"],
+        value=json.loads(row["value_json"]),
+        version=row["version"],
+        confidence=row["confidence"],
+        provenance=Provenance(row["agent_id"], row["session_id"], _dt(row["written_at"])),  # type: ignore[arg-type]
+        outcome_count=row["outcome_count"],
+        recall_count=row["recall_count"],
+        ttl_at=_dt(row["ttl_at"]),
+        memory_type=MemoryType(row["memory_type"]),
+        tier=Tier(row["tier"]),
+        priority_score=row["priority_score"],
+        importance_score=row["importance_score"],
+        importance_dimensions=json.loads(row["importance_dimensions"]) if row["importance_dimensions"] else None,
+        embedding=decode_embedding(row["embedding"]) if with_embedding else None,
+        amfs_version=row["amfs_version"],
+    )
+
+
+class SQLiteStore:
+    """MemoryStore on one SQLite file (`<data_dir>/amfs.db`)."""
+
+    name = "sqlite"
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.RLock()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        await asyncio.to_thread(self._open_sync)
+
+    def _open_sync(self) -> None:
+        if self._conn is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            self._conn = conn
+            self._migrate()
+        except sqlite3.DatabaseError as error:
+            self._conn = None
+            raise StoreError(f"Cannot open the SQLite store at {self.path}: {error}. Check the file or set AMFS_DATA_DIR.") from error
+
+    def _migrate(self) -> None:
+        with self._transaction() as conn:
+            current = conn.execute("PRAGMA user_version").fetchone()[0]
+            if current > len(MIGRATIONS):
+                raise StoreError(
+                    f"The store at {self.path} has schema version {current}, newer than this amfs-server "
+                    f"({len(MIGRATIONS)}). Upgrade amfs-server."
+                )
+            for number, script in enumerate(MIGRATIONS[current:], start=current + 1):
+                for statement in script.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {number}")
+
+    async def close(self) -> None:
+        def close_sync() -> None:
+            with self._lock:
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+
+        await asyncio.to_thread(close_sync)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        conn = self._connection()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        else:
+            conn.execute("COMMIT")
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError("The SQLite store is not open; call `await store.open()` first.")
+        return self._conn
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        def locked() -> T:
+            with self._lock:
+                return fn()
+
+        return await asyncio.to_thread(locked)
+
+    # -- entries ----------------------------------------------------------------------------
+
+    async def insert_versions(self, drafts: list[NewEntry], actor: Actor) -> list[MemoryEntry]:
+        return await self._run(lambda: self._insert_versions_sync(drafts, actor))
+
+    def _insert_versions_sync(self, drafts: list[NewEntry], actor: Actor) -> list[MemoryEntry]:
+        stored: list[MemoryEntry] = []
+        with self._transaction() as conn:
+            for draft in drafts:
+                previous = conn.execute(
+                    "SELECT row_id, version FROM entries WHERE entity_path = ? AND key = ? AND is_current = 1",
+                    (draft.entity_path, draft.key),
+                ).fetchone()
+                version = 1
+                if previous is not None:
+                    version = previous["version"] + 1
+                    conn.execute("UPDATE entries SET is_current = 0 WHERE row_id = ?", (previous["row_id"],))
+                    conn.execute("DELETE FROM entries_fts WHERE rowid = ?", (previous["row_id"],))
+                cursor = conn.execute(
+                    "INSERT INTO entries (entity_path, key, version, is_current, value_json, confidence, agent_id, "
+                    "session_id, written_at, ttl_at, memory_type, tier, priority_score, importance_score, "
+                    "importance_dimensions, embedding, amfs_version, search_text) "
+                    "VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        draft.entity_path, draft.key, version, draft.value_json, draft.confidence, draft.agent_id,
+                        draft.session_id, _ts(draft.written_at), _ts(draft.ttl_at), draft.memory_type.value,
+                        int(draft.tier), draft.priority_score, draft.importance_score,
+                        json.dumps(draft.importance_dimensions) if draft.importance_dimensions else None,
+                        encode_embedding(draft.embedding), "0.2.0", draft.search_text,
+                    ),
+                )
+                row_id = cursor.lastrowid
+                conn.execute("INSERT INTO entries_fts (rowid, search_text) VALUES (?, ?)", (row_id, draft.search_text))
+                conn.execute(
+                    "INSERT INTO trace_events (session_id, agent_id, kind, entity_path, key, version, at) "
+                    "VALUES (?, ?, 'write', ?, ?, ?, ?)",
+                    (actor.session_id, actor.agent_id, draft.entity_path, draft.key, version, _ts(draft.written_at)),
+                )
+                row = conn.execute(f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE row_id = ?", (row_id,)).fetchone()
+                stored.append(_row_to_entry(row))
+        return stored
+
+    async def get_current(self, entity_path: str, key: str, now: datetime) -> MemoryEntry | None:
+        def fetch() -> MemoryEntry | None:
+            row = self._connection().execute(
+                f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE entity_path = ? AND key = ? AND is_current = 1 "
+                "AND (ttl_at IS NULL OR ttl_at > ?)",
+                (entity_path, key, _ts(now)),
+            ).fetchone()
+            return None if row is None else _row_to_entry(row)
+
+        return await self._run(fetch)
+
+    async def get_version(self, entity_path: str, key: str, version: int) -> MemoryEntry | None:
+        def fetch() -> MemoryEntry | None:
+            row = self._connection().execute(
+                f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE entity_path = ? AND key = ? AND version = ?",
+                (entity_path, key, version),
+            ).fetchone()
+            return None if row is None else _row_to_entry(row)
+
+        return await self._run(fetch)
+
+    async def history(self, entity_path: str, key: str) -> list[MemoryEntry]:
+        def fetch() -> list[MemoryEntry]:
+            rows = self._connection().execute(
+                f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE entity_path = ? AND key = ? ORDER BY version",
+                (entity_path, key),
+            ).fetchall()
+            return [_row_to_entry(row) for row in rows]
+
+        return await self._run(fetch)
+
+    async def find_current(
+        self, flt: EntryFilter, now: datetime, sort_by: SortBy, limit: int | None
+    ) -> list[MemoryEntry]:
+        clauses, params = self._filter_sql(flt, now)
+        sql = f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE {' AND '.join(clauses)} ORDER BY {_SORT_SQL[sort_by]}"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+
+        def fetch() -> list[MemoryEntry]:
+            return [_row_to_entry(row, with_embedding=False) for row in self._connection().execute(sql, params)]
+
+        return await self._run(fetch)
+
+    @staticmethod
+    def _filter_sql(flt: EntryFilter, now: datetime, column_prefix: str = "") -> tuple[list[str], list[Any]]:
+        c = column_prefix
+        clauses = [f"{c}is_current = 1", f"({c}ttl_at IS NULL OR {c}ttl_at > ?)"]
+        params: list[Any] = [_ts(now)]
+        if flt.entity_path is not None:
+            clause, extra = prefix_clause(f"{c}entity_path", flt.entity_path)
+            clauses.append(clause)
+            params.extend(extra)
+        if flt.memory_type is not None:
+            clauses.append(f"{c}memory_type = ?")
+            params.append(flt.memory_type.value)
+        if flt.agent_id is not None:
+            clauses.append(f"{c}agent_id = ?")
+            params.append(flt.agent_id)
+        if flt.since is not None:
+            clauses.append(f"{c}written_at >= ?")
+            params.append(_ts(flt.since))
+        if flt.min_stored_confidence is not None:
+            clauses.append(f"{c}confidence >= ?")
+            params.append(flt.min_stored_confidence)
+        return clauses, params
+
+    # -- reads and traces ---------------------------------------------------------------------
+
+    async def record_reads(self, actor: Actor, kind: TraceKind, reads: list[TierUpdate], now: datetime) -> None:
+        if not reads:
+            return
+
+        def write() -> None:
+            with self._transaction() as conn:
+                for read in reads:
+                    conn.execute(
+                        "UPDATE entries SET recall_count = recall_count + 1, tier = ?, priority_score = ? "
+                        "WHERE entity_path = ? AND key = ? AND version = ?",
+                        (int(read.tier), read.priority_score, read.entity_path, read.key, read.version),
+                    )
+                conn.executemany(
+                    "INSERT INTO trace_events (session_id, agent_id, kind, entity_path, key, version, at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [(actor.session_id, actor.agent_id, kind, r.entity_path, r.key, r.version, _ts(now)) for r in reads],
+                )
+
+        await self._run(write)
+
+    async def session_reads(self, session_id: str) -> list[OutcomeTarget]:
+        def fetch() -> list[OutcomeTarget]:
+            rows = self._connection().execute(
+                "SELECT entity_path, key, MAX(version) AS version, MIN(event_id) AS first FROM trace_events "
+                "WHERE session_id = ? AND kind IN ('read', 'retrieve') GROUP BY entity_path, key ORDER BY first",
+                (session_id,),
+            ).fetchall()
+            return [OutcomeTarget(row["entity_path"], row["key"], row["version"]) for row in rows]
+
+        return await self._run(fetch)
+
+    async def trace_events(self, session_id: str | None = None) -> list[TraceEvent]:
+        def fetch() -> list[TraceEvent]:
+            sql = "SELECT session_id, agent_id, kind, entity_path, key, version, at FROM trace_events"
+            params: tuple[Any, ...] = ()
+            if session_id is not None:
+                sql += " WHERE session_id = ?"
+                params = (session_id,)
+            rows = self._connection().execute(sql + " ORDER BY event_id", params).fetchall()
+            return [
+                TraceEvent(r["session_id"], r["agent_id"], r["kind"], r["entity_path"], r["key"], r["version"], _dt(r["at"]))  # type: ignore[arg-type]
+                for r in rows
+            ]
+
+        return await self._run(fetch)
+
+    # -- outcomes -----------------------------------------------------------------------------
+
+    async def apply_outcome(
+        self,
+        outcome_ref: str,
+        outcome_type: OutcomeType,
+        multiplier: float,
+        actor: Actor,
+        now: datetime,
+        targets: list[OutcomeTarget],
+    ) -> OutcomeRecord:
+        return await self._run(lambda: self._apply_outcome_sync(outcome_ref, outcome_type, multiplier, actor, now, targets))
+
+    def _apply_outcome_sync(
+        self,
+        outcome_ref: str,
+        outcome_type: OutcomeType,
+        multiplier: float,
+        actor: Actor,
+        now: datetime,
+        targets: list[OutcomeTarget],
+    ) -> OutcomeRecord:
+        from ..core.confidence import apply_outcome
+
+        with self._transaction() as conn:
+            existing = self._outcome_records_sync(conn, "WHERE o.outcome_ref = ?", (outcome_ref,))
+            if existing:
+                return _already_applied(existing[0])
+            conn.execute(
+                "INSERT INTO outcomes (outcome_ref, outcome_type, multiplier, committed_at, agent_id, session_id) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (outcome_ref, outcome_type.value, multiplier, _ts(now), actor.agent_id, actor.session_id),
+            )
+            effects: list[OutcomeEffect] = []
+            for position, target in enumerate(targets):
+                row = conn.execute(
+                    "SELECT row_id, version, confidence FROM entries WHERE entity_path = ? AND key = ? AND is_current = 1",
+                    (target.entity_path, target.key),
+                ).fetchone()
+                if row is None:
+                    raise ValidationError(
+                        f"No memory at '{target.entity_path}/{target.key}'; the outcome was not recorded. "
+                        "Check causal_entry_keys with amfs_list or amfs_retrieve."
+                    )
+                after = apply_outcome(row["confidence"], multiplier)
+                conn.execute(
+                    "UPDATE entries SET confidence = ?, outcome_count = outcome_count + 1 WHERE row_id = ?",
+                    (after, row["row_id"]),
+                )
+                effect = OutcomeEffect(target.entity_path, target.key, target.version_read, row["version"], row["confidence"], after)
+                conn.execute(
+                    "INSERT INTO outcome_effects (outcome_ref, position, entity_path, key, version_read, version_updated, "
+                    "confidence_before, confidence_after) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (outcome_ref, position, effect.entity_path, effect.key, effect.version_read, effect.version_updated,
+                     effect.confidence_before, effect.confidence_after),
+                )
+                effects.append(effect)
+        return OutcomeRecord(outcome_ref, outcome_type, multiplier, now, actor.agent_id, actor.session_id, tuple(effects))
+
+    async def update_tiers(self, updates: list[TierUpdate]) -> None:
+        if not updates:
+            return
+
+        def write() -> None:
+            with self._transaction() as conn:
+                conn.executemany(
+                    "UPDATE entries SET tier = ?, priority_score = ? WHERE entity_path = ? AND key = ? AND version = ?",
+                    [(int(u.tier), u.priority_score, u.entity_path, u.key, u.version) for u in updates],
+                )
+
+        await self._run(write)
+
+    async def outcome_records(self, entity_path: str | None = None) -> list[OutcomeRecord]:
+        def fetch() -> list[OutcomeRecord]:
+            conn = self._connection()
+            if entity_path is None:
+                return self._outcome_records_sync(conn, "", ())
+            clause, params = prefix_clause("e.entity_path", entity_path)
+            where = f"WHERE o.outcome_ref IN (SELECT e.outcome_ref FROM outcome_effects e WHERE {clause})"
+            return self._outcome_records_sync(conn, where, tuple(params))
+
+        return await self._run(fetch)
+
+    @staticmethod
+    def _outcome_records_sync(conn: sqlite3.Connection, where: str, params: tuple[Any, ...]) -> list[OutcomeRecord]:
+        outcome_rows = conn.execute(
+            f"SELECT o.outcome_ref, o.outcome_type, o.multiplier, o.committed_at, o.agent_id, o.session_id "
+            f"FROM outcomes o {where} ORDER BY o.committed_at, o.rowid",
+            params,
+        ).fetchall()
+        records = []
+        for row in outcome_rows:
+            effects = conn.execute(
+                "SELECT entity_path, key, version_read, version_updated, confidence_before, confidence_after "
+                "FROM outcome_effects WHERE outcome_ref = ? ORDER BY position",
+                (row["outcome_ref"],),
+            ).fetchall()
+            records.append(
+                OutcomeRecord(
+                    row["outcome_ref"], OutcomeType(row["outcome_type"]), row["multiplier"], _dt(row["committed_at"]),  # type: ignore[arg-type]
+                    row["agent_id"], row["session_id"],
+                    tuple(OutcomeEffect(e[0], e[1], e[2], e[3], e[4], e[5]) for e in effects),
+                )
+            )
+        return records
+
+    # -- maintenance --------------------------------------------------------------------------
+
+    async def forget(self, entity_path: str, key: str) -> int:
+        def delete() -> int:
+            with self._transaction() as conn:
+                conn.execute(
+                    "DELETE FROM entries_fts WHERE rowid IN "
+                    "(SELECT row_id FROM entries WHERE entity_path = ? AND key = ? AND is_current = 1)",
+                    (entity_path, key),
+                )
+                return conn.execute("DELETE FROM entries WHERE entity_path = ? AND key = ?", (entity_path, key)).rowcount
+
+        return await self._run(delete)
+
+    async def purge_expired(self, now: datetime) -> int:
+        def delete() -> int:
+            with self._transaction() as conn:
+                expired = "SELECT entity_path, key FROM entries WHERE is_current = 1 AND ttl_at IS NOT NULL AND ttl_at <= ?"
+                conn.execute(
+                    "DELETE FROM entries_fts WHERE rowid IN (SELECT row_id FROM entries WHERE is_current = 1 "
+                    "AND ttl_at IS NOT NULL AND ttl_at <= ?)",
+                    (_ts(now),),
+                )
+                return conn.execute(
+                    f"DELETE FROM entries WHERE (entity_path, key) IN ({expired})", (_ts(now),)
+                ).rowcount
+
+        return await self._run(delete)
+
+    async def clear(self) -> None:
+        def delete() -> None:
+            with self._transaction() as conn:
+                for table in ("entries_fts", "outcome_effects", "outcomes", "trace_events", "entries", "meta"):
+                    conn.execute(f"DELETE FROM {table}")
+
+        await self._run(delete)
+
+    async def export_snapshot(self) -> StoreSnapshot:
+        def fetch() -> StoreSnapshot:
+            conn = self._connection()
+            conn.execute("BEGIN")  # one consistent read snapshot across tables
+            try:
+                entries = [
+                    _row_to_entry(row)
+                    for row in conn.execute(f"SELECT {_ENTRY_COLUMNS} FROM entries ORDER BY entity_path, key, version")
+                ]
+                outcomes = self._outcome_records_sync(conn, "", ())
+                traces = [
+                    TraceEvent(r[0], r[1], r[2], r[3], r[4], r[5], _dt(r[6]))  # type: ignore[arg-type]
+                    for r in conn.execute(
+                        "SELECT session_id, agent_id, kind, entity_path, key, version, at FROM trace_events ORDER BY event_id"
+                    )
+                ]
+                meta = {r[0]: json.loads(r[1]) for r in conn.execute("SELECT name, value_json FROM meta ORDER BY name")}
+            finally:
+                conn.execute("COMMIT")
+            return StoreSnapshot(entries, outcomes, traces, meta)
+
+        return await self._run(fetch)
+
+    async def import_snapshot(self, snapshot: StoreSnapshot) -> None:
+        from ..core.embedding import embedding_text
+
+        def write() -> None:
+            with self._transaction() as conn:
+                latest: dict[tuple[str, str], int] = {}
+                for entry in snapshot.entries:
+                    pair = (entry.entity_path, entry.key)
+                    latest[pair] = max(latest.get(pair, 0), entry.version)
+                for entity_path, key in latest:
+                    if conn.execute(
+                        "SELECT 1 FROM entries WHERE entity_path = ? AND key = ?", (entity_path, key)
+                    ).fetchone():
+                        raise ValidationError(
+                            f"The store already holds '{entity_path}/{key}'; import refuses to overwrite. "
+                            "Import into an empty store, or `memory forget` that key first."
+                        )
+                for entry in snapshot.entries:
+                    is_current = int(latest[(entry.entity_path, entry.key)] == entry.version)
+                    search_text = embedding_text(entry.entity_path, entry.key, entry.value)
+                    cursor = conn.execute(
+                        "INSERT INTO entries (entity_path, key, version, is_current, value_json, confidence, agent_id, "
+                        "session_id, written_at, outcome_count, recall_count, ttl_at, memory_type, tier, priority_score, "
+                        "importance_score, importance_dimensions, embedding, amfs_version, search_text) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            entry.entity_path, entry.key, entry.version, is_current,
+                            json.dumps(entry.value, ensure_ascii=False, separators=(",", ":")), entry.confidence,
+                            entry.provenance.agent_id, entry.provenance.session_id, _ts(entry.provenance.written_at),
+                            entry.outcome_count, entry.recall_count, _ts(entry.ttl_at), entry.memory_type.value,
+                            int(entry.tier), entry.priority_score, entry.importance_score,
+                            json.dumps(entry.importance_dimensions) if entry.importance_dimensions else None,
+                            encode_embedding(entry.embedding), entry.amfs_version, search_text,
+                        ),
+                    )
+                    if is_current:
+                        conn.execute(
+                            "INSERT INTO entries_fts (rowid, search_text) VALUES (?, ?)", (cursor.lastrowid, search_text)
+                        )
+                for record in snapshot.outcomes:
+                    if conn.execute("SELECT 1 FROM outcomes WHERE outcome_ref = ?", (record.outcome_ref,)).fetchone():
+                        raise ValidationError(f"Outcome {record.outcome_ref!r} is already in the store; nothing imported.")
+                    conn.execute(
+                        "INSERT INTO outcomes (outcome_ref, outcome_type, multiplier, committed_at, agent_id, session_id) "
+                        "VALUES (?, ?, ?, ?, ?, ?)",
+                        (record.outcome_ref, record.outcome_type.value, record.multiplier, _ts(record.committed_at),
+                         record.agent_id, record.session_id),
+                    )
+                    conn.executemany(
+                        "INSERT INTO outcome_effects (outcome_ref, position, entity_path, key, version_read, "
+                        "version_updated, confidence_before, confidence_after) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        [
+                            (record.outcome_ref, position, e.entity_path, e.key, e.version_read, e.version_updated,
+                             e.confidence_before, e.confidence_after)
+                            for position, e in enumerate(record.effects)
+                        ],
+                    )
+                conn.executemany(
+                    "INSERT INTO trace_events (session_id, agent_id, kind, entity_path, key, version, at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [(t.session_id, t.agent_id, t.kind, t.entity_path, t.key, t.version, _ts(t.at)) for t in snapshot.traces],
+                )
+                for name, value in snapshot.meta.items():
+                    conn.execute(
+                        "INSERT INTO meta (name, value_json) VALUES (?, ?) "
+                        "ON CONFLICT (name) DO UPDATE SET value_json = excluded.value_json",
+                        (name, json.dumps(value)),
+                    )
+
+        await self._run(write)
+
+    async def get_meta(self, name: str) -> Any | None:
+        def fetch() -> Any | None:
+            row = self._connection().execute("SELECT value_json FROM meta WHERE name = ?", (name,)).fetchone()
+            return None if row is None else json.loads(row[0])
+
+        return await self._run(fetch)
+
+    async def set_meta(self, name: str, value: Any | None) -> None:
+        def write() -> None:
+            with self._transaction() as conn:
+                if value is None:
+                    conn.execute("DELETE FROM meta WHERE name = ?", (name,))
+                else:
+                    conn.execute(
+                        "INSERT INTO meta (name, value_json) VALUES (?, ?) "
+                        "ON CONFLICT (name) DO UPDATE SET value_json = excluded.value_json",
+                        (name, json.dumps(value)),
+                    )
+
+        await self._run(write)
+
+
+def _already_applied(record: OutcomeRecord) -> OutcomeRecord:
+    from dataclasses import replace
+
+    return replace(record, already_applied=True)

@@ -1,0 +1,27 @@
+"""Domain errors. Each message names the problem and the next step; front ends translate them, never swallow them."""
+
+from __future__ import annotations
+
+
+class AmfsError(Exception):
+    """Base class of every error the memory engine raises on purpose."""
+
+
+class ValidationError(AmfsError, ValueError):
+    """Input that the engine refuses; nothing was written."""
+
+
+class NotFoundError(AmfsError, LookupError):
+    """A memory, version or record that does not exist (or has expired)."""
+
+
+class ConflictError(AmfsError):
+    """A write that lost a race it could not retry its way out of."""
+
+
+class StoreError(AmfsError):
+    """The store cannot be opened or used (corrupt file, unreachable database, missing extension)."""
+
+
+class InsufficientDataError(AmfsError):
+    """An ML operation that needs more outcome data than the store holds."""

@@ -1,0 +1,312 @@
+"""The domain model: MemoryEntry and its parts, outcome records, decision-trace events.
+
+Plain dataclasses: the engine passes these around; the edges (MCP, SDK, CLI, persistence)
+convert them with `to_dict` / `from_dict`, which is also the export format.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+AMFS_VERSION = "0.2.0"
+
+PRODUCTION_AGENT_PREFIXES = ("agent/", "prod/", "prod-")
+MANUAL_AGENT_PREFIXES = ("manual", "human/", "user/", "script/", "cli", "import")
+
+
+class MemoryType(str, enum.Enum):
+    FACT = "fact"
+    BELIEF = "belief"
+    EXPERIENCE = "experience"
+
+
+class OutcomeType(str, enum.Enum):
+    CRITICAL_FAILURE = "critical_failure"
+    FAILURE = "failure"
+    MINOR_FAILURE = "minor_failure"
+    SUCCESS = "success"
+
+
+class ProvenanceTier(enum.IntEnum):
+    PRODUCTION_VALIDATED = 1
+    PRODUCTION_OBSERVED = 2
+    DEVELOPMENT = 3
+    MANUAL = 4
+
+
+class Tier(enum.IntEnum):
+    HOT = 1
+    WARM = 2
+    ARCHIVE = 3
+
+
+TraceKind = Literal["read", "retrieve", "write"]
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def to_iso(moment: datetime | None) -> str | None:
+    return moment.astimezone(timezone.utc).isoformat() if moment is not None else None
+
+
+def from_iso(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    moment = datetime.fromisoformat(text)
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def entry_key(entity_path: str, key: str) -> str:
+    return f"{entity_path}/{key}"
+
+
+def split_entry_key(text: str) -> tuple[str, str]:
+    """`a/b/key` -> (`a/b`, `key`): keys never contain `/`, entity paths may."""
+    entity_path, sep, key = text.rpartition("/")
+    if not sep or not entity_path or not key:
+        from .errors import ValidationError
+
+        raise ValidationError(
+            f"Entry key {text!r} is not of the form 'entity_path/key' (e.g. 'checkout-service/retry-pattern')."
+        )
+    return entity_path, key
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who is acting: the agent and the session whose reads feed auto-causal linking."""
+
+    agent_id: str
+    session_id: str
+
+
+@dataclass(frozen=True)
+class Provenance:
+    agent_id: str
+    session_id: str
+    written_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"agent_id": self.agent_id, "session_id": self.session_id, "written_at": to_iso(self.written_at)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Provenance:
+        return cls(data["agent_id"], data["session_id"], from_iso(data["written_at"]))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class MemoryEntry:
+    entity_path: str
+    key: str
+    value: Any
+    version: int
+    confidence: float
+    provenance: Provenance
+    outcome_count: int = 0
+    recall_count: int = 0
+    ttl_at: datetime | None = None
+    memory_type: MemoryType = MemoryType.FACT
+    tier: Tier = Tier.ARCHIVE
+    priority_score: float | None = None
+    importance_score: float | None = None
+    importance_dimensions: dict[str, float] | None = None
+    embedding: list[float] | None = field(default=None, repr=False)
+    amfs_version: str = AMFS_VERSION
+
+    @property
+    def entry_key(self) -> str:
+        return entry_key(self.entity_path, self.key)
+
+    @property
+    def provenance_tier(self) -> ProvenanceTier:
+        agent = self.provenance.agent_id
+        if agent.startswith(PRODUCTION_AGENT_PREFIXES):
+            return ProvenanceTier.PRODUCTION_VALIDATED if self.outcome_count > 0 else ProvenanceTier.PRODUCTION_OBSERVED
+        if agent.startswith(MANUAL_AGENT_PREFIXES):
+            return ProvenanceTier.MANUAL
+        return ProvenanceTier.DEVELOPMENT
+
+    def is_expired(self, now: datetime) -> bool:
+        return self.ttl_at is not None and self.ttl_at <= now
+
+    def with_changes(self, **changes: Any) -> MemoryEntry:
+        return replace(self, **changes)
+
+    def to_dict(self, include_embedding: bool = True) -> dict[str, Any]:
+        return {
+            "entity_path": self.entity_path,
+            "key": self.key,
+            "entry_key": self.entry_key,
+            "value": self.value,
+            "version": self.version,
+            "confidence": self.confidence,
+            "provenance": self.provenance.to_dict(),
+            "provenance_tier": self.provenance_tier.name.lower(),
+            "outcome_count": self.outcome_count,
+            "recall_count": self.recall_count,
+            "ttl_at": to_iso(self.ttl_at),
+            "memory_type": self.memory_type.value,
+            "tier": int(self.tier),
+            "priority_score": self.priority_score,
+            "importance_score": self.importance_score,
+            "importance_dimensions": self.importance_dimensions,
+            "embedding": self.embedding if include_embedding else None,
+            "amfs_version": self.amfs_version,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MemoryEntry:
+        return cls(
+            entity_path=data["entity_path"],
+            key=data["key"],
+            value=data["value"],
+            version=int(data["version"]),
+            confidence=float(data["confidence"]),
+            provenance=Provenance.from_dict(data["provenance"]),
+            outcome_count=int(data.get("outcome_count", 0)),
+            recall_count=int(data.get("recall_count", 0)),
+            ttl_at=from_iso(data.get("ttl_at")),
+            memory_type=MemoryType(data.get("memory_type", "fact")),
+            tier=Tier(int(data.get("tier", 3))),
+            priority_score=data.get("priority_score"),
+            importance_score=data.get("importance_score"),
+            importance_dimensions=data.get("importance_dimensions"),
+            embedding=data.get("embedding"),
+            amfs_version=data.get("amfs_version", AMFS_VERSION),
+        )
+
+
+@dataclass(frozen=True)
+class NewEntry:
+    """A validated write, before the store assigns its version."""
+
+    entity_path: str
+    key: str
+    value: Any
+    value_json: str
+    confidence: float
+    memory_type: MemoryType
+    agent_id: str
+    session_id: str
+    written_at: datetime
+    ttl_at: datetime | None
+    importance_score: float | None
+    importance_dimensions: dict[str, float] | None
+    tier: Tier
+    priority_score: float
+    embedding: list[float] | None = None
+    search_text: str = ""
+
+
+@dataclass(frozen=True)
+class OutcomeEffect:
+    """One entry's confidence change caused by one outcome."""
+
+    entity_path: str
+    key: str
+    version_read: int | None
+    version_updated: int
+    confidence_before: float
+    confidence_after: float
+
+    @property
+    def entry_key(self) -> str:
+        return entry_key(self.entity_path, self.key)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "entry_key": self.entry_key,
+            "entity_path": self.entity_path,
+            "key": self.key,
+            "version_read": self.version_read,
+            "version_updated": self.version_updated,
+            "confidence_before": self.confidence_before,
+            "confidence_after": self.confidence_after,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OutcomeEffect:
+        return cls(
+            data["entity_path"], data["key"], data.get("version_read"), int(data["version_updated"]),
+            float(data["confidence_before"]), float(data["confidence_after"]),
+        )
+
+
+@dataclass(frozen=True)
+class OutcomeRecord:
+    outcome_ref: str
+    outcome_type: OutcomeType
+    multiplier: float
+    committed_at: datetime
+    agent_id: str
+    session_id: str
+    effects: tuple[OutcomeEffect, ...]
+    already_applied: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "outcome_ref": self.outcome_ref,
+            "outcome_type": self.outcome_type.value,
+            "multiplier": self.multiplier,
+            "committed_at": to_iso(self.committed_at),
+            "agent_id": self.agent_id,
+            "session_id": self.session_id,
+            "effects": [effect.to_dict() for effect in self.effects],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OutcomeRecord:
+        return cls(
+            outcome_ref=data["outcome_ref"],
+            outcome_type=OutcomeType(data["outcome_type"]),
+            multiplier=float(data["multiplier"]),
+            committed_at=from_iso(data["committed_at"]),  # type: ignore[arg-type]
+            agent_id=data["agent_id"],
+            session_id=data["session_id"],
+            effects=tuple(OutcomeEffect.from_dict(effect) for effect in data["effects"]),
+        )
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """One step of a decision trace: what a session read, retrieved or wrote."""
+
+    session_id: str
+    agent_id: str
+    kind: TraceKind
+    entity_path: str
+    key: str
+    version: int
+    at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id, "agent_id": self.agent_id, "kind": self.kind,
+            "entity_path": self.entity_path, "key": self.key, "version": self.version, "at": to_iso(self.at),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TraceEvent:
+        return cls(
+            data["session_id"], data["agent_id"], data["kind"], data["entity_path"], data["key"],
+            int(data["version"]), from_iso(data["at"]),  # type: ignore[arg-type]
+        )
+
+
+SortBy = Literal["confidence", "recency", "recall_count", "priority"]
+
+
+@dataclass(frozen=True)
+class EntryFilter:
+    """Filters the store applies to current, live versions (SQL-side); effective confidence is filtered in core."""
+
+    entity_path: str | None = None
+    memory_type: MemoryType | None = None
+    agent_id: str | None = None
+    since: datetime | None = None
+    min_stored_confidence: float | None = None

@@ -1,0 +1,323 @@
+"""MemoryService: the one API every front end (MCP tools, SDK, CLI) calls.
+
+It validates input, applies the domain rules (versions, outcomes, decay, tiers) and talks to a
+`MemoryStore`. It holds no per-session state: the caller passes an `Actor` with every call, so one
+service serves many MCP sessions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ..adapters.protocol import MemoryStore, OutcomeTarget, StoreSnapshot, TierUpdate
+from . import validation as v
+from .confidence import DEFAULT_MULTIPLIERS, effective_confidence, validate_multipliers
+from .errors import NotFoundError, ValidationError
+from .models import (
+    Actor,
+    EntryFilter,
+    MemoryEntry,
+    MemoryType,
+    NewEntry,
+    OutcomeRecord,
+    OutcomeType,
+    SortBy,
+    TraceKind,
+    split_entry_key,
+    utcnow,
+)
+from .tiers import priority_score, tier_for
+
+MULTIPLIERS_META = "outcome_multipliers"
+SORT_CHOICES: tuple[str, ...] = ("confidence", "recency", "recall_count", "priority")
+
+
+@dataclass(frozen=True)
+class WriteRequest:
+    entity_path: str
+    key: str
+    value: Any
+    confidence: float = 1.0
+    memory_type: MemoryType | str = MemoryType.FACT
+    ttl_seconds: float | None = None
+    ttl_at: datetime | None = None
+    importance_score: float | None = None
+    importance_dimensions: dict[str, float] | None = None
+
+
+@dataclass
+class ServiceConfig:
+    decay_half_life_days: float | None = None
+    max_value_bytes: int = v.DEFAULT_MAX_VALUE_BYTES
+    multipliers: dict[OutcomeType, float] = field(default_factory=lambda: dict(DEFAULT_MULTIPLIERS))
+
+
+class MemoryService:
+    def __init__(self, store: MemoryStore, config: ServiceConfig | None = None, embedder: Any | None = None) -> None:
+        self.store = store
+        self.config = config or ServiceConfig()
+        if self.config.decay_half_life_days is not None and not self.config.decay_half_life_days > 0:
+            raise ValidationError("decay_half_life_days must be > 0 when set.")
+        self.embedder = embedder
+        self._calibrated_multipliers: dict[OutcomeType, float] | None = None
+
+    async def open(self) -> None:
+        await self.store.open()
+        stored = await self.store.get_meta(MULTIPLIERS_META)
+        self._calibrated_multipliers = validate_multipliers(stored) if stored else None
+
+    async def close(self) -> None:
+        await self.store.close()
+
+    # -- derived values -----------------------------------------------------------------------
+
+    def effective_confidence(self, entry: MemoryEntry, now: datetime) -> float:
+        return effective_confidence(entry, now, self.config.decay_half_life_days)
+
+    def with_current_tier(self, entry: MemoryEntry, now: datetime) -> MemoryEntry:
+        score = priority_score(
+            entry.provenance.written_at, now, self.effective_confidence(entry, now), entry.recall_count, entry.importance_score
+        )
+        return entry.with_changes(priority_score=score, tier=tier_for(score))
+
+    @property
+    def multipliers(self) -> dict[OutcomeType, float]:
+        """The multipliers commit_outcome uses: calibrated ones when applied, else the configured ones."""
+        return dict(self._calibrated_multipliers or self.config.multipliers)
+
+    async def set_calibrated_multipliers(self, multipliers: Mapping[str, float] | None) -> dict[OutcomeType, float]:
+        """Make calibrated multipliers the ones in force (persisted), or revert to the configured ones with None."""
+        resolved = validate_multipliers(multipliers) if multipliers is not None else None
+        await self.store.set_meta(MULTIPLIERS_META, {t.value: m for t, m in resolved.items()} if resolved else None)
+        self._calibrated_multipliers = resolved
+        return self.multipliers
+
+    # -- writes -------------------------------------------------------------------------------
+
+    async def write(self, actor: Actor, request: WriteRequest) -> MemoryEntry:
+        return (await self.write_many(actor, [request]))[0]
+
+    async def write_many(self, actor: Actor, requests: list[WriteRequest]) -> list[MemoryEntry]:
+        """Validate every request first, embed them in one batch, then store them in one transaction."""
+        now = utcnow()
+        drafts = [self._draft(actor, request, now) for request in requests]
+        drafts = await self._with_embeddings(drafts)
+        return await self.store.insert_versions(drafts, actor)
+
+    def _draft(self, actor: Actor, request: WriteRequest, now: datetime) -> NewEntry:
+        from .embedding import embedding_text
+
+        entity_path = v.validate_entity_path(request.entity_path)
+        key = v.validate_key(request.key)
+        value_json = v.serialize_value(request.value, self.config.max_value_bytes)
+        confidence = v.validate_confidence(request.confidence)
+        memory_type = v.validate_memory_type(request.memory_type)
+        ttl_at = v.resolve_ttl(now, request.ttl_seconds, request.ttl_at)
+        importance_score, importance_dimensions = v.validate_importance(
+            request.importance_score, request.importance_dimensions
+        )
+        score = priority_score(now, now, confidence, 0, importance_score)
+        return NewEntry(
+            entity_path=entity_path, key=key, value=request.value, value_json=value_json, confidence=confidence,
+            memory_type=memory_type, agent_id=actor.agent_id, session_id=actor.session_id, written_at=now,
+            ttl_at=ttl_at, importance_score=importance_score, importance_dimensions=importance_dimensions,
+            tier=tier_for(score), priority_score=score, search_text=embedding_text(entity_path, key, request.value),
+        )
+
+    async def _with_embeddings(self, drafts: list[NewEntry]) -> list[NewEntry]:
+        if self.embedder is None or not drafts:
+            return drafts
+        import asyncio
+        from dataclasses import replace
+
+        vectors = await asyncio.to_thread(self.embedder.embed, [draft.search_text for draft in drafts])
+        return [replace(draft, embedding=vector.tolist()) for draft, vector in zip(drafts, vectors)]
+
+    # -- reads --------------------------------------------------------------------------------
+
+    async def read(
+        self,
+        actor: Actor,
+        entity_path: str,
+        key: str,
+        version: int | None = None,
+        min_confidence: float | None = None,
+    ) -> MemoryEntry:
+        entity_path = v.validate_entity_path(entity_path)
+        key = v.validate_key(key)
+        version = v.validate_version(version)
+        min_confidence = v.validate_min_confidence(min_confidence)
+        now = utcnow()
+        current = await self.store.get_current(entity_path, key, now)
+        if current is None:
+            raise NotFoundError(
+                f"No memory at '{entity_path}/{key}'. Call amfs_retrieve(query=...) or amfs_list(entity_path=...) to search."
+            )
+        entry = current
+        if version is not None and version != current.version:
+            found = await self.store.get_version(entity_path, key, version)
+            if found is None:
+                raise NotFoundError(
+                    f"'{entity_path}/{key}' has no version {version}; versions run 1..{current.version}. "
+                    "Call amfs_history to list them."
+                )
+            entry = found
+        if min_confidence is not None and self.effective_confidence(entry, now) < min_confidence:
+            raise NotFoundError(
+                f"'{entity_path}/{key}' has effective confidence {self.effective_confidence(entry, now):.4f}, "
+                f"below min_confidence={min_confidence}. Lower min_confidence to see it."
+            )
+        entry = entry.with_changes(recall_count=entry.recall_count + 1)
+        entry = self.with_current_tier(entry, now)
+        await self._track(actor, "read", [entry], now)
+        return entry
+
+    async def _track(self, actor: Actor, kind: TraceKind, entries: list[MemoryEntry], now: datetime) -> None:
+        """Bump recall counts, store refreshed tiers and trace the reads (they feed auto-causal linking)."""
+        await self.store.record_reads(
+            actor,
+            kind,
+            [TierUpdate(e.entity_path, e.key, e.version, e.tier, e.priority_score or 0.0) for e in entries],
+            now,
+        )
+
+    async def history(self, entity_path: str, key: str) -> list[MemoryEntry]:
+        entity_path = v.validate_entity_path(entity_path)
+        key = v.validate_key(key)
+        versions = await self.store.history(entity_path, key)
+        if not versions:
+            raise NotFoundError(f"No memory at '{entity_path}/{key}'. Call amfs_list(entity_path=...) to see what exists.")
+        return versions
+
+    async def search(
+        self,
+        entity_path: str | None = None,
+        memory_type: MemoryType | str | None = None,
+        min_confidence: float | None = None,
+        agent_id: str | None = None,
+        since: datetime | None = None,
+        sort_by: SortBy = "confidence",
+        limit: int = 20,
+    ) -> list[MemoryEntry]:
+        """Filter current entries (no query text); does not count as reading them."""
+        if sort_by not in SORT_CHOICES:
+            raise ValidationError(f"sort_by must be one of {list(SORT_CHOICES)}, got {sort_by!r}.")
+        limit = v.validate_limit(limit)
+        min_confidence = v.validate_min_confidence(min_confidence)
+        flt = EntryFilter(
+            entity_path=v.validate_entity_prefix(entity_path),
+            memory_type=None if memory_type is None else v.validate_memory_type(memory_type),
+            agent_id=agent_id,
+            since=since,
+            min_stored_confidence=min_confidence if self.config.decay_half_life_days is None else None,
+        )
+        now = utcnow()
+        # With decay on, stored confidence over-states effective confidence, so filter after decay.
+        needs_post_filter = min_confidence is not None and self.config.decay_half_life_days is not None
+        sort_after = needs_post_filter or sort_by == "priority"
+        entries = await self.store.find_current(flt, now, sort_by, None if sort_after else limit)
+        entries = [self.with_current_tier(entry, now) for entry in entries]
+        if needs_post_filter:
+            entries = [e for e in entries if self.effective_confidence(e, now) >= min_confidence]  # type: ignore[operator]
+        if sort_by == "priority":
+            entries.sort(key=lambda e: e.priority_score or 0.0, reverse=True)
+        elif sort_by == "confidence" and self.config.decay_half_life_days is not None:
+            entries.sort(key=lambda e: self.effective_confidence(e, now), reverse=True)
+        return entries[:limit]
+
+    async def list(self, entity_path: str | None = None, limit: int = 1000) -> list[MemoryEntry]:
+        """Current entries under an entity path, ordered by path and key."""
+        entries = await self.store.find_current(
+            EntryFilter(entity_path=v.validate_entity_prefix(entity_path)), utcnow(), "recency", None
+        )
+        entries.sort(key=lambda e: (e.entity_path, e.key))
+        return entries[: v.validate_limit(limit, maximum=100_000)]
+
+    # -- outcomes -----------------------------------------------------------------------------
+
+    async def commit_outcome(
+        self,
+        actor: Actor,
+        outcome_ref: str,
+        outcome_type: OutcomeType | str,
+        causal_entry_keys: list[str] | None = None,
+    ) -> OutcomeRecord:
+        """Apply an outcome to the named entries, or to everything this session read; once per outcome_ref."""
+        outcome_ref = v.validate_outcome_ref(outcome_ref)
+        resolved_type = v.validate_outcome_type(outcome_type)
+        now = utcnow()
+        if causal_entry_keys is not None:
+            if not causal_entry_keys:
+                raise ValidationError(
+                    "causal_entry_keys is empty; omit it to apply the outcome to every entry this session read."
+                )
+            targets = await self._explicit_targets(actor, causal_entry_keys, now)
+        else:
+            targets = await self.store.session_reads(actor.session_id)
+            if not targets:
+                raise ValidationError(
+                    f"Session {actor.session_id!r} has read nothing, so there is nothing to link outcome "
+                    f"{outcome_ref!r} to. Read the relevant entries first or pass causal_entry_keys."
+                )
+        record = await self.store.apply_outcome(
+            outcome_ref, resolved_type, self.multipliers[resolved_type], actor, now, targets
+        )
+        if not record.already_applied:
+            await self._retier_effects(record, now)
+        return record
+
+    async def _explicit_targets(self, actor: Actor, keys: list[str], now: datetime) -> list[OutcomeTarget]:
+        read_versions = {(t.entity_path, t.key): t.version_read for t in await self.store.session_reads(actor.session_id)}
+        targets: list[OutcomeTarget] = []
+        seen: set[tuple[str, str]] = set()
+        for text in keys:
+            entity_path, key = split_entry_key(text)
+            entity_path, key = v.validate_entity_path(entity_path), v.validate_key(key)
+            if (entity_path, key) in seen:
+                continue
+            seen.add((entity_path, key))
+            if await self.store.get_current(entity_path, key, now) is None:
+                raise NotFoundError(
+                    f"No memory at '{entity_path}/{key}'; no outcome was recorded. "
+                    "Check causal_entry_keys with amfs_list or amfs_retrieve."
+                )
+            targets.append(OutcomeTarget(entity_path, key, read_versions.get((entity_path, key))))
+        return targets
+
+    async def _retier_effects(self, record: OutcomeRecord, now: datetime) -> None:
+        updates = []
+        for effect in record.effects:
+            entry = await self.store.get_version(effect.entity_path, effect.key, effect.version_updated)
+            if entry is not None:
+                entry = self.with_current_tier(entry, now)
+                updates.append(TierUpdate(entry.entity_path, entry.key, entry.version, entry.tier, entry.priority_score or 0.0))
+        await self.store.update_tiers(updates)
+
+    async def outcome_records(self, entity_path: str | None = None) -> list[OutcomeRecord]:
+        return await self.store.outcome_records(v.validate_entity_prefix(entity_path))
+
+    # -- maintenance --------------------------------------------------------------------------
+
+    async def forget(self, entity_path: str, key: str) -> int:
+        entity_path, key = v.validate_entity_path(entity_path), v.validate_key(key)
+        removed = await self.store.forget(entity_path, key)
+        if removed == 0:
+            raise NotFoundError(f"No memory at '{entity_path}/{key}'; nothing was forgotten.")
+        return removed
+
+    async def purge_expired(self) -> int:
+        return await self.store.purge_expired(utcnow())
+
+    async def clear(self) -> None:
+        await self.store.clear()
+
+    async def export_snapshot(self) -> StoreSnapshot:
+        return await self.store.export_snapshot()
+
+    async def import_snapshot(self, snapshot: StoreSnapshot) -> None:
+        await self.store.import_snapshot(snapshot)
+        stored = await self.store.get_meta(MULTIPLIERS_META)
+        self._calibrated_multipliers = validate_multipliers(stored) if stored else None

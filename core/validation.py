@@ -1,0 +1,165 @@
+"""Input validation for everything that reaches the engine: one place, clear messages, nothing written on failure."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import datetime, timedelta
+from typing import Any
+
+from .errors import ValidationError
+from .models import MemoryType, OutcomeType
+
+MAX_ENTITY_PATH_LENGTH = 255
+MAX_SEGMENT_LENGTH = 64
+MAX_KEY_LENGTH = 128
+MAX_OUTCOME_REF_LENGTH = 200
+DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
+_SEGMENT = re.compile(r"^[A-Za-z0-9_.:@-]+$")
+
+
+def _check_segment(segment: str, what: str, original: str) -> None:
+    if segment in {".", ".."}:
+        raise ValidationError(f"{what} {original!r} contains {segment!r}; relative segments are not allowed.")
+    if not _SEGMENT.match(segment):
+        raise ValidationError(
+            f"{what} {original!r} has an invalid segment {segment!r}: use letters, digits and . _ - : @ only."
+        )
+
+
+def validate_entity_path(entity_path: Any) -> str:
+    if not isinstance(entity_path, str) or not entity_path:
+        raise ValidationError("entity_path must be a non-empty string such as 'checkout-service' or 'myapp/auth'.")
+    if len(entity_path) > MAX_ENTITY_PATH_LENGTH:
+        raise ValidationError(f"entity_path is {len(entity_path)} characters; the limit is {MAX_ENTITY_PATH_LENGTH}.")
+    segments = entity_path.split("/")
+    if any(segment == "" for segment in segments):
+        raise ValidationError(
+            f"entity_path {entity_path!r} has an empty segment: no leading, trailing or doubled '/'."
+        )
+    for segment in segments:
+        if len(segment) > MAX_SEGMENT_LENGTH:
+            raise ValidationError(
+                f"entity_path segment {segment[:20]!r}... is {len(segment)} characters; the limit is {MAX_SEGMENT_LENGTH}."
+            )
+        _check_segment(segment, "entity_path", entity_path)
+    return entity_path
+
+
+def validate_key(key: Any) -> str:
+    if not isinstance(key, str) or not key:
+        raise ValidationError("key must be a non-empty string such as 'retry-pattern'.")
+    if len(key) > MAX_KEY_LENGTH:
+        raise ValidationError(f"key is {len(key)} characters; the limit is {MAX_KEY_LENGTH}.")
+    if "/" in key:
+        raise ValidationError(f"key {key!r} contains '/'; put hierarchy in entity_path, e.g. entity_path='a/b', key='c'.")
+    _check_segment(key, "key", key)
+    return key
+
+
+def validate_entity_prefix(entity_path: Any) -> str | None:
+    """An optional entity-path filter: same rules as an entity path."""
+    return None if entity_path is None else validate_entity_path(entity_path)
+
+
+def serialize_value(value: Any, max_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as error:
+        raise ValidationError(
+            f"value must be JSON-serializable (str, number, bool, null, list, dict; no NaN/Infinity): {error}"
+        ) from None
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise ValidationError(
+            f"value is {size} bytes as JSON; the limit is {max_bytes} (AMFS_MAX_VALUE_BYTES). Store a summary or split it."
+        )
+    return text
+
+
+def validate_confidence(confidence: Any) -> float:
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)):
+        raise ValidationError(f"confidence must be a number >= 0, got {confidence!r}.")
+    if not math.isfinite(confidence) or confidence < 0:
+        raise ValidationError(f"confidence must be finite and >= 0 (it is not capped at 1.0), got {confidence!r}.")
+    return float(confidence)
+
+
+def validate_min_confidence(min_confidence: Any) -> float | None:
+    return None if min_confidence is None else validate_confidence(min_confidence)
+
+
+def validate_memory_type(memory_type: Any) -> MemoryType:
+    try:
+        return MemoryType(memory_type)
+    except ValueError:
+        raise ValidationError(
+            f"memory_type {memory_type!r} is not one of {[t.value for t in MemoryType]}."
+        ) from None
+
+
+def validate_outcome_type(outcome_type: Any) -> OutcomeType:
+    try:
+        return OutcomeType(outcome_type.lower() if isinstance(outcome_type, str) else outcome_type)
+    except ValueError:
+        raise ValidationError(
+            f"outcome_type {outcome_type!r} is not one of {[t.value for t in OutcomeType]}."
+        ) from None
+
+
+def validate_outcome_ref(outcome_ref: Any) -> str:
+    if not isinstance(outcome_ref, str) or not outcome_ref.strip():
+        raise ValidationError("outcome_ref must be a non-empty string such as a ticket or deploy id ('INC-1042').")
+    if len(outcome_ref) > MAX_OUTCOME_REF_LENGTH:
+        raise ValidationError(f"outcome_ref is {len(outcome_ref)} characters; the limit is {MAX_OUTCOME_REF_LENGTH}.")
+    return outcome_ref.strip()
+
+
+def resolve_ttl(now: datetime, ttl_seconds: Any = None, ttl_at: datetime | None = None) -> datetime | None:
+    if ttl_seconds is not None and ttl_at is not None:
+        raise ValidationError("Give ttl_seconds or ttl_at, not both.")
+    if ttl_seconds is not None:
+        if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, (int, float)) or not math.isfinite(ttl_seconds):
+            raise ValidationError(f"ttl_seconds must be a positive number, got {ttl_seconds!r}.")
+        if ttl_seconds <= 0:
+            raise ValidationError(f"ttl_seconds must be > 0 (the TTL must lie in the future), got {ttl_seconds!r}.")
+        return now + timedelta(seconds=float(ttl_seconds))
+    if ttl_at is not None:
+        if ttl_at.tzinfo is None:
+            raise ValidationError("ttl_at must be timezone-aware (e.g. datetime.now(timezone.utc) + timedelta(days=1)).")
+        if ttl_at <= now:
+            raise ValidationError(f"ttl_at {ttl_at.isoformat()} is not in the future.")
+    return ttl_at
+
+
+def validate_importance(importance_score: Any, importance_dimensions: Any) -> tuple[float | None, dict[str, float] | None]:
+    if importance_score is not None:
+        if isinstance(importance_score, bool) or not isinstance(importance_score, (int, float)) or not (
+            math.isfinite(importance_score) and 0.0 <= importance_score <= 1.0
+        ):
+            raise ValidationError(f"importance_score must be between 0.0 and 1.0, got {importance_score!r}.")
+        importance_score = float(importance_score)
+    if importance_dimensions is not None:
+        if not isinstance(importance_dimensions, dict) or not all(
+            isinstance(name, str) and isinstance(score, (int, float)) and not isinstance(score, bool)
+            and math.isfinite(score) and 0.0 <= score <= 1.0
+            for name, score in importance_dimensions.items()
+        ):
+            raise ValidationError("importance_dimensions must map dimension names to scores between 0.0 and 1.0.")
+        importance_dimensions = {name: float(score) for name, score in importance_dimensions.items()}
+    return importance_score, importance_dimensions
+
+
+def validate_limit(limit: Any, maximum: int = 1000) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= maximum:
+        raise ValidationError(f"limit must be an integer between 1 and {maximum}, got {limit!r}.")
+    return limit
+
+
+def validate_version(version: Any) -> int | None:
+    if version is None:
+        return None
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValidationError(f"version must be an integer >= 1, got {version!r}.")
+    return version

@@ -1,0 +1,215 @@
+"""The Python SDK: `AsyncAgentMemory` (async core) and `AgentMemory` (its sync facade).
+
+Both bind one agent and one session to a `MemoryService`; the session's reads feed auto-causal
+linking in `commit_outcome`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Coroutine
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .core.errors import NotFoundError
+from .core.models import Actor, MemoryEntry, MemoryType, OutcomeRecord, OutcomeType, SortBy
+from .core.service import MemoryService, WriteRequest
+
+T = TypeVar("T")
+
+
+class AsyncAgentMemory:
+    """Memory for one agent and session. Opens its store on first use; close it with `await mem.close()`."""
+
+    def __init__(
+        self,
+        agent_id: str | None = None,
+        session_id: str | None = None,
+        decay_half_life_days: float | None = None,
+        *,
+        data_dir: str | Path | None = None,
+        postgres_dsn: str | None = None,
+        embedder: str | None = None,
+        service: MemoryService | None = None,
+    ) -> None:
+        from .server.composition import build_service
+        from .server.settings import load_settings
+
+        settings = load_settings(
+            agent_id=agent_id, decay_half_life_days=decay_half_life_days, data_dir=data_dir,
+            postgres_dsn=postgres_dsn, embedder=embedder,
+        )
+        self.agent_id = settings.agent_id or "sdk"
+        self.session_id = session_id or uuid.uuid4().hex
+        self.actor = Actor(self.agent_id, self.session_id)
+        self.service = service or build_service(settings)
+        self._opened = service is not None
+        self._open_lock = asyncio.Lock()
+
+    async def _svc(self) -> MemoryService:
+        if not self._opened:
+            async with self._open_lock:
+                if not self._opened:
+                    await self.service.open()
+                    self._opened = True
+        return self.service
+
+    async def __aenter__(self) -> AsyncAgentMemory:
+        await self._svc()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._opened:
+            await self.service.close()
+            self._opened = False
+
+    async def write(
+        self,
+        entity_path: str,
+        key: str,
+        value: Any,
+        *,
+        confidence: float = 1.0,
+        memory_type: MemoryType | str = MemoryType.FACT,
+        ttl_seconds: float | None = None,
+        ttl_at: datetime | None = None,
+        importance_score: float | None = None,
+        importance_dimensions: dict[str, float] | None = None,
+    ) -> MemoryEntry:
+        request = WriteRequest(
+            entity_path, key, value, confidence, memory_type, ttl_seconds, ttl_at, importance_score, importance_dimensions
+        )
+        return await (await self._svc()).write(self.actor, request)
+
+    async def write_many(self, requests: list[WriteRequest]) -> list[MemoryEntry]:
+        """Bulk write in one transaction, embedding in batches."""
+        return await (await self._svc()).write_many(self.actor, requests)
+
+    async def read(
+        self, entity_path: str, key: str, *, version: int | None = None, min_confidence: float | None = None
+    ) -> MemoryEntry | None:
+        """The newest live version (or `version`); None when absent, expired or below min_confidence."""
+        try:
+            return await (await self._svc()).read(self.actor, entity_path, key, version, min_confidence)
+        except NotFoundError:
+            return None
+
+    async def search(
+        self,
+        entity_path: str | None = None,
+        *,
+        memory_type: MemoryType | str | None = None,
+        min_confidence: float | None = None,
+        agent_id: str | None = None,
+        since: datetime | None = None,
+        sort_by: SortBy = "confidence",
+        limit: int = 20,
+    ) -> list[MemoryEntry]:
+        return await (await self._svc()).search(entity_path, memory_type, min_confidence, agent_id, since, sort_by, limit)
+
+    async def list(self, entity_path: str | None = None) -> list[MemoryEntry]:
+        return await (await self._svc()).list(entity_path)
+
+    async def history(self, entity_path: str, key: str) -> list[MemoryEntry]:
+        return await (await self._svc()).history(entity_path, key)
+
+    async def commit_outcome(
+        self, outcome_ref: str, outcome_type: OutcomeType | str, causal_entry_keys: list[str] | None = None
+    ) -> list[MemoryEntry]:
+        """Apply an outcome; returns the updated entries (confidence after). See `commit_outcome_record` for details."""
+        record = await self.commit_outcome_record(outcome_ref, outcome_type, causal_entry_keys)
+        service = await self._svc()
+        updated = [
+            await service.store.get_version(effect.entity_path, effect.key, effect.version_updated)
+            for effect in record.effects
+        ]
+        return [entry for entry in updated if entry is not None]
+
+    async def commit_outcome_record(
+        self, outcome_ref: str, outcome_type: OutcomeType | str, causal_entry_keys: list[str] | None = None
+    ) -> OutcomeRecord:
+        return await (await self._svc()).commit_outcome(self.actor, outcome_ref, outcome_type, causal_entry_keys)
+
+    async def forget(self, entity_path: str, key: str) -> int:
+        return await (await self._svc()).forget(entity_path, key)
+
+
+class AgentMemory:
+    """The synchronous facade: the same methods as `AsyncAgentMemory`, run on a private event loop thread.
+
+    The private loop lets it work from plain scripts and from inside a running event loop (notebooks) alike.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="amfs-sdk-loop", daemon=True)
+        self._thread.start()
+        self._async = self._call(self._make(args, kwargs))
+
+    @staticmethod
+    async def _make(args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncAgentMemory:
+        return AsyncAgentMemory(*args, **kwargs)
+
+    def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    @property
+    def agent_id(self) -> str:
+        return self._async.agent_id
+
+    @property
+    def session_id(self) -> str:
+        return self._async.session_id
+
+    @property
+    def service(self) -> MemoryService:
+        return self._async.service
+
+    def write(self, entity_path: str, key: str, value: Any, **kwargs: Any) -> MemoryEntry:
+        return self._call(self._async.write(entity_path, key, value, **kwargs))
+
+    def write_many(self, requests: list[WriteRequest]) -> list[MemoryEntry]:
+        return self._call(self._async.write_many(requests))
+
+    def read(self, entity_path: str, key: str, **kwargs: Any) -> MemoryEntry | None:
+        return self._call(self._async.read(entity_path, key, **kwargs))
+
+    def search(self, entity_path: str | None = None, **kwargs: Any) -> list[MemoryEntry]:
+        return self._call(self._async.search(entity_path, **kwargs))
+
+    def list(self, entity_path: str | None = None) -> list[MemoryEntry]:
+        return self._call(self._async.list(entity_path))
+
+    def history(self, entity_path: str, key: str) -> list[MemoryEntry]:
+        return self._call(self._async.history(entity_path, key))
+
+    def commit_outcome(
+        self, outcome_ref: str, outcome_type: OutcomeType | str, causal_entry_keys: list[str] | None = None
+    ) -> list[MemoryEntry]:
+        return self._call(self._async.commit_outcome(outcome_ref, outcome_type, causal_entry_keys))
+
+    def commit_outcome_record(
+        self, outcome_ref: str, outcome_type: OutcomeType | str, causal_entry_keys: list[str] | None = None
+    ) -> OutcomeRecord:
+        return self._call(self._async.commit_outcome_record(outcome_ref, outcome_type, causal_entry_keys))
+
+    def forget(self, entity_path: str, key: str) -> int:
+        return self._call(self._async.forget(entity_path, key))
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            self._call(self._async.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> AgentMemory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
