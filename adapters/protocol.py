@@ -104,6 +104,24 @@ class MemoryStore(Protocol):
 
     async def update_tiers(self, updates: list[TierUpdate]) -> None: ...
 
+    async def keyword_candidates(
+        self, terms: list[str], flt: EntryFilter, now: datetime, limit: int
+    ) -> list[tuple[MemoryEntry, float]]:
+        """Current live entries matching ANY of the terms, best full-text rank first (score: higher is better).
+
+        Entries come back without embeddings.
+        """
+        ...
+
+    async def semantic_candidates(
+        self, vector: list[float], flt: EntryFilter, now: datetime, limit: int
+    ) -> list[tuple[MemoryEntry, float]]:
+        """Current live entries nearest to `vector` by cosine similarity, best first (approximate index allowed).
+
+        Entries come back without embeddings.
+        """
+        ...
+
     async def outcome_records(self, entity_path: str | None = None) -> list[OutcomeRecord]: ...
 
     async def trace_events(self, session_id: str | None = None) -> list[TraceEvent]: ...

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -35,6 +36,7 @@ from ..core.models import (
     TraceKind,
 )
 from .protocol import OutcomeTarget, StoreSnapshot, TierUpdate
+from .vector_index import VectorIndex
 
 T = TypeVar("T")
 
@@ -44,7 +46,7 @@ BUSY_TIMEOUT_MS = 60_000
 MIGRATIONS: list[str] = [
     """
     CREATE TABLE entries (
-        row_id INTEGER PRIMARY KEY,
+        row_id INTEGER PRIMARY KEY AUTOINCREMENT,
         entity_path TEXT NOT NULL,
         key TEXT NOT NULL,
         version INTEGER NOT NULL,
@@ -179,6 +181,7 @@ class SQLiteStore:
         self.path = Path(path)
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.RLock()
+        self._vectors = VectorSync(self.path.with_suffix(".vectors.usearch"))
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -220,6 +223,7 @@ class SQLiteStore:
         def close_sync() -> None:
             with self._lock:
                 if self._conn is not None:
+                    self._vectors.save()
                     self._conn.close()
                     self._conn = None
 
@@ -289,6 +293,7 @@ class SQLiteStore:
                 )
                 row = conn.execute(f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE row_id = ?", (row_id,)).fetchone()
                 stored.append(_row_to_entry(row))
+        self._vectors.dirty = True
         return stored
 
     async def get_current(self, entity_path: str, key: str, now: datetime) -> MemoryEntry | None:
@@ -512,6 +517,61 @@ class SQLiteStore:
             )
         return records
 
+    # -- retrieval candidates -----------------------------------------------------------------
+
+    async def keyword_candidates(
+        self, terms: list[str], flt: EntryFilter, now: datetime, limit: int
+    ) -> list[tuple[MemoryEntry, float]]:
+        if not terms:
+            return []
+        # Any term may match (OR); bm25 ranks entries that match more and rarer terms first.
+        match = " OR ".join('"' + term.replace('"', "") + '"' for term in terms)
+        clauses, params = self._filter_sql(flt, now, column_prefix="e.")
+        sql = (
+            f"SELECT {_prefixed_columns('e.')}, bm25(entries_fts) AS rank FROM entries_fts "
+            f"JOIN entries e ON e.row_id = entries_fts.rowid "
+            f"WHERE entries_fts MATCH ? AND {' AND '.join(clauses)} ORDER BY rank LIMIT ?"
+        )
+
+        def fetch() -> list[tuple[MemoryEntry, float]]:
+            rows = self._connection().execute(sql, [match, *params, limit]).fetchall()
+            return [(_row_to_entry(row, with_embedding=False), -row["rank"]) for row in rows]
+
+        return await self._run(fetch)
+
+    async def semantic_candidates(
+        self, vector: list[float], flt: EntryFilter, now: datetime, limit: int
+    ) -> list[tuple[MemoryEntry, float]]:
+        import numpy as np
+
+        query = np.asarray(vector, dtype=np.float32)
+        clauses, params = self._filter_sql(flt, now)
+
+        def fetch() -> list[tuple[MemoryEntry, float]]:
+            conn = self._connection()
+            index = self._vectors.sync(conn, dimension=query.shape[0])
+            size = len(index)
+            if size == 0:
+                return []
+            # Stale ids (superseded, forgotten, filtered out) are dropped by SQL; widen the ANN pool until
+            # enough survive or the pool covers the whole index.
+            pool = min(size, max(limit * 4, 64))
+            while True:
+                hits = index.search(query, pool)
+                similarity = dict(hits)
+                marks = ",".join("?" * len(hits))
+                rows = conn.execute(
+                    f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE row_id IN ({marks}) AND {' AND '.join(clauses)}",
+                    [*similarity, *params],
+                ).fetchall()
+                if len(rows) >= limit or pool >= size:
+                    break
+                pool = min(size, pool * 4)
+            ranked = sorted(rows, key=lambda row: similarity[row["row_id"]], reverse=True)[:limit]
+            return [(_row_to_entry(row, with_embedding=False), similarity[row["row_id"]]) for row in ranked]
+
+        return await self._run(fetch)
+
     # -- maintenance --------------------------------------------------------------------------
 
     async def forget(self, entity_path: str, key: str) -> int:
@@ -546,6 +606,7 @@ class SQLiteStore:
             with self._transaction() as conn:
                 for table in ("entries_fts", "outcome_effects", "outcomes", "trace_events", "entries", "meta"):
                     conn.execute(f"DELETE FROM {table}")
+            self._vectors.reset()
 
         await self._run(delete)
 
@@ -640,6 +701,7 @@ class SQLiteStore:
                         "ON CONFLICT (name) DO UPDATE SET value_json = excluded.value_json",
                         (name, json.dumps(value)),
                     )
+            self._vectors.dirty = True
 
         await self._run(write)
 
@@ -669,3 +731,86 @@ def _already_applied(record: OutcomeRecord) -> OutcomeRecord:
     from dataclasses import replace
 
     return replace(record, already_applied=True)
+
+
+def _prefixed_columns(prefix: str) -> str:
+    return ", ".join(prefix + column.strip() for column in _ENTRY_COLUMNS.split(","))
+
+
+class VectorSync:
+    """Keeps the in-process ANN index in step with the entries table, across processes.
+
+    The index holds current versions' embeddings keyed by row id. Row ids only grow (AUTOINCREMENT),
+    so a watermark (the highest row id indexed) says what is new; `PRAGMA data_version` tells when
+    another connection has committed. Ids that stopped being current are filtered out by the query
+    that fetches candidates, and pruned here when their successor is indexed.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.meta_path = path.with_suffix(".json")
+        self.index: VectorIndex | None = None
+        self.watermark = 0
+        self.data_version: int | None = None
+        self.dirty = True
+
+    def sync(self, conn: sqlite3.Connection, dimension: int) -> VectorIndex:
+        data_version = conn.execute("PRAGMA data_version").fetchone()[0]
+        if self.index is None or self.index.dimension != dimension:
+            self._load(dimension)
+        elif not self.dirty and data_version == self.data_version:
+            return self.index
+        assert self.index is not None
+        conn.execute("BEGIN")
+        try:
+            top = conn.execute("SELECT COALESCE(MAX(row_id), 0) FROM entries").fetchone()[0]
+            new_rows = conn.execute(
+                "SELECT row_id, embedding FROM entries WHERE row_id > ? AND row_id <= ? AND is_current = 1 "
+                "AND embedding IS NOT NULL",
+                (self.watermark, top),
+            ).fetchall()
+            superseded = conn.execute(
+                "SELECT old.row_id FROM entries new JOIN entries old ON old.entity_path = new.entity_path "
+                "AND old.key = new.key AND old.version < new.version WHERE new.row_id > ? AND new.row_id <= ?",
+                (self.watermark, top),
+            ).fetchall()
+        finally:
+            conn.execute("COMMIT")
+        if superseded:
+            self.index.remove([row[0] for row in superseded])
+        if new_rows:
+            import numpy as np
+
+            vectors = np.stack([np.frombuffer(row[1], dtype=np.float32) for row in new_rows])
+            self.index.add([row[0] for row in new_rows], vectors)
+        self.watermark = top
+        self.data_version = data_version
+        self.dirty = False
+        return self.index
+
+    def _load(self, dimension: int) -> None:
+        self.index = VectorIndex.open(dimension, self.path)
+        self.watermark = 0
+        if self.meta_path.exists() and self.index.load_error is None and len(self.index):
+            try:
+                saved = json.loads(self.meta_path.read_text())
+                if saved.get("dimension") == dimension:
+                    self.watermark = int(saved["watermark"])
+            except (ValueError, KeyError, OSError):
+                self.watermark = 0
+        if self.watermark == 0:
+            self.index.clear()
+
+    def save(self) -> None:
+        if self.index is None or not self.index.dirty:
+            return
+        self.index.save()
+        temporary = self.meta_path.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps({"watermark": self.watermark, "dimension": self.index.dimension}))
+        os.replace(temporary, self.meta_path)
+
+    def reset(self) -> None:
+        if self.index is not None:
+            self.index.clear()
+        self.watermark = 0
+        self.dirty = True

@@ -7,6 +7,7 @@ service serves many MCP sessions.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -29,7 +30,10 @@ from .models import (
     split_entry_key,
     utcnow,
 )
+from .retrieval import DEFAULT_RRF_K, LearnedScorer, RankedList, RetrievedEntry, fuse, keyword_terms, resolve_weights
 from .tiers import priority_score, tier_for
+
+MAX_QUERY_CHARS = 2000
 
 MULTIPLIERS_META = "outcome_multipliers"
 SORT_CHOICES: tuple[str, ...] = ("confidence", "recency", "recall_count", "priority")
@@ -53,6 +57,9 @@ class ServiceConfig:
     decay_half_life_days: float | None = None
     max_value_bytes: int = v.DEFAULT_MAX_VALUE_BYTES
     multipliers: dict[OutcomeType, float] = field(default_factory=lambda: dict(DEFAULT_MULTIPLIERS))
+    retrieval_weights: dict[str, float] | None = None
+    rrf_k: int = DEFAULT_RRF_K
+    candidate_pool: int = 50
 
 
 class MemoryService:
@@ -63,6 +70,8 @@ class MemoryService:
             raise ValidationError("decay_half_life_days must be > 0 when set.")
         self.embedder = embedder
         self._calibrated_multipliers: dict[OutcomeType, float] | None = None
+        self.learned_scorer: LearnedScorer | None = None
+        resolve_weights(self.config.retrieval_weights, learned_available=False)  # fail fast on bad weights
 
     async def open(self) -> None:
         await self.store.open()
@@ -130,7 +139,6 @@ class MemoryService:
     async def _with_embeddings(self, drafts: list[NewEntry]) -> list[NewEntry]:
         if self.embedder is None or not drafts:
             return drafts
-        import asyncio
         from dataclasses import replace
 
         vectors = await asyncio.to_thread(self.embedder.embed, [draft.search_text for draft in drafts])
@@ -235,6 +243,100 @@ class MemoryService:
         )
         entries.sort(key=lambda e: (e.entity_path, e.key))
         return entries[: v.validate_limit(limit, maximum=100_000)]
+
+    # -- retrieval ----------------------------------------------------------------------------
+
+    def retrieval_weights(self) -> dict[str, float]:
+        return resolve_weights(self.config.retrieval_weights, learned_available=self.learned_scorer is not None)
+
+    async def retrieve(
+        self,
+        actor: Actor,
+        query: str,
+        entity_path: str | None = None,
+        limit: int = 10,
+        min_confidence: float | None = None,
+        memory_type: MemoryType | str | None = None,
+        depth: int = 3,
+        explain: bool = False,
+        weights: Mapping[str, float] | None = None,
+    ) -> list[RetrievedEntry]:
+        """Hybrid search for `query`, fused by weighted RRF; returned entries count as read by the session.
+
+        `depth` 1 searches hot entries, 2 adds warm, 3 adds archive. `weights` overrides the configured
+        strategy weights for this call (benchmarks use it to measure single strategies).
+        """
+        if not isinstance(query, str) or not query.strip():
+            raise ValidationError("query must be a non-empty string, e.g. 'how do we retry failed payments?'.")
+        if len(query) > MAX_QUERY_CHARS:
+            raise ValidationError(f"query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}.")
+        if isinstance(depth, bool) or depth not in (1, 2, 3):
+            raise ValidationError(f"depth must be 1 (hot), 2 (hot+warm) or 3 (all tiers), got {depth!r}.")
+        limit = v.validate_limit(limit, maximum=100)
+        min_confidence = v.validate_min_confidence(min_confidence)
+        flt = EntryFilter(
+            entity_path=v.validate_entity_prefix(entity_path),
+            memory_type=None if memory_type is None else v.validate_memory_type(memory_type),
+        )
+        active = (
+            resolve_weights(weights, learned_available=self.learned_scorer is not None)
+            if weights is not None else self.retrieval_weights()
+        )
+        now = utcnow()
+        pool_size = max(self.config.candidate_pool, limit * 5)
+        # Both searches always run: together they form the pool that every strategy ranks.
+        semantic, keyword = await asyncio.gather(
+            self._semantic_candidates(query, flt, now, pool_size),
+            self.store.keyword_candidates(keyword_terms(query), flt, now, pool_size),
+        )
+        pool: dict[str, MemoryEntry] = {}
+        for entry, _ in [*semantic, *keyword]:
+            pool.setdefault(entry.entry_key, entry)
+        admitted = {
+            key: self.with_current_tier(entry, now)
+            for key, entry in pool.items()
+            if (min_confidence is None or self.effective_confidence(entry, now) >= min_confidence)
+        }
+        admitted = {key: entry for key, entry in admitted.items() if int(entry.tier) <= depth}
+        rankings = self._rankings(admitted, semantic, keyword, now)
+        fused = fuse(rankings, active, self.config.rrf_k)[:limit]
+        results: list[RetrievedEntry] = []
+        returned: list[MemoryEntry] = []
+        for rank, (key, score, hits) in enumerate(fused, start=1):
+            entry = admitted[key].with_changes(recall_count=admitted[key].recall_count + 1)
+            returned.append(entry)
+            results.append(RetrievedEntry(entry, score, rank, hits if explain else None))
+        await self._track(actor, "retrieve", returned, now)
+        return results
+
+    async def _semantic_candidates(
+        self, query: str, flt: EntryFilter, now: datetime, pool_size: int
+    ) -> list[tuple[MemoryEntry, float]]:
+        if self.embedder is None:
+            return []  # embedder explicitly configured off (AMFS_EMBEDDER=none): keyword and re-rankers only
+        vector = (await asyncio.to_thread(self.embedder.embed, [query]))[0]
+        return await self.store.semantic_candidates(vector.tolist(), flt, now, pool_size)
+
+    def _rankings(
+        self,
+        admitted: dict[str, MemoryEntry],
+        semantic: list[tuple[MemoryEntry, float]],
+        keyword: list[tuple[MemoryEntry, float]],
+        now: datetime,
+    ) -> list[RankedList]:
+        entries = list(admitted.values())
+        rankings = [
+            RankedList.from_scored("semantic", [(e.entry_key, s) for e, s in semantic if e.entry_key in admitted]),
+            RankedList.from_scored("keyword", [(e.entry_key, s) for e, s in keyword if e.entry_key in admitted]),
+            RankedList.from_scored("temporal", [(e.entry_key, e.provenance.written_at.timestamp()) for e in entries]),
+            RankedList.from_scored("confidence", [(e.entry_key, self.effective_confidence(e, now)) for e in entries]),
+        ]
+        if self.learned_scorer is not None and entries:
+            ranks = {ranking.strategy: dict(zip(ranking.keys, range(1, len(ranking.keys) + 1))) for ranking in rankings}
+            per_entry = {e.entry_key: {name: ranks[name].get(e.entry_key, 0) for name in ranks} for e in entries}
+            scores = self.learned_scorer(entries, per_entry)
+            rankings.append(RankedList.from_scored("learned", [(e.entry_key, s) for e, s in zip(entries, scores)]))
+        return rankings
 
     # -- outcomes -----------------------------------------------------------------------------
 

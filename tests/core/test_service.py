@@ -1,0 +1,237 @@
+"""The memory engine's behaviour through MemoryService, on every store ([sqlite] and [postgres])."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from amfs_server.core.errors import NotFoundError, ValidationError
+from amfs_server.core.models import Actor, MemoryType, OutcomeType, ProvenanceTier, Tier
+from amfs_server.core.service import MemoryService, ServiceConfig, WriteRequest
+
+
+async def test_every_write_creates_the_next_version_and_keeps_the_old_ones(service: MemoryService, actor: Actor) -> None:
+    for number in range(1, 4):
+        entry = await service.write(actor, WriteRequest("svc", "pattern", {"n": number}))
+        assert entry.version == number
+    history = await service.history("svc", "pattern")
+    assert [(e.version, e.value) for e in history] == [(1, {"n": 1}), (2, {"n": 2}), (3, {"n": 3})]
+    assert (await service.read(actor, "svc", "pattern")).value == {"n": 3}
+    assert (await service.read(actor, "svc", "pattern", version=1)).value == {"n": 1}
+
+
+async def test_entry_carries_every_memory_entry_field(service: MemoryService, actor: Actor) -> None:
+    entry = await service.write(
+        actor,
+        WriteRequest("myapp/auth", "decision-auth-jwt", {"summary": "use JWT"}, confidence=0.9,
+                     memory_type="belief", ttl_seconds=3600, importance_score=0.7,
+                     importance_dimensions={"behavioral_alignment": 0.8}),
+    )
+    data = entry.to_dict()
+    for name in ("entity_path", "key", "value", "version", "confidence", "provenance", "outcome_count", "recall_count",
+                 "ttl_at", "memory_type", "tier", "priority_score", "importance_score", "importance_dimensions",
+                 "embedding", "amfs_version"):
+        assert name in data
+    assert entry.entry_key == "myapp/auth/decision-auth-jwt"
+    assert entry.amfs_version == "0.2.0"
+    assert entry.provenance.agent_id == actor.agent_id and entry.provenance.session_id == actor.session_id
+    assert entry.memory_type is MemoryType.BELIEF
+    assert entry.importance_dimensions == {"behavioral_alignment": 0.8}
+    assert entry.ttl_at is not None and entry.ttl_at > datetime.now(timezone.utc)
+
+
+async def test_read_bumps_recall_count_without_creating_a_version(service: MemoryService, actor: Actor) -> None:
+    await service.write(actor, WriteRequest("svc", "k", "v"))
+    for expected in (1, 2, 3):
+        assert (await service.read(actor, "svc", "k")).recall_count == expected
+    assert len(await service.history("svc", "k")) == 1
+
+
+async def test_read_of_a_missing_key_says_how_to_search(service: MemoryService, actor: Actor) -> None:
+    with pytest.raises(NotFoundError, match=r"No memory at 'svc/nothing'.*amfs_retrieve"):
+        await service.read(actor, "svc", "nothing")
+
+
+async def test_read_of_a_missing_version_names_the_range(service: MemoryService, actor: Actor) -> None:
+    await service.write(actor, WriteRequest("svc", "k", "v"))
+    with pytest.raises(NotFoundError, match=r"versions run 1..1"):
+        await service.read(actor, "svc", "k", version=5)
+
+
+async def test_expired_entries_are_invisible_and_can_be_purged(service: MemoryService, actor: Actor) -> None:
+    await service.write(actor, WriteRequest("svc", "temp", "v", ttl_seconds=0.05))
+    await service.write(actor, WriteRequest("svc", "keep", "v"))
+    later = datetime.now(timezone.utc) + timedelta(seconds=1)
+    assert await service.store.get_current("svc", "temp", later) is None
+    assert [e.key for e in await service.store.find_current(
+        __import__("amfs_server.core.models", fromlist=["EntryFilter"]).EntryFilter(), later, "recency", None)] == ["keep"]
+    assert await service.store.purge_expired(later) == 1
+    assert [e.key for e in await service.list()] == ["keep"]
+
+
+async def test_ttl_in_the_past_is_refused(service: MemoryService, actor: Actor) -> None:
+    with pytest.raises(ValidationError, match="not in the future"):
+        await service.write(actor, WriteRequest("svc", "k", "v", ttl_at=datetime.now(timezone.utc) - timedelta(seconds=1)))
+
+
+async def test_commit_outcome_without_keys_charges_every_entry_read_in_the_session(
+    service: MemoryService, actor: Actor
+) -> None:
+    for key in ("retry-pattern", "timeout-config", "pool-settings", "unread"):
+        await service.write(actor, WriteRequest("svc", key, "v", confidence=0.85))
+    for key in ("retry-pattern", "timeout-config", "pool-settings"):
+        await service.read(actor, "svc", key)
+    record = await service.commit_outcome(actor, "DEP-300", OutcomeType.SUCCESS)
+    assert sorted(e.key for e in record.effects) == ["pool-settings", "retry-pattern", "timeout-config"]
+    for effect in record.effects:
+        assert effect.confidence_before == pytest.approx(0.85)
+        assert effect.confidence_after == pytest.approx(0.85 * 0.97)
+        assert effect.version_read == 1
+    assert (await service.store.get_current("svc", "unread", datetime.now(timezone.utc))).confidence == 0.85
+
+
+async def test_another_sessions_reads_are_not_charged(service: MemoryService, actor: Actor) -> None:
+    await service.write(actor, WriteRequest("svc", "a", "v"))
+    other = Actor("agent/other", "other-session")
+    await service.read(other, "svc", "a")
+    with pytest.raises(ValidationError, match="has read nothing"):
+        await service.commit_outcome(actor, "INC-1", "failure")
+
+
+async def test_outcome_changes_confidence_not_value_and_bumps_outcome_count(service: MemoryService, actor: Actor) -> None:
+    await service.write(actor, WriteRequest("svc", "k", "the value", confidence=0.85))
+    record = await service.commit_outcome(actor, "INC-1042", OutcomeType.CRITICAL_FAILURE, ["svc/k"])
+    assert record.effects[0].confidence_after == pytest.approx(0.9775)
+    entry = await service.store.get_current("svc", "k", datetime.now(timezone.utc))
+    assert entry.value == "the value" and entry.version == 1 and entry.outcome_count == 1
+    assert entry.confidence == pytest.approx(0.9775)
+
+
+async def test_the_same_outcome_ref_is_applied_once(service: MemoryService, actor: Actor) -> None:
+    await service.write(actor, WriteRequest("svc", "k", "v", confidence=0.5))
+    first = await service.commit_outcome(actor, "INC-7", "failure", ["svc/k"])
+    second = await service.commit_outcome(actor, "INC-7", "failure", ["svc/k"])
+    assert not first.already_applied and second.already_applied
+    assert second.effects == first.effects
+    entry = await service.store.get_current("svc", "k", datetime.now(timezone.utc))
+    assert entry.confidence == pytest.approx(0.55) and entry.outcome_count == 1
+
+
+async def test_outcome_records_keep_ref_type_time_actor_and_each_effect(service: MemoryService, actor: Actor) -> None:
+    await service.write(actor, WriteRequest("svc", "a", "v", confidence=1.0))
+    await service.write(actor, WriteRequest("svc", "a", "v2", confidence=0.8))
+    await service.read(actor, "svc", "a", version=1)
+    await service.commit_outcome(actor, "DEP-1", "minor_failure")
+    (record,) = await service.outcome_records()
+    assert record.outcome_ref == "DEP-1" and record.outcome_type is OutcomeType.MINOR_FAILURE
+    assert record.agent_id == actor.agent_id and record.session_id == actor.session_id
+    assert record.multiplier == 1.08
+    (effect,) = record.effects
+    assert (effect.version_read, effect.version_updated) == (1, 2)
+    assert (effect.confidence_before, effect.confidence_after) == (pytest.approx(0.8), pytest.approx(0.864))
+
+
+async def test_outcome_naming_a_missing_entry_changes_nothing(service: MemoryService, actor: Actor) -> None:
+    await service.write(actor, WriteRequest("svc", "a", "v", confidence=0.5))
+    with pytest.raises(NotFoundError, match="svc/ghost"):
+        await service.commit_outcome(actor, "INC-9", "failure", ["svc/a", "svc/ghost"])
+    assert await service.outcome_records() == []
+    assert (await service.store.get_current("svc", "a", datetime.now(timezone.utc))).confidence == 0.5
+
+
+async def test_bad_outcome_input_is_refused(service: MemoryService, actor: Actor) -> None:
+    with pytest.raises(ValidationError, match="outcome_type"):
+        await service.commit_outcome(actor, "INC-1", "disaster", ["svc/a"])
+    with pytest.raises(ValidationError, match="outcome_ref"):
+        await service.commit_outcome(actor, "  ", "failure", ["svc/a"])
+    with pytest.raises(ValidationError, match="entity_path/key"):
+        await service.commit_outcome(actor, "INC-1", "failure", ["no-slash"])
+    with pytest.raises(ValidationError, match="is empty"):
+        await service.commit_outcome(actor, "INC-1", "failure", [])
+
+
+async def test_calibrated_multipliers_are_used_persisted_and_reversible(service: MemoryService, actor: Actor) -> None:
+    await service.write(actor, WriteRequest("svc", "a", "v", confidence=1.0))
+    await service.set_calibrated_multipliers({"failure": 1.5})
+    record = await service.commit_outcome(actor, "INC-1", "failure", ["svc/a"])
+    assert record.effects[0].confidence_after == pytest.approx(1.5)
+    reopened = MemoryService(service.store, ServiceConfig())
+    await reopened.open()
+    assert reopened.multipliers[OutcomeType.FAILURE] == 1.5
+    await reopened.set_calibrated_multipliers(None)
+    assert reopened.multipliers[OutcomeType.FAILURE] == 1.10
+
+
+async def test_min_confidence_filters_on_decayed_confidence(store, actor: Actor) -> None:
+    decaying = MemoryService(store, ServiceConfig(decay_half_life_days=30.0))
+    await decaying.open()
+    await decaying.write(actor, WriteRequest("svc", "k", "v", confidence=0.6))
+    entry = await decaying.read(actor, "svc", "k", min_confidence=0.5)
+    assert entry.value == "v"
+    aged = entry.with_changes(provenance=entry.provenance.__class__(
+        entry.provenance.agent_id, entry.provenance.session_id, entry.provenance.written_at - timedelta(days=60)))
+    assert decaying.effective_confidence(aged, datetime.now(timezone.utc)) < 0.5
+    with pytest.raises(NotFoundError, match="below min_confidence"):
+        await decaying.read(actor, "svc", "k", min_confidence=0.7)
+    assert [e.key for e in await decaying.search(min_confidence=0.5)] == ["k"]
+    assert await decaying.search(min_confidence=0.61) == []
+
+
+async def test_search_filters_and_sorts(service: MemoryService, actor: Actor) -> None:
+    await service.write(actor, WriteRequest("checkout", "a", "v", confidence=0.3, memory_type="belief"))
+    await service.write(actor, WriteRequest("checkout/api", "b", "v", confidence=0.9))
+    await service.write(actor, WriteRequest("checkout-service", "c", "v", confidence=0.5))
+    await service.write(Actor("agent/other", "s2"), WriteRequest("payments", "d", "v", confidence=0.7))
+    assert [e.key for e in await service.search(entity_path="checkout")] == ["b", "a"]
+    assert [e.key for e in await service.search(memory_type="belief")] == ["a"]
+    assert [e.key for e in await service.search(agent_id="agent/other")] == ["d"]
+    assert [e.key for e in await service.search(min_confidence=0.6)] == ["b", "d"]
+    assert [e.key for e in await service.search(sort_by="recency", limit=2)] == ["d", "c"]
+    with pytest.raises(ValidationError, match="sort_by"):
+        await service.search(sort_by="alphabetical")  # type: ignore[arg-type]
+
+
+async def test_search_does_not_count_as_reading(service: MemoryService, actor: Actor) -> None:
+    await service.write(actor, WriteRequest("svc", "k", "v"))
+    await service.search()
+    with pytest.raises(ValidationError, match="has read nothing"):
+        await service.commit_outcome(actor, "INC-1", "failure")
+
+
+async def test_forget_deletes_every_version(service: MemoryService, actor: Actor) -> None:
+    await service.write(actor, WriteRequest("svc", "k", 1))
+    await service.write(actor, WriteRequest("svc", "k", 2))
+    assert await service.forget("svc", "k") == 2
+    with pytest.raises(NotFoundError):
+        await service.history("svc", "k")
+    with pytest.raises(NotFoundError, match="nothing was forgotten"):
+        await service.forget("svc", "k")
+
+
+async def test_new_entries_are_hot_and_tiers_follow_priority(service: MemoryService, actor: Actor) -> None:
+    entry = await service.write(actor, WriteRequest("svc", "k", "v"))
+    assert entry.tier is Tier.HOT and entry.priority_score is not None
+    old = entry.with_changes(provenance=entry.provenance.__class__("a", "s", entry.provenance.written_at - timedelta(days=90)),
+                             confidence=0.1, importance_score=0.0)
+    assert service.with_current_tier(old, datetime.now(timezone.utc)).tier is Tier.ARCHIVE
+
+
+async def test_provenance_tier_is_computed_from_agent_and_outcomes(service: MemoryService) -> None:
+    prod = Actor("prod-deployer", "s1")
+    entry = await service.write(prod, WriteRequest("svc", "k", "v"))
+    assert entry.provenance_tier is ProvenanceTier.PRODUCTION_OBSERVED
+    await service.commit_outcome(prod, "DEP-1", "success", ["svc/k"])
+    validated = await service.read(prod, "svc", "k")
+    assert validated.provenance_tier is ProvenanceTier.PRODUCTION_VALIDATED
+    dev = await service.write(Actor("claude-code", "s2"), WriteRequest("svc", "d", "v"))
+    assert dev.provenance_tier is ProvenanceTier.DEVELOPMENT
+    manual = await service.write(Actor("manual", "s3"), WriteRequest("svc", "m", "v"))
+    assert manual.provenance_tier is ProvenanceTier.MANUAL
+
+
+async def test_reads_and_writes_are_traced_for_the_ml_layer(service: MemoryService, actor: Actor) -> None:
+    await service.write(actor, WriteRequest("svc", "k", "v"))
+    await service.read(actor, "svc", "k")
+    events = await service.store.trace_events(actor.session_id)
+    assert [(e.kind, e.key, e.version) for e in events] == [("write", "k", 1), ("read", "k", 1)]

@@ -1,0 +1,54 @@
+"""The Python SDK as the documents use it: AgentMemory (sync) and AsyncAgentMemory."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from amfs_server import AgentMemory, AsyncAgentMemory, MemoryType, OutcomeType
+
+
+def test_sync_sdk_walks_through_the_documented_feedback_loop(tmp_path) -> None:
+    with AgentMemory(agent_id="my-agent", data_dir=tmp_path, embedder="none") as mem:
+        entry = mem.write("svc", "pattern", "use connection pooling", confidence=0.85)
+        assert entry.confidence == 0.85
+        mem.read("svc", "pattern")
+        (updated,) = mem.commit_outcome("INC-1042", OutcomeType.CRITICAL_FAILURE, ["svc/pattern"])
+        assert round(updated.confidence, 4) == 0.9775
+        assert mem.read("svc", "missing") is None
+        assert [e.key for e in mem.search(memory_type=MemoryType.FACT)] == ["pattern"]
+        assert [e.version for e in mem.history("svc", "pattern")] == [1]
+        assert [e.key for e in mem.list("svc")] == ["pattern"]
+
+
+def test_sync_sdk_works_inside_a_running_event_loop(tmp_path) -> None:
+    async def inside_loop() -> str:
+        with AgentMemory(agent_id="nb", data_dir=tmp_path, embedder="none") as mem:
+            mem.write("svc", "k", "v")
+            return mem.read("svc", "k").value
+
+    assert asyncio.run(inside_loop()) == "v"
+
+
+async def test_async_sdk_auto_causal_linking_across_reads(tmp_path) -> None:
+    async with AsyncAgentMemory(agent_id="agent/a", data_dir=tmp_path, embedder="none") as mem:
+        for key in ("retry-pattern", "timeout-config", "pool-settings"):
+            await mem.write("svc", key, "v")
+            await mem.read("svc", key)
+        updated = await mem.commit_outcome("DEP-300", OutcomeType.SUCCESS)
+        assert sorted(e.key for e in updated) == ["pool-settings", "retry-pattern", "timeout-config"]
+        assert all(e.confidence == pytest.approx(0.97) for e in updated)
+
+
+def test_two_sdk_instances_share_the_store_but_not_the_session(tmp_path) -> None:
+    with AgentMemory(agent_id="a", data_dir=tmp_path, embedder="none") as first, \
+            AgentMemory(agent_id="b", data_dir=tmp_path, embedder="none") as second:
+        first.write("svc", "k", "from a")
+        assert second.read("svc", "k").value == "from a"
+        assert first.session_id != second.session_id
+
+
+def test_decay_half_life_is_taken_from_the_constructor(tmp_path) -> None:
+    with AgentMemory(agent_id="a", data_dir=tmp_path, decay_half_life_days=30.0, embedder="none") as mem:
+        assert mem.service.config.decay_half_life_days == 30.0
