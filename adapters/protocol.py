@@ -31,11 +31,14 @@ class OutcomeTarget:
 
 @dataclass(frozen=True)
 class TierUpdate:
+    """An entry version's refreshed tier; for reads, `detail` is what the trace keeps (query, strategy ranks)."""
+
     entity_path: str
     key: str
     version: int
     tier: Tier
     priority_score: float
+    detail: dict[str, Any] | None = None
 
 
 @dataclass

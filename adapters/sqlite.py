@@ -101,7 +101,8 @@ MIGRATIONS: list[str] = [
         entity_path TEXT NOT NULL,
         key TEXT NOT NULL,
         version INTEGER NOT NULL,
-        at REAL NOT NULL
+        at REAL NOT NULL,
+        detail TEXT
     );
     CREATE INDEX trace_events_session ON trace_events (session_id, kind);
     CREATE TABLE meta (name TEXT PRIMARY KEY, value_json TEXT NOT NULL);
@@ -149,6 +150,13 @@ def decode_embedding(blob: bytes | None) -> list[float] | None:
 def prefix_clause(column: str, entity_path: str) -> tuple[str, list[Any]]:
     """`entity_path` and everything below it, without LIKE (paths contain `_`, a LIKE wildcard)."""
     return f"({column} = ? OR substr({column}, 1, ?) = ?)", [entity_path, len(entity_path) + 1, entity_path + "/"]
+
+
+def _row_to_trace(row: sqlite3.Row) -> TraceEvent:
+    return TraceEvent(
+        row["session_id"], row["agent_id"], row["kind"], row["entity_path"], row["key"], row["version"],
+        _dt(row["at"]), json.loads(row["detail"]) if row["detail"] else None,  # type: ignore[arg-type]
+    )
 
 
 def _row_to_entry(row: sqlite3.Row, with_embedding: bool = True) -> MemoryEntry:
@@ -378,9 +386,13 @@ class SQLiteStore:
                         (int(read.tier), read.priority_score, read.entity_path, read.key, read.version),
                     )
                 conn.executemany(
-                    "INSERT INTO trace_events (session_id, agent_id, kind, entity_path, key, version, at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [(actor.session_id, actor.agent_id, kind, r.entity_path, r.key, r.version, _ts(now)) for r in reads],
+                    "INSERT INTO trace_events (session_id, agent_id, kind, entity_path, key, version, at, detail) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (actor.session_id, actor.agent_id, kind, r.entity_path, r.key, r.version, _ts(now),
+                         json.dumps(r.detail) if r.detail is not None else None)
+                        for r in reads
+                    ],
                 )
 
         await self._run(write)
@@ -398,16 +410,13 @@ class SQLiteStore:
 
     async def trace_events(self, session_id: str | None = None) -> list[TraceEvent]:
         def fetch() -> list[TraceEvent]:
-            sql = "SELECT session_id, agent_id, kind, entity_path, key, version, at FROM trace_events"
+            sql = "SELECT session_id, agent_id, kind, entity_path, key, version, at, detail FROM trace_events"
             params: tuple[Any, ...] = ()
             if session_id is not None:
                 sql += " WHERE session_id = ?"
                 params = (session_id,)
             rows = self._connection().execute(sql + " ORDER BY event_id", params).fetchall()
-            return [
-                TraceEvent(r["session_id"], r["agent_id"], r["kind"], r["entity_path"], r["key"], r["version"], _dt(r["at"]))  # type: ignore[arg-type]
-                for r in rows
-            ]
+            return [_row_to_trace(r) for r in rows]
 
         return await self._run(fetch)
 
@@ -621,9 +630,10 @@ class SQLiteStore:
                 ]
                 outcomes = self._outcome_records_sync(conn, "", ())
                 traces = [
-                    TraceEvent(r[0], r[1], r[2], r[3], r[4], r[5], _dt(r[6]))  # type: ignore[arg-type]
+                    _row_to_trace(r)
                     for r in conn.execute(
-                        "SELECT session_id, agent_id, kind, entity_path, key, version, at FROM trace_events ORDER BY event_id"
+                        "SELECT session_id, agent_id, kind, entity_path, key, version, at, detail FROM trace_events "
+                        "ORDER BY event_id"
                     )
                 ]
                 meta = {r[0]: json.loads(r[1]) for r in conn.execute("SELECT name, value_json FROM meta ORDER BY name")}
@@ -691,9 +701,13 @@ class SQLiteStore:
                         ],
                     )
                 conn.executemany(
-                    "INSERT INTO trace_events (session_id, agent_id, kind, entity_path, key, version, at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [(t.session_id, t.agent_id, t.kind, t.entity_path, t.key, t.version, _ts(t.at)) for t in snapshot.traces],
+                    "INSERT INTO trace_events (session_id, agent_id, kind, entity_path, key, version, at, detail) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (t.session_id, t.agent_id, t.kind, t.entity_path, t.key, t.version, _ts(t.at),
+                         json.dumps(t.detail) if t.detail is not None else None)
+                        for t in snapshot.traces
+                    ],
                 )
                 for name, value in snapshot.meta.items():
                     conn.execute(

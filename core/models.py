@@ -283,18 +283,20 @@ class TraceEvent:
     key: str
     version: int
     at: datetime
+    detail: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "session_id": self.session_id, "agent_id": self.agent_id, "kind": self.kind,
             "entity_path": self.entity_path, "key": self.key, "version": self.version, "at": to_iso(self.at),
+            "detail": self.detail,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TraceEvent:
         return cls(
             data["session_id"], data["agent_id"], data["kind"], data["entity_path"], data["key"],
-            int(data["version"]), from_iso(data["at"]),  # type: ignore[arg-type]
+            int(data["version"]), from_iso(data["at"]), data.get("detail"),  # type: ignore[arg-type]
         )
 
 

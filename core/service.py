@@ -183,12 +183,23 @@ class MemoryService:
         await self._track(actor, "read", [entry], now)
         return entry
 
-    async def _track(self, actor: Actor, kind: TraceKind, entries: list[MemoryEntry], now: datetime) -> None:
-        """Bump recall counts, store refreshed tiers and trace the reads (they feed auto-causal linking)."""
+    async def _track(
+        self,
+        actor: Actor,
+        kind: TraceKind,
+        entries: list[MemoryEntry],
+        now: datetime,
+        details: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Bump recall counts, store refreshed tiers and trace the reads (they feed auto-causal linking and ML)."""
         await self.store.record_reads(
             actor,
             kind,
-            [TierUpdate(e.entity_path, e.key, e.version, e.tier, e.priority_score or 0.0) for e in entries],
+            [
+                TierUpdate(e.entity_path, e.key, e.version, e.tier, e.priority_score or 0.0,
+                           details[i] if details else None)
+                for i, e in enumerate(entries)
+            ],
             now,
         )
 
@@ -302,11 +313,13 @@ class MemoryService:
         fused = fuse(rankings, active, self.config.rrf_k)[:limit]
         results: list[RetrievedEntry] = []
         returned: list[MemoryEntry] = []
+        details: list[dict[str, Any]] = []
         for rank, (key, score, hits) in enumerate(fused, start=1):
             entry = admitted[key].with_changes(recall_count=admitted[key].recall_count + 1)
             returned.append(entry)
+            details.append({"query": query, "rank": rank, "ranks": {name: hit.rank for name, hit in hits.items()}})
             results.append(RetrievedEntry(entry, score, rank, hits if explain else None))
-        await self._track(actor, "retrieve", returned, now)
+        await self._track(actor, "retrieve", returned, now, details)
         return results
 
     async def _semantic_candidates(

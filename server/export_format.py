@@ -76,6 +76,7 @@ class _Trace(BaseModel):
     key: str
     version: int
     at: datetime
+    detail: dict[str, Any] | None = None
 
 
 class ExportFile(BaseModel):

@@ -1,0 +1,154 @@
+"""The MCP server: `create_app` wraps a MemoryService in a FastMCP app (tools, lifespan, key scopes);
+`run_server` is the composition root behind `amfs-server serve` (stdio, SSE at /sse, streamable HTTP
+at /mcp).
+
+On stdio nothing but protocol reaches stdout: no banner, no update check, logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager, suppress
+from typing import Any, Literal
+
+from fastmcp import FastMCP
+from starlette.middleware import Middleware
+
+from ..core.errors import ValidationError
+from ..core.models import AMFS_VERSION
+from ..core.service import MemoryService
+from ..tools import ActorResolver, register_tools
+from .auth import ApiKey, ApiKeyVerifier, KeyScopeMiddleware, OriginGuard, is_loopback, parse_allowed_origins, parse_api_keys
+from .composition import build_service
+from .settings import Settings
+
+logger = logging.getLogger("amfs_server.server")
+
+SERVER_NAME = "amfs"
+INSTRUCTIONS = (
+    "Shared, versioned memory whose confidence learns from outcomes. Before a task, amfs_retrieve what is "
+    "known; amfs_write what you learn; when the task's result is known, amfs_commit_outcome."
+)
+Transport = Literal["stdio", "sse", "http"]
+
+
+def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence[ApiKey] | None = None) -> FastMCP:
+    """The FastMCP app over `service`; its lifespan opens and closes the service.
+
+    `api_keys` defaults to those in `settings.api_keys`; with keys, SSE and HTTP require a bearer token.
+    """
+    keys = parse_api_keys(settings.api_keys) if api_keys is None else list(api_keys)
+
+    @asynccontextmanager
+    async def lifespan(_: FastMCP) -> AsyncIterator[dict[str, Any]]:
+        await service.open()
+        warm_up = _warm_up_embedder(service)
+        try:
+            yield {}
+        finally:
+            if warm_up is not None:
+                with suppress(Exception):
+                    await warm_up
+            await service.close()
+
+    mcp = FastMCP(
+        SERVER_NAME,
+        instructions=INSTRUCTIONS,
+        version=AMFS_VERSION,
+        auth=ApiKeyVerifier(keys) if keys else None,
+        lifespan=lifespan,
+        middleware=[KeyScopeMiddleware()],
+        mask_error_details=True,
+        on_duplicate="error",
+    )
+    register_tools(mcp, service, ActorResolver(settings.agent_id))
+    return mcp
+
+
+def _warm_up_embedder(service: MemoryService) -> asyncio.Task[Any] | None:
+    """Load the embedding model in the background, so startup stays fast and the first write does not wait."""
+    load = getattr(service.embedder, "load", None)
+    if load is None:
+        return None
+
+    async def warm() -> None:
+        try:
+            await asyncio.to_thread(load)
+        except Exception:
+            logger.exception("Loading the embedder failed; writes and retrieval will report it")
+
+    return asyncio.create_task(warm())
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """Server logs go to stderr: on stdio, stdout carries the protocol and nothing else."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def _uvicorn_log_config() -> dict[str, Any]:
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    for handler in config["handlers"].values():
+        handler["stream"] = "ext://sys.stderr"
+    return config
+
+
+def _allowed_origins_setting(settings: Settings) -> str | None:
+    # AMFS_ALLOWED_ORIGINS belongs in Settings; read here, at the composition root, until it is a field there.
+    return getattr(settings, "allowed_origins", None) or os.environ.get("AMFS_ALLOWED_ORIGINS")
+
+
+def http_options(host: str, allowed_origins: Sequence[str] = ()) -> dict[str, Any]:
+    """Keyword arguments for FastMCP's run/http_app: our Origin/Host guard in place of FastMCP's own."""
+    return {
+        "middleware": [Middleware(OriginGuard, allowed_origins=allowed_origins, loopback_bind=is_loopback(host))],
+        "host_origin_protection": False,  # OriginGuard does this, with AMFS_ALLOWED_ORIGINS
+    }
+
+
+def run_server(settings: Settings, transport: Transport = "stdio", host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Serve until stopped. Refuses (SystemExit with the reason) to bind beyond loopback without API keys."""
+    configure_logging()
+    try:
+        keys = parse_api_keys(settings.api_keys)
+        origins = parse_allowed_origins(_allowed_origins_setting(settings))
+    except ValidationError as error:
+        raise SystemExit(f"amfs-server: {error}") from None
+    if transport != "stdio" and not is_loopback(host) and not keys:
+        raise SystemExit(
+            f"amfs-server: refusing to serve {transport} on {host}: binding beyond loopback requires bearer-token "
+            "auth. Set AMFS_API_KEYS (e.g. AMFS_API_KEYS=<32 random chars>), or bind to --host 127.0.0.1."
+        )
+    from ..core.embedding import EmbedderUnavailableError
+
+    try:
+        service = build_service(settings)
+    except EmbedderUnavailableError as error:
+        raise SystemExit(f"amfs-server: {error}") from None
+    app = create_app(service, settings, api_keys=keys)
+    try:
+        if transport == "stdio":
+            app.run("stdio", show_banner=False)
+        else:
+            if not is_loopback(host):
+                logger.warning("Serving %s on %s: bearer-token auth is on (%d keys)", transport, host, len(keys))
+            app.run(
+                "sse" if transport == "sse" else "http",
+                show_banner=False,
+                host=host,
+                port=port,
+                uvicorn_config={"log_config": _uvicorn_log_config()},
+                **http_options(host, origins),
+            )
+    except KeyboardInterrupt:
+        pass

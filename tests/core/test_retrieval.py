@@ -1,0 +1,182 @@
+"""Hybrid retrieval: each strategy and the fusion on small fixtures with known answers, filters, depth, explain."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from amfs_server.core.errors import ValidationError
+from amfs_server.core.models import Actor
+from amfs_server.core.retrieval import RankedList, fuse, keyword_terms, resolve_weights
+from amfs_server.core.service import MemoryService, ServiceConfig, WriteRequest
+
+NOTES = [
+    ("payments", "retry-pattern", "Failed card charges are retried with exponential backoff, at most 5 attempts."),
+    ("auth-service", "decision-token-format", "Service-to-service tokens are JWTs signed with RS256, rotated weekly."),
+    ("infra/k8s", "risk-oom", "Pods get OOMKilled when MAX_POOL_SIZE is above 50 connections."),
+    ("web/frontend", "pattern-feature-flags", "New UI features ship behind LaunchDarkly flags, default off."),
+    ("data/etl", "task-summary-backfill", "Backfilled the orders table for March after the ERR_LEDGER_409 outage."),
+]
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    from amfs_server.core.embedding import load_embedder
+
+    return load_embedder()
+
+
+@pytest.fixture
+async def rsvc(store, embedder) -> MemoryService:
+    svc = MemoryService(store, ServiceConfig(), embedder=embedder)
+    await svc.open()
+    return svc
+
+
+async def _seed(svc: MemoryService, actor: Actor) -> None:
+    await svc.write_many(actor, [WriteRequest(path, key, text) for path, key, text in NOTES])
+
+
+def test_keyword_terms_drop_stop_words_and_keep_identifiers() -> None:
+    assert keyword_terms("What is the MAX_POOL_SIZE for the k8s pods?") == ["max_pool_size", "k8s", "pods"]
+
+
+def test_weighted_rrf_sums_weight_over_k_plus_rank() -> None:
+    fused = fuse(
+        [RankedList("semantic", ["a", "b"], [0.9, 0.8]), RankedList("keyword", ["b"], [3.0])],
+        {"semantic": 0.4, "keyword": 0.2},
+        k=60,
+    )
+    scores = {key: score for key, score, _ in fused}
+    assert scores["a"] == pytest.approx(0.4 / 61)
+    assert scores["b"] == pytest.approx(0.4 / 62 + 0.2 / 61)
+    assert [key for key, _, _ in fused] == ["b", "a"]
+
+
+def test_tied_scores_share_a_rank() -> None:
+    (first, second) = fuse([RankedList("confidence", ["a", "b"], [1.0, 1.0])], {"confidence": 1.0}, k=60)
+    assert first[1] == second[1] and first[2]["confidence"].rank == second[2]["confidence"].rank == 1
+
+
+def test_a_trained_ranker_takes_thirty_percent_and_the_rest_scale_to_seventy() -> None:
+    weights = resolve_weights(None, learned_available=True)
+    assert weights["learned"] == pytest.approx(0.3)
+    assert weights["semantic"] == pytest.approx(0.28) and weights["keyword"] == pytest.approx(0.14)
+    assert sum(weights.values()) == pytest.approx(1.0)
+    assert resolve_weights(None, learned_available=False)["learned"] == 0.0
+
+
+def test_unknown_strategy_weight_is_refused() -> None:
+    with pytest.raises(ValidationError, match="Unknown retrieval strategy"):
+        resolve_weights({"vibes": 1.0}, learned_available=False)
+
+
+async def test_semantic_strategy_finds_a_paraphrase_with_no_shared_words(rsvc: MemoryService, actor: Actor) -> None:
+    await _seed(rsvc, actor)
+    results = await rsvc.retrieve(actor, "how do we handle declined payments?", weights={"semantic": 1.0, "keyword": 0.0,
+                                                                                          "temporal": 0.0, "confidence": 0.0})
+    assert results[0].entry.entry_key == "payments/retry-pattern"
+
+
+async def test_keyword_strategy_matches_any_term_of_a_question(rsvc: MemoryService, actor: Actor) -> None:
+    await _seed(rsvc, actor)
+    only_keyword = {"semantic": 0.0, "keyword": 1.0, "temporal": 0.0, "confidence": 0.0}
+    results = await rsvc.retrieve(actor, "which incident was ERR_LEDGER_409 about?", weights=only_keyword, explain=True)
+    assert results[0].entry.entry_key == "data/etl/task-summary-backfill"
+    assert results[0].strategies["keyword"].rank == 1
+
+
+async def test_temporal_strategy_prefers_the_newest_of_the_pool(rsvc: MemoryService, actor: Actor) -> None:
+    await rsvc.write(actor, WriteRequest("svc", "old-retry", "retry policy: 3 attempts"))
+    await rsvc.write(actor, WriteRequest("svc", "new-retry", "retry policy: 7 attempts"))
+    only_temporal = {"semantic": 0.0, "keyword": 0.0, "temporal": 1.0, "confidence": 0.0}
+    results = await rsvc.retrieve(actor, "retry policy", weights=only_temporal)
+    assert [r.entry.key for r in results[:2]] == ["new-retry", "old-retry"]
+
+
+async def test_confidence_strategy_prefers_higher_effective_confidence(rsvc: MemoryService, actor: Actor) -> None:
+    await rsvc.write(actor, WriteRequest("svc", "shaky", "cache ttl is 60s", confidence=0.3))
+    await rsvc.write(actor, WriteRequest("svc", "solid", "cache ttl is 300s", confidence=0.95))
+    only_confidence = {"semantic": 0.0, "keyword": 0.0, "temporal": 0.0, "confidence": 1.0}
+    results = await rsvc.retrieve(actor, "cache ttl", weights=only_confidence)
+    assert [r.entry.key for r in results[:2]] == ["solid", "shaky"]
+
+
+async def test_fusion_explains_each_strategy_rank_and_score(rsvc: MemoryService, actor: Actor) -> None:
+    await _seed(rsvc, actor)
+    (top, *_) = await rsvc.retrieve(actor, "OOMKilled pods connection pool", explain=True)
+    assert top.entry.entry_key == "infra/k8s/risk-oom"
+    assert set(top.strategies) >= {"semantic", "keyword", "temporal", "confidence"}
+    assert top.score == pytest.approx(sum(hit.contribution for hit in top.strategies.values()))
+    assert "explain" in top.to_dict() and top.to_dict()["entry"]["embedding"] is None
+    plain = await rsvc.retrieve(actor, "OOMKilled pods connection pool")
+    assert plain[0].strategies is None
+
+
+async def test_filters_scope_results(rsvc: MemoryService, actor: Actor) -> None:
+    await _seed(rsvc, actor)
+    await rsvc.write(actor, WriteRequest("payments/refunds", "belief-slow", "Refund retries are slow", memory_type="belief",
+                                         confidence=0.4))
+    scoped = await rsvc.retrieve(actor, "retries", entity_path="payments")
+    assert {r.entry.entity_path for r in scoped} <= {"payments", "payments/refunds"} and scoped
+    beliefs = await rsvc.retrieve(actor, "retries", memory_type="belief")
+    assert [r.entry.key for r in beliefs] == ["belief-slow"]
+    confident = await rsvc.retrieve(actor, "retries", min_confidence=0.5)
+    assert "belief-slow" not in {r.entry.key for r in confident}
+
+
+async def test_depth_one_searches_only_hot_entries(rsvc: MemoryService, actor: Actor) -> None:
+    await rsvc.write(actor, WriteRequest("svc", "fresh", "deploys happen on tuesdays", importance_score=1.0))
+    await rsvc.write(actor, WriteRequest("svc", "cold", "deploys happen on fridays", confidence=0.05, importance_score=0.0))
+    hot_only = await rsvc.retrieve(actor, "when do deploys happen", depth=1)
+    everything = await rsvc.retrieve(actor, "when do deploys happen", depth=3)
+    assert [r.entry.key for r in hot_only] == ["fresh"]
+    assert {r.entry.key for r in everything} == {"fresh", "cold"}
+    assert all(int(r.entry.tier) == 1 for r in hot_only)
+
+
+async def test_retrieved_entries_are_tracked_but_only_returned_ones_are_recalled(rsvc: MemoryService, actor: Actor) -> None:
+    await _seed(rsvc, actor)
+    (top,) = await rsvc.retrieve(actor, "JWT signing", limit=1)
+    assert top.entry.recall_count == 1
+    reads = await rsvc.store.session_reads(actor.session_id)
+    assert [(t.entity_path, t.key) for t in reads] == [(top.entry.entity_path, top.entry.key)]
+    others = await rsvc.search(sort_by="recall_count")
+    assert sum(e.recall_count for e in others) == 1
+    record = await rsvc.commit_outcome(actor, "DEP-1", "success")
+    assert [e.entry_key for e in record.effects] == [top.entry.entry_key]
+
+
+async def test_new_versions_replace_old_ones_in_semantic_results(rsvc: MemoryService, actor: Actor) -> None:
+    await rsvc.write(actor, WriteRequest("svc", "db", "we use MySQL 5.7 for orders"))
+    await rsvc.retrieve(actor, "orders database")
+    await rsvc.write(actor, WriteRequest("svc", "db", "we moved orders to PostgreSQL 16"))
+    results = await rsvc.retrieve(actor, "orders database")
+    assert [(r.entry.key, r.entry.version) for r in results] == [("db", 2)]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"query": ""}, "non-empty"), ({"query": "x" * 2001}, "limit is 2000"), ({"depth": 4}, "depth"),
+     ({"limit": 0}, "limit"), ({"entity_path": "a//b"}, "empty segment")],
+)
+async def test_bad_retrieve_input_is_refused(rsvc: MemoryService, actor: Actor, kwargs: dict, message: str) -> None:
+    arguments = {"query": "anything", **kwargs}
+    with pytest.raises(ValidationError, match=message):
+        await rsvc.retrieve(actor, **arguments)
+
+
+async def test_without_an_embedder_retrieval_still_runs_on_keywords(service: MemoryService, actor: Actor) -> None:
+    await service.write(actor, WriteRequest("svc", "k", "the deploy freeze starts friday"))
+    (result,) = await service.retrieve(actor, "deploy freeze", explain=True)
+    assert "semantic" not in result.strategies and result.strategies["keyword"].rank == 1
+
+
+async def test_expired_entries_never_come_back(rsvc: MemoryService, actor: Actor, monkeypatch) -> None:
+    await rsvc.write(actor, WriteRequest("svc", "temp", "temporary deploy freeze", ttl_seconds=60))
+    from amfs_server.core import service as service_module
+
+    real_now = service_module.utcnow
+    monkeypatch.setattr(service_module, "utcnow", lambda: real_now() + timedelta(minutes=5))
+    assert await rsvc.retrieve(actor, "deploy freeze") == []
