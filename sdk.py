@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from .core.errors import NotFoundError
 from .core.models import Actor, MemoryEntry, MemoryType, OutcomeRecord, OutcomeType, SortBy
+from .core.retrieval import RetrievedEntry
 from .core.service import MemoryService, WriteRequest
 
 T = TypeVar("T")
@@ -116,6 +117,22 @@ class AsyncAgentMemory:
     async def list(self, entity_path: str | None = None) -> list[MemoryEntry]:
         return await (await self._svc()).list(entity_path)
 
+    async def retrieve(
+        self,
+        query: str,
+        *,
+        entity_path: str | None = None,
+        limit: int = 10,
+        min_confidence: float | None = None,
+        memory_type: MemoryType | str | None = None,
+        depth: int = 3,
+        explain: bool = False,
+    ) -> list[RetrievedEntry]:
+        """Hybrid search (semantic, keyword, temporal, confidence, learned) fused by weighted RRF."""
+        return await (await self._svc()).retrieve(
+            self.actor, query, entity_path, limit, min_confidence, memory_type, depth, explain
+        )
+
     async def history(self, entity_path: str, key: str) -> list[MemoryEntry]:
         return await (await self._svc()).history(entity_path, key)
 
@@ -185,6 +202,9 @@ class AgentMemory:
 
     def list(self, entity_path: str | None = None) -> list[MemoryEntry]:
         return self._call(self._async.list(entity_path))
+
+    def retrieve(self, query: str, **kwargs: Any) -> list[RetrievedEntry]:
+        return self._call(self._async.retrieve(query, **kwargs))
 
     def history(self, entity_path: str, key: str) -> list[MemoryEntry]:
         return self._call(self._async.history(entity_path, key))

@@ -1,0 +1,32 @@
+# amfs-server: CPU image, non-root, MCP over stdio by default.
+#   docker build -t amfs-server .
+#   docker run -i --rm -v amfs-data:/data amfs-server                      # stdio (Claude Desktop, Cursor)
+#   docker run --rm -p 8000:8000 -e AMFS_API_KEYS=... amfs-server serve --transport http --host 0.0.0.0
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HF_HUB_OFFLINE=1 \
+    AMFS_DATA_DIR=/data \
+    AMFS_ML_MODEL_DIR=/data/ml \
+    OMP_WAIT_POLICY=PASSIVE
+
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libgomp1 \
+    && rm -rf /var/lib/apt/lists/*
+
+# CPU-only torch first, so the package install below does not pull CUDA wheels.
+RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+
+WORKDIR /app
+COPY . /app/src
+RUN pip install /app/src && rm -rf /app/src
+
+RUN useradd --create-home --uid 10001 amfs && mkdir -p /data && chown amfs:amfs /data
+USER amfs
+VOLUME ["/data"]
+EXPOSE 8000
+
+ENTRYPOINT ["amfs-server"]
