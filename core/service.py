@@ -60,6 +60,9 @@ class ServiceConfig:
     retrieval_weights: dict[str, float] | None = None
     rrf_k: int = DEFAULT_RRF_K
     candidate_pool: int = 50
+    # Query-blind strategies (temporal, confidence, learned) re-order only the entries within this many
+    # top places of the semantic or keyword list: they decide among relevant candidates, never bring in new ones.
+    rerank_pool: int = 20
 
 
 class MemoryService:
@@ -337,7 +340,10 @@ class MemoryService:
         keyword: list[tuple[MemoryEntry, float]],
         now: datetime,
     ) -> list[RankedList]:
-        entries = list(admitted.values())
+        relevant = {e.entry_key for e, _ in semantic[: self.config.rerank_pool]} | {
+            e.entry_key for e, _ in keyword[: self.config.rerank_pool]
+        }
+        entries = [entry for key, entry in admitted.items() if key in relevant]
         rankings = [
             RankedList.from_scored("semantic", [(e.entry_key, s) for e, s in semantic if e.entry_key in admitted]),
             RankedList.from_scored("keyword", [(e.entry_key, s) for e, s in keyword if e.entry_key in admitted]),

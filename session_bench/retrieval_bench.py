@@ -1,0 +1,374 @@
+"""Retrieval benchmarks: quality on the committed data set, and latency/ingest at scale on each store.
+
+quality: recall@5, recall@10 and MRR for each single strategy and for the weighted-RRF fusion, on
+`data/retrieval_eval.json` (agent memories with questions and gold entry keys), real MiniLM embeddings.
+
+scale: ingest throughput with embeddings (write path, batched) against the embedder's own batch
+throughput; retrieve p50/p95 at several store sizes next to the time to embed the query alone, measured
+interleaved in the same run (the machine is shared and noisy, so targets are ratios and differences).
+Writes JSON, markdown and a PNG under `reports/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from ..core.embedding import embedding_text, load_embedder
+from ..core.models import Actor, MemoryEntry, MemoryType, NewEntry, Provenance, utcnow
+from ..core.service import MemoryService, ServiceConfig, WriteRequest
+from ..core.tiers import priority_score, tier_for
+from ..adapters.protocol import StoreSnapshot
+
+DATASET = Path(__file__).parent / "data" / "retrieval_eval.json"
+SINGLE_STRATEGIES = ("semantic", "keyword", "temporal", "confidence")
+FUSION_WEIGHTS = {"semantic": 0.4, "keyword": 0.2, "temporal": 0.2, "confidence": 0.2}
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+async def open_store(kind: str, workdir: Path, dimension: int):
+    if kind == "sqlite":
+        from ..adapters.sqlite import SQLiteStore
+
+        store = SQLiteStore(workdir / f"bench-{uuid.uuid4().hex[:8]}.db")
+    else:
+        from ..adapters.postgres import PostgresStore
+
+        store = PostgresStore(postgres_dsn(), embedding_dimension=dimension, schema=f"amfs_bench_{uuid.uuid4().hex[:8]}")
+    await store.open()
+    return store
+
+
+async def close_store(store) -> None:
+    if hasattr(store, "drop_schema"):
+        await store.drop_schema()
+    await store.close()
+
+
+def postgres_dsn() -> str:
+    import os
+
+    return os.environ.get("AMFS_POSTGRES_DSN") or "postgresql://postgres@127.0.0.1:5432/test"
+
+
+# -- quality ------------------------------------------------------------------------------------
+
+
+def dataset_snapshot(dataset: dict[str, Any], embedder) -> StoreSnapshot:
+    """Every memory (older versions first) with its real age, embedded by the real model in batches."""
+    now = utcnow()
+    entries: list[MemoryEntry] = []
+    for memory in dataset["memories"]:
+        values = [*memory.get("versions", []), memory["value"]]
+        age = float(memory["written_days_ago"])
+        for version, value in enumerate(values, start=1):
+            written = now - timedelta(days=age + (len(values) - version) * 7)
+            entries.append(
+                MemoryEntry(
+                    memory["entity_path"], memory["key"], value, version, float(memory["confidence"]),
+                    Provenance(f"agent/session-{memory['session']}", f"s{memory['session']}", written),
+                    memory_type=MemoryType(memory["memory_type"]),
+                )
+            )
+    vectors = embedder.embed([embedding_text(e.entity_path, e.key, e.value) for e in entries])
+    return StoreSnapshot(entries=[e.with_changes(embedding=v.tolist()) for e, v in zip(entries, vectors)])
+
+
+def score_question(ranked: list[str], gold: list[str]) -> dict[str, float]:
+    gold_set = set(gold)
+    first = next((i for i, key in enumerate(ranked, start=1) if key in gold_set), None)
+    return {
+        "recall@5": len(gold_set & set(ranked[:5])) / len(gold_set),
+        "recall@10": len(gold_set & set(ranked[:10])) / len(gold_set),
+        "mrr": 1.0 / first if first else 0.0,
+    }
+
+
+async def run_quality(stores: list[str], out_dir: Path) -> dict[str, Any]:
+    dataset = json.loads(DATASET.read_text())
+    embedder = load_embedder()
+    snapshot = dataset_snapshot(dataset, embedder)
+    configs = {name: {s: (1.0 if s == name else 0.0) for s in SINGLE_STRATEGIES} for name in SINGLE_STRATEGIES}
+    configs["fusion (RRF 0.4/0.2/0.2/0.2)"] = FUSION_WEIGHTS
+    report: dict[str, Any] = {"dataset": {"memories": len(dataset["memories"]), "questions": len(dataset["questions"])},
+                              "stores": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in stores:
+            store = await open_store(kind, Path(tmp), embedder.dimension)
+            try:
+                service = MemoryService(store, ServiceConfig(), embedder=embedder)
+                await service.open()
+                await service.import_snapshot(snapshot)
+                table: dict[str, dict[str, float]] = {}
+                by_kind: dict[str, dict[str, dict[str, float]]] = {}
+                for name, weights in configs.items():
+                    totals: list[dict[str, float]] = []
+                    kinds: dict[str, list[dict[str, float]]] = {}
+                    for number, question in enumerate(dataset["questions"]):
+                        actor = Actor("bench", f"q{number}")
+                        results = await service.retrieve(
+                            actor, question["question"], entity_path=question.get("entity_path"), limit=10, weights=weights
+                        )
+                        scores = score_question([r.entry.entry_key for r in results], question["gold"])
+                        totals.append(scores)
+                        kinds.setdefault(question["kind"], []).append(scores)
+                    table[name] = {m: statistics.fmean(s[m] for s in totals) for m in ("recall@5", "recall@10", "mrr")}
+                    by_kind[name] = {k: {"mrr": statistics.fmean(s["mrr"] for s in v), "n": len(v)} for k, v in kinds.items()}
+                    log(f"[quality/{kind}] {name}: " + ", ".join(f"{m}={v:.3f}" for m, v in table[name].items()))
+                report["stores"][kind] = {"overall": table, "mrr_by_question_kind": by_kind}
+            finally:
+                await close_store(store)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "quality.json").write_text(json.dumps(report, indent=2))
+    (out_dir / "quality.md").write_text(quality_markdown(report))
+    print(quality_markdown(report))
+    return report
+
+
+def quality_markdown(report: dict[str, Any]) -> str:
+    lines = [f"Retrieval quality: {report['dataset']['memories']} memories, {report['dataset']['questions']} questions\n"]
+    for kind, data in report["stores"].items():
+        lines += [f"### {kind}\n", "| strategy | recall@5 | recall@10 | MRR |", "| --- | --- | --- | --- |"]
+        for name, row in data["overall"].items():
+            lines.append(f"| {name} | {row['recall@5']:.3f} | {row['recall@10']:.3f} | {row['mrr']:.3f} |")
+        kinds = sorted(next(iter(data["mrr_by_question_kind"].values())))
+        lines += ["", "MRR by question kind:", "", "| strategy | " + " | ".join(kinds) + " |",
+                  "| --- |" + " --- |" * len(kinds)]
+        for name, per in data["mrr_by_question_kind"].items():
+            lines.append(f"| {name} | " + " | ".join(f"{per[k]['mrr']:.3f} (n={per[k]['n']})" for k in kinds) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# -- scale --------------------------------------------------------------------------------------
+
+SERVICES = ["checkout", "payments", "auth", "search", "inventory", "notifications", "billing", "gateway", "orders",
+            "ledger", "catalog", "shipping", "identity", "analytics", "reporting", "web", "mobile", "etl", "k8s", "cdn"]
+TOPICS = [
+    ("retry policy", "retries failed calls {n} times with exponential backoff starting at {m}ms"),
+    ("timeout", "uses a {n}s upstream timeout; p99 latency was {m}ms last week"),
+    ("connection pool", "keeps a pool of {n} connections per pod; exhaustion seen at {m} rps"),
+    ("cache", "caches lookups in Redis for {n} minutes; hit rate {m}%"),
+    ("deploy", "deploys through canary at {n}% traffic for {m} minutes before full rollout"),
+    ("incident", "had incident INC-{n}{m} caused by a bad config push; rolled back in {m} minutes"),
+    ("feature flag", "ships feature flag ff_{m}_{n} default off until QA signs off"),
+    ("rate limit", "rate limits clients at {n} requests per second with a burst of {m}"),
+    ("schema migration", "runs schema migration {n} online with batches of {m} rows"),
+    ("alerting", "pages on-call when error rate exceeds {n}% for {m} minutes"),
+]
+
+
+def synthetic_notes(count: int, seed: int = 7) -> list[tuple[str, str, str]]:
+    rng = random.Random(seed)
+    notes = []
+    for i in range(count):
+        service = rng.choice(SERVICES)
+        topic, template = rng.choice(TOPICS)
+        text = f"The {service} service " + template.format(n=rng.randint(2, 999), m=rng.randint(10, 9999))
+        notes.append((f"{service}/{rng.choice(['api', 'worker', 'db', 'infra'])}", f"{topic.replace(' ', '-')}-{i}", text))
+    return notes
+
+
+def cached_vectors(notes: list[tuple[str, str, str]], embedder, cache_dir: Path):
+    """Embed the synthetic notes once (the same model, batched) and keep them, so store sizes can be rebuilt quickly."""
+    import numpy as np
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    path = cache_dir / f"synthetic-{len(notes)}-{embedder.name}.npy"
+    if path.exists():
+        return np.load(path)
+    log(f"[scale] embedding {len(notes)} synthetic notes once (cached at {path}) ...")
+    vectors = []
+    step = 2048
+    for start in range(0, len(notes), step):
+        vectors.append(embedder.embed([embedding_text(p, k, t) for p, k, t in notes[start:start + step]]))
+        log(f"[scale]   {min(start + step, len(notes))}/{len(notes)}")
+    array = np.concatenate(vectors).astype("float32")
+    np.save(path, array)
+    return array
+
+
+async def fill_store(store, notes, vectors, already: int, target: int) -> None:
+    """Insert pre-embedded notes already..target through the store's normal insert path."""
+    now = utcnow()
+    actor = Actor("agent/bench", "bench-fill")
+    score = priority_score(now, now, 1.0, 0, None)
+    batch = 2000
+    for start in range(already, target, batch):
+        drafts = [
+            NewEntry(p, k, t, json.dumps(t), 1.0, MemoryType.FACT, actor.agent_id, actor.session_id, now, None, None, None,
+                     tier_for(score), score, vectors[i].tolist(), embedding_text(p, k, t))
+            for i, (p, k, t) in enumerate(notes[start:min(target, start + batch)], start=start)
+        ]
+        await store.insert_versions(drafts, actor)
+
+
+@dataclass
+class Timing:
+    p50: float
+    p95: float
+
+
+def timing(samples: list[float]) -> Timing:
+    return Timing(percentile(samples, 50) * 1000, percentile(samples, 95) * 1000)
+
+
+async def measure_ingest(store_kind: str, embedder, workdir: Path, count: int) -> dict[str, float]:
+    notes = synthetic_notes(count, seed=99)
+    texts = [embedding_text(p, k, t) for p, k, t in notes]
+    started = time.perf_counter()
+    embedder.embed(texts)
+    embed_rate = count / (time.perf_counter() - started)
+    store = await open_store(store_kind, workdir, embedder.dimension)
+    try:
+        service = MemoryService(store, ServiceConfig(), embedder=embedder)
+        await service.open()
+        actor = Actor("agent/bench", "ingest")
+        started = time.perf_counter()
+        for start in range(0, count, 256):
+            await service.write_many(actor, [WriteRequest(p, k, t) for p, k, t in notes[start:start + 256]])
+        ingest_rate = count / (time.perf_counter() - started)
+    finally:
+        await close_store(store)
+    return {"entries": count, "embedder_batch_rate": embed_rate, "ingest_rate": ingest_rate,
+            "ratio": ingest_rate / embed_rate}
+
+
+async def run_scale(stores: list[str], sizes: list[int], queries: int, ingest_count: int, out_dir: Path,
+                    cache_dir: Path) -> dict[str, Any]:
+    embedder = load_embedder()
+    embedder.embed(["warm up"])
+    dataset = json.loads(DATASET.read_text())
+    questions = [q["question"] for q in dataset["questions"]][:queries]
+    notes = synthetic_notes(max(sizes))
+    vectors = cached_vectors(notes, embedder, cache_dir)
+    report: dict[str, Any] = {"sizes": sizes, "queries": len(questions), "stores": {}, "ingest": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in stores:
+            log(f"[scale/{kind}] ingest with embeddings: {ingest_count} entries ...")
+            report["ingest"][kind] = await measure_ingest(kind, embedder, Path(tmp), ingest_count)
+            log(f"[scale/{kind}] ingest {report['ingest'][kind]['ingest_rate']:.0f}/s vs embedder "
+                f"{report['ingest'][kind]['embedder_batch_rate']:.0f}/s")
+            store = await open_store(kind, Path(tmp), embedder.dimension)
+            rows = []
+            try:
+                service = MemoryService(store, ServiceConfig(), embedder=embedder)
+                await service.open()
+                filled = 0
+                for size in sorted(sizes):
+                    log(f"[scale/{kind}] filling to {size} entries ...")
+                    await fill_store(store, notes, vectors, filled, size)
+                    filled = size
+                    actor = Actor("agent/bench", f"scale-{size}")
+                    await service.retrieve(actor, "warm up the index")  # syncs/loads the ANN index outside the timing
+                    embed_times, retrieve_times = [], []
+                    for question in questions:
+                        started = time.perf_counter()
+                        embedder.embed([question])
+                        embed_times.append(time.perf_counter() - started)
+                        started = time.perf_counter()
+                        await service.retrieve(actor, question, limit=10)
+                        retrieve_times.append(time.perf_counter() - started)
+                    embed_t, retrieve_t = timing(embed_times), timing(retrieve_times)
+                    row = {"size": size, "embed_p50_ms": embed_t.p50, "embed_p95_ms": embed_t.p95,
+                           "retrieve_p50_ms": retrieve_t.p50, "retrieve_p95_ms": retrieve_t.p95,
+                           "overhead_p50_ms": retrieve_t.p50 - embed_t.p50, "overhead_p95_ms": retrieve_t.p95 - embed_t.p95}
+                    rows.append(row)
+                    log(f"[scale/{kind}] {size}: retrieve p50 {row['retrieve_p50_ms']:.1f} ms p95 "
+                        f"{row['retrieve_p95_ms']:.1f} ms | embed p50 {row['embed_p50_ms']:.1f} ms "
+                        f"-> overhead p50 {row['overhead_p50_ms']:.1f} ms p95 {row['overhead_p95_ms']:.1f} ms")
+            finally:
+                await close_store(store)
+            report["stores"][kind] = rows
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "scale.json").write_text(json.dumps(report, indent=2))
+    (out_dir / "scale.md").write_text(scale_markdown(report))
+    plot_scale(report, out_dir / "scale.png")
+    print(scale_markdown(report))
+    return report
+
+
+def scale_markdown(report: dict[str, Any]) -> str:
+    lines = ["| store | entries | retrieve p50 ms | retrieve p95 ms | embed query p50 ms | overhead p50 ms | overhead p95 ms |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for kind, rows in report["stores"].items():
+        for r in rows:
+            lines.append(f"| {kind} | {r['size']} | {r['retrieve_p50_ms']:.1f} | {r['retrieve_p95_ms']:.1f} | "
+                         f"{r['embed_p50_ms']:.1f} | {r['overhead_p50_ms']:.1f} | {r['overhead_p95_ms']:.1f} |")
+    lines += ["", "| store | ingest entries/s (with embeddings) | embedder alone, batched | ratio |", "| --- | --- | --- | --- |"]
+    for kind, ingest in report["ingest"].items():
+        lines.append(f"| {kind} | {ingest['ingest_rate']:.0f} | {ingest['embedder_batch_rate']:.0f} | {ingest['ratio']:.2f} |")
+    if len(report["stores"]) == 2 and all(report["stores"].values()):
+        sqlite_rows, pg_rows = report["stores"].get("sqlite", []), report["stores"].get("postgres", [])
+        lines += ["", "| entries | postgres/sqlite retrieve p50 |", "| --- | --- |"]
+        for s, p in zip(sqlite_rows, pg_rows):
+            lines.append(f"| {s['size']} | {p['retrieve_p50_ms'] / s['retrieve_p50_ms']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_scale(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for kind, rows in report["stores"].items():
+        sizes = [r["size"] for r in rows]
+        axis.plot(sizes, [r["retrieve_p50_ms"] for r in rows], marker="o", label=f"{kind} retrieve p50")
+        axis.plot(sizes, [r["retrieve_p95_ms"] for r in rows], marker="^", linestyle="--", label=f"{kind} retrieve p95")
+        axis.plot(sizes, [r["embed_p50_ms"] for r in rows], marker=".", linestyle=":", label=f"{kind} embed-only p50")
+    axis.set_xscale("log")
+    axis.set_xlabel("entries in the store")
+    axis.set_ylabel("milliseconds per query")
+    axis.set_title("amfs_retrieve latency vs store size (2-core CPU)")
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    quality = sub.add_parser("quality", help="recall@k / MRR per strategy and for the fusion")
+    quality.add_argument("--stores", default="sqlite")
+    quality.add_argument("--out", type=Path, default=Path("reports/retrieval"))
+    scale = sub.add_parser("scale", help="ingest throughput and retrieve latency vs store size")
+    scale.add_argument("--stores", default="sqlite,postgres")
+    scale.add_argument("--sizes", default="1000,10000,100000")
+    scale.add_argument("--queries", type=int, default=100)
+    scale.add_argument("--ingest-count", type=int, default=2000)
+    scale.add_argument("--out", type=Path, default=Path("reports/retrieval"))
+    scale.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "amfs-server" / "bench")
+    args = parser.parse_args(argv)
+    stores = [s.strip() for s in args.stores.split(",") if s.strip()]
+    if args.command == "quality":
+        asyncio.run(run_quality(stores, args.out))
+    else:
+        sizes = [int(s) for s in args.sizes.split(",")]
+        asyncio.run(run_scale(stores, sizes, args.queries, args.ingest_count, args.out, args.cache_dir))
+
+
+if __name__ == "__main__":
+    main()
