@@ -62,7 +62,10 @@ class ServiceConfig:
     candidate_pool: int = 50
     # Query-blind strategies (temporal, confidence, learned) re-order only the entries within this many
     # top places of the semantic or keyword list: they decide among relevant candidates, never bring in new ones.
-    rerank_pool: int = 20
+    rerank_pool: int = 10
+    # Keyword hits scoring below this fraction of the best hit match only incidental words of the
+    # question; they are dropped so they cannot outvote the semantic ranking.
+    keyword_min_relative_score: float = 0.7
 
 
 class MemoryService:
@@ -303,6 +306,9 @@ class MemoryService:
             self._semantic_candidates(query, flt, now, pool_size),
             self.store.keyword_candidates(keyword_terms(query), flt, now, pool_size),
         )
+        if keyword:
+            cutoff = keyword[0][1] * self.config.keyword_min_relative_score
+            keyword = [(entry, score) for entry, score in keyword if score >= cutoff]
         pool: dict[str, MemoryEntry] = {}
         for entry, _ in [*semantic, *keyword]:
             pool.setdefault(entry.entry_key, entry)
