@@ -79,6 +79,10 @@ HNSW_MAX_DIMENSIONS = 2000  # pgvector cannot index `vector` columns wider than 
 MAX_TX_ATTEMPTS = 8
 MAX_QUERY_WORDS = 64
 
+_NUL_MESSAGE = (
+    "PostgreSQL cannot store the NUL character (\\x00) in text; remove it from the agent id, session id, "
+    "outcome_ref or meta name."
+)
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 _WORD = re.compile(r"[^\W_]+")
 
@@ -151,6 +155,10 @@ MIGRATIONS: list[str] = [
     CREATE INDEX trace_events_session ON trace_events (session_id, kind);
     CREATE TABLE meta (name text COLLATE "C" PRIMARY KEY, value_json text NOT NULL);
     """,
+    # 2: what a read / retrieve trace keeps (query, strategy ranks), as exact JSON text.
+    """
+    ALTER TABLE trace_events ADD COLUMN detail text;
+    """,
 ]
 
 _HNSW_INDEX = (
@@ -178,9 +186,10 @@ _INSERT_ENTRY = (
     "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) "
 )
 _INSERT_TRACE = (
-    "INSERT INTO trace_events (session_id, agent_id, kind, entity_path, key, version, at) "
-    "VALUES ($1, $2, $3, $4, $5, $6, $7)"
+    "INSERT INTO trace_events (session_id, agent_id, kind, entity_path, key, version, at, detail) "
+    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
 )
+_TRACE_COLUMNS = "session_id, agent_id, kind, entity_path, key, version, at, detail"
 _INSERT_EFFECT = (
     "INSERT INTO outcome_effects (outcome_ref, position, entity_path, key, version_read, version_updated, "
     "confidence_before, confidence_after) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
@@ -264,6 +273,11 @@ def _row_to_entry(row: Any, with_embedding: bool = True) -> MemoryEntry:
         embedding=_embedding_list(row["embedding"]) if with_embedding else None,
         amfs_version=row["amfs_version"],
     )
+
+
+def _search_text(text: str) -> str:
+    """PostgreSQL text cannot hold NUL; search text is only for matching, so NUL becomes a space."""
+    return text.replace("\x00", " ")
 
 
 def _tsquery_text(terms: Iterable[str]) -> str:
@@ -494,6 +508,8 @@ class PostgresStore:
                         f"A PostgreSQL transaction kept conflicting with concurrent ones ({error}); retry the call."
                     ) from error
                 await asyncio.sleep(random.uniform(0.005, 0.02) * attempt)
+            except asyncpg.CharacterNotInRepertoireError as error:
+                raise ValidationError(_NUL_MESSAGE) from error
             except (OSError, asyncpg.PostgresConnectionError, asyncpg.ConnectionDoesNotExistError) as error:
                 raise StoreError(f"Lost the connection to PostgreSQL at {self.where}: {error}") from error
         raise AssertionError("unreachable")  # pragma: no cover
@@ -505,6 +521,8 @@ class PostgresStore:
         try:
             async with pool.acquire() as conn:
                 return await fn(conn)
+        except asyncpg.CharacterNotInRepertoireError as error:
+            raise ValidationError(_NUL_MESSAGE) from error
         except (OSError, asyncpg.PostgresConnectionError, asyncpg.ConnectionDoesNotExistError) as error:
             raise StoreError(f"Lost the connection to PostgreSQL at {self.where}: {error}") from error
 
@@ -557,11 +575,11 @@ class PostgresStore:
                     draft.agent_id, draft.session_id, draft.written_at, 0, 0, draft.ttl_at, draft.memory_type.value,
                     int(draft.tier), draft.priority_score, draft.importance_score,
                     json.dumps(draft.importance_dimensions) if draft.importance_dimensions else None,
-                    draft.embedding, AMFS_VERSION, draft.search_text,
+                    draft.embedding, AMFS_VERSION, _search_text(draft.search_text),
                 )
                 await conn.execute(
                     _INSERT_TRACE, actor.session_id, actor.agent_id, "write", draft.entity_path, draft.key, version,
-                    draft.written_at,
+                    draft.written_at, None,
                 )
                 stored[index] = _row_to_entry(row)
             return stored  # type: ignore[return-value]
@@ -677,7 +695,10 @@ class PostgresStore:
                 )
             await conn.executemany(
                 _INSERT_TRACE,
-                [(actor.session_id, actor.agent_id, kind, r.entity_path, r.key, r.version, now) for r in reads],
+                [
+                    (actor.session_id, actor.agent_id, kind, r.entity_path, r.key, r.version, now, _detail_json(r.detail))
+                    for r in reads
+                ],
             )
 
         await self._tx(write)
@@ -693,7 +714,7 @@ class PostgresStore:
         return [OutcomeTarget(row["entity_path"], row["key"], row["version"]) for row in rows]
 
     async def trace_events(self, session_id: str | None = None) -> list[TraceEvent]:
-        sql = "SELECT session_id, agent_id, kind, entity_path, key, version, at FROM trace_events"
+        sql = f"SELECT {_TRACE_COLUMNS} FROM trace_events"
         args: tuple[Any, ...] = ()
         if session_id is not None:
             sql += " WHERE session_id = $1"
@@ -865,7 +886,7 @@ class PostgresStore:
             traces = [
                 _trace(row)
                 for row in await conn.fetch(
-                    "SELECT session_id, agent_id, kind, entity_path, key, version, at FROM trace_events ORDER BY event_id"
+                    f"SELECT {_TRACE_COLUMNS} FROM trace_events ORDER BY event_id"
                 )
             ]
             meta = {
@@ -904,7 +925,7 @@ class PostgresStore:
                         entry.outcome_count, entry.recall_count, entry.ttl_at, entry.memory_type.value, int(entry.tier),
                         entry.priority_score, entry.importance_score,
                         json.dumps(entry.importance_dimensions) if entry.importance_dimensions else None,
-                        entry.embedding, entry.amfs_version, embedding_text(entry.entity_path, entry.key, entry.value),
+                        entry.embedding, entry.amfs_version, _search_text(embedding_text(entry.entity_path, entry.key, entry.value)),
                     )
                 )
             if rows:
@@ -930,7 +951,10 @@ class PostgresStore:
             if snapshot.traces:
                 await conn.executemany(
                     _INSERT_TRACE,
-                    [(t.session_id, t.agent_id, t.kind, t.entity_path, t.key, t.version, t.at) for t in snapshot.traces],
+                    [
+                        (t.session_id, t.agent_id, t.kind, t.entity_path, t.key, t.version, t.at, _detail_json(t.detail))
+                        for t in snapshot.traces
+                    ],
                 )
             for name, value in snapshot.meta.items():
                 await conn.execute(_UPSERT_META, name, json.dumps(value))
@@ -952,9 +976,15 @@ class PostgresStore:
 
 
 def _trace(row: Any) -> TraceEvent:
+    detail = row["detail"]
     return TraceEvent(
-        row["session_id"], row["agent_id"], row["kind"], row["entity_path"], row["key"], row["version"], row["at"]
+        row["session_id"], row["agent_id"], row["kind"], row["entity_path"], row["key"], row["version"], row["at"],
+        json.loads(detail) if detail else None,
     )
+
+
+def _detail_json(detail: dict[str, Any] | None) -> str | None:
+    return None if detail is None else json.dumps(detail)
 
 
 def _rowcount(status: str) -> int:

@@ -383,10 +383,14 @@ class MemoryService:
                 )
             targets = await self._explicit_targets(actor, causal_entry_keys, now)
         else:
-            targets = await self.store.session_reads(actor.session_id)
+            # Entries read earlier but forgotten or expired since cannot carry the outcome; the rest still do.
+            targets = [
+                target for target in await self.store.session_reads(actor.session_id)
+                if await self.store.get_current(target.entity_path, target.key, now) is not None
+            ]
             if not targets:
                 raise ValidationError(
-                    f"Session {actor.session_id!r} has read nothing, so there is nothing to link outcome "
+                    f"Session {actor.session_id!r} has read nothing that still exists, so there is nothing to link outcome "
                     f"{outcome_ref!r} to. Read the relevant entries first or pass causal_entry_keys."
                 )
         record = await self.store.apply_outcome(

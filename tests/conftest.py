@@ -19,26 +19,29 @@ POSTGRES_DSN = os.environ.get("AMFS_TEST_POSTGRES_DSN", "postgresql://postgres@1
 _postgres_problem: list[str] = []
 
 
-def postgres_unavailable_reason() -> str | None:
-    """Why Postgres tests cannot run here (None when they can); checked once per session."""
-    if not _postgres_problem:
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Probe PostgreSQL once, before any test's event loop exists."""
+    import asyncio
+
+    async def probe() -> None:
+        import asyncpg
+
+        conn = await asyncpg.connect(POSTGRES_DSN, timeout=5)
         try:
-            import asyncio
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        finally:
+            await conn.close()
 
-            import asyncpg
+    try:
+        asyncio.run(probe())
+        _postgres_problem.append("")
+    except Exception as error:  # any failure means: skip, loudly
+        _postgres_problem.append(f"{type(error).__name__}: {error}")
 
-            async def probe() -> None:
-                conn = await asyncpg.connect(POSTGRES_DSN, timeout=5)
-                try:
-                    await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-                finally:
-                    await conn.close()
 
-            asyncio.run(probe())
-            _postgres_problem.append("")
-        except Exception as error:  # any failure means: skip, loudly
-            _postgres_problem.append(f"{type(error).__name__}: {error}")
-    return _postgres_problem[0] or None
+def postgres_unavailable_reason() -> str | None:
+    """Why Postgres tests cannot run here (None when they can)."""
+    return _postgres_problem[0] if _postgres_problem and _postgres_problem[0] else None
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

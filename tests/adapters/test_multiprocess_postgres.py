@@ -156,14 +156,22 @@ class Worker:
         assert "ok" in answer, answer
         return answer["ok"]
 
-    def stop(self) -> None:
+    def request_stop(self) -> None:
         if self.proc.poll() is None:
             try:
                 self.send("quit")
-                self.proc.wait(timeout=30)
-            except Exception:
-                self.proc.kill()
-                self.proc.wait()
+            except OSError:
+                pass
+
+    def wait_stopped(self) -> None:
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for stream in (self.proc.stdout, self.proc.stderr, self.proc.stdin):
+            if stream:
+                stream.close()
 
 
 @pytest.fixture
@@ -186,14 +194,9 @@ def workers(tmp_path: Path, shared_dsn: Any) -> Any:
 
     yield start
     for worker in started:
-        worker.stop()
+        worker.request_stop()
     for worker in started:
-        if worker.proc.stdout:
-            worker.proc.stdout.close()
-        if worker.proc.stderr:
-            worker.proc.stderr.close()
-        if worker.proc.stdin:
-            worker.proc.stdin.close()
+        worker.wait_stopped()
     assert not any(p.exists() for p in tmp_path.glob("data-*/amfs.db")), "a worker fell back to SQLite"
 
 

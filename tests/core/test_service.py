@@ -235,3 +235,13 @@ async def test_reads_and_writes_are_traced_for_the_ml_layer(service: MemoryServi
     await service.read(actor, "svc", "k")
     events = await service.store.trace_events(actor.session_id)
     assert [(e.kind, e.key, e.version) for e in events] == [("write", "k", 1), ("read", "k", 1)]
+
+
+async def test_auto_linked_outcome_skips_entries_forgotten_since_they_were_read(service: MemoryService, actor: Actor) -> None:
+    await service.write(actor, WriteRequest("svc", "kept", "v"))
+    await service.write(actor, WriteRequest("svc", "gone", "v"))
+    await service.read(actor, "svc", "kept")
+    await service.read(actor, "svc", "gone")
+    await service.forget("svc", "gone")
+    record = await service.commit_outcome(actor, "DEP-9", "success")
+    assert [effect.key for effect in record.effects] == ["kept"]

@@ -1,0 +1,577 @@
+"""PostgreSQL-only behaviour of `PostgresStore`: start-up (extension, migrations, schema selection),
+indexes, full-text ranking, HNSW filtering and in-process concurrency.
+
+The shared behaviour (everything SQLite does too) is in the contract suite (tests/adapters/test_store_contract.py,
+run for [sqlite] and [postgres]). Tests that need a server skip, not fail, when none is available.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from amfs_server.adapters import postgres as pg
+from amfs_server.adapters.postgres import PostgresStore, schema_from_dsn
+from amfs_server.adapters.protocol import MemoryStore, OutcomeTarget
+from amfs_server.core.errors import StoreError, ValidationError
+from amfs_server.core.models import (
+    Actor,
+    EntryFilter,
+    MemoryType,
+    NewEntry,
+    OutcomeType,
+    Tier,
+    utcnow,
+)
+
+POSTGRES_DSN = os.environ.get("AMFS_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+DIM = 384
+ACTOR = Actor("agent/test", "session-pg")
+_probe: list[str] = []
+
+
+def _postgres_unavailable_reason() -> str | None:
+    """Same probe as tests/conftest.py (conftest is not importable under --import-mode=importlib)."""
+    if not _probe:
+        try:
+            import asyncpg
+
+            async def probe() -> None:
+                conn = await asyncpg.connect(POSTGRES_DSN, timeout=5)
+                try:
+                    await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+                finally:
+                    await conn.close()
+
+            asyncio.run(probe())
+            _probe.append("")
+        except Exception as error:  # any failure means: skip
+            _probe.append(f"{type(error).__name__}: {error}")
+    return _probe[0] or None
+
+
+@pytest.fixture
+def pg_dsn() -> str:
+    reason = _postgres_unavailable_reason()
+    if reason:
+        pytest.skip(f"PostgreSQL with pgvector unavailable: {reason}")
+    return POSTGRES_DSN
+
+
+def fresh_schema() -> str:
+    return f"amfs_test_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def pg_store(pg_dsn: str) -> AsyncIterator[PostgresStore]:
+    store = PostgresStore(pg_dsn, embedding_dimension=DIM, schema=fresh_schema())
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.drop_schema()
+        await store.close()
+
+
+async def _fetch(dsn: str, sql: str, *args: Any) -> list[Any]:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        return await conn.fetch(sql, *args)
+    finally:
+        await conn.close()
+
+
+def draft(
+    entity_path: str,
+    key: str,
+    value: Any = None,
+    *,
+    search_text: str = "",
+    embedding: list[float] | None = None,
+    confidence: float = 1.0,
+    memory_type: MemoryType = MemoryType.FACT,
+    ttl_at: Any = None,
+) -> NewEntry:
+    import json
+
+    value = {"note": key} if value is None else value
+    return NewEntry(
+        entity_path=entity_path, key=key, value=value, value_json=json.dumps(value, ensure_ascii=False),
+        confidence=confidence, memory_type=memory_type, agent_id=ACTOR.agent_id, session_id=ACTOR.session_id,
+        written_at=utcnow(), ttl_at=ttl_at, importance_score=None, importance_dimensions=None, tier=Tier.HOT,
+        priority_score=0.5, embedding=embedding, search_text=search_text,
+    )
+
+
+def unit(vector: list[float]) -> list[float]:
+    norm = sum(x * x for x in vector) ** 0.5
+    return [x / norm for x in vector]
+
+
+def random_vector(rng: random.Random) -> list[float]:
+    return unit([rng.gauss(0.0, 1.0) for _ in range(DIM)])
+
+
+# -- no server needed ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dsn", "schema"),
+    [
+        ("postgresql://u@h/db", None),
+        ("postgresql://u@h/db?options=-csearch_path%3Dteam_a", "team_a"),
+        ("postgresql://u@h/db?options=-c%20search_path%3Dteam_b%2Cpublic", "team_b"),
+        ("postgresql://u@h/db?options=--search_path%3Dteam_c", "team_c"),
+        ("postgresql://u@h/db?sslmode=disable&options=-c%20statement_timeout%3D5s%20-csearch_path%3Dx1", "x1"),
+        ("postgresql://u@h/db?search_path=plain", "plain"),
+        ("postgresql://u@h/db?options=-csearch_path%3D%24user%2Cpublic", None),
+        ("postgresql://u@h/db?options=-c%20statement_timeout%3D5s", None),
+    ],
+)
+def test_schema_comes_from_the_dsn_search_path(dsn: str, schema: str | None) -> None:
+    assert schema_from_dsn(dsn) == schema
+    assert PostgresStore(dsn).schema == (schema or "amfs")
+
+
+def test_explicit_schema_wins_and_bad_names_are_refused() -> None:
+    assert PostgresStore("postgresql://u@h/db?options=-csearch_path%3Dfrom_dsn", schema="explicit").schema == "explicit"
+    with pytest.raises(StoreError, match="schema name"):
+        PostgresStore("postgresql://u@h/db", schema='bad"; DROP TABLE x; --')
+    with pytest.raises(StoreError, match="postgresql://"):
+        PostgresStore("mysql://u@h/db")
+
+
+def test_store_satisfies_the_protocol() -> None:
+    assert isinstance(PostgresStore("postgresql://u@h/db"), MemoryStore)
+
+
+def test_passwords_stay_out_of_messages() -> None:
+    assert pg.redact_dsn("postgresql://amfs:s3cret@db.example:5433/amfs?sslmode=require") == (
+        "postgresql://amfs@db.example:5433/amfs"
+    )
+
+
+def test_tsquery_is_an_or_of_sanitised_words() -> None:
+    assert pg._tsquery_text(["Retry policy", "auth-service", "retry", "x'); DROP--", "  ", "a:b*c&d|e!f"]) == (
+        "retry | policy | auth | service | x | drop | a | b | c | d | e | f"
+    )
+    assert pg._tsquery_text(["!!!", ""]) == ""
+
+
+class _FakeTransaction:
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: object) -> bool:
+        return False
+
+
+class _FakeConnection:
+    """Just enough of asyncpg.Connection for `_ensure_vector_extension`."""
+
+    def __init__(self, available: bool, create_error: Exception | None) -> None:
+        self.available = available
+        self.create_error = create_error
+
+    async def fetchrow(self, sql: str, *args: Any) -> None:
+        return None  # the extension is not created in this database
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        assert "pg_available_extensions" in sql
+        return 1 if self.available else None
+
+    async def execute(self, sql: str, *args: Any) -> None:
+        assert sql.startswith("CREATE EXTENSION")
+        if self.create_error:
+            raise self.create_error
+
+    def transaction(self) -> _FakeTransaction:
+        return _FakeTransaction()
+
+
+async def test_missing_pgvector_says_what_to_install() -> None:
+    store = PostgresStore("postgresql://amfs:secret@db.example:5432/amfs")
+    with pytest.raises(StoreError) as caught:
+        await store._ensure_vector_extension(_FakeConnection(available=False, create_error=None))
+    message = str(caught.value)
+    assert pg.INSTALL_HINT in message
+    assert "run scripts/ensure_postgres.sh or install pgvector: https://github.com/pgvector/pgvector#installation" in message
+    assert "secret" not in message
+
+
+async def test_uncreatable_pgvector_says_what_to_do() -> None:
+    import asyncpg
+
+    store = PostgresStore("postgresql://amfs@db.example:5432/amfs")
+    denied = asyncpg.InsufficientPrivilegeError("permission denied to create extension \"vector\"")
+    with pytest.raises(StoreError) as caught:
+        await store._ensure_vector_extension(_FakeConnection(available=True, create_error=denied))
+    assert "CREATE EXTENSION vector" in str(caught.value)
+    assert pg.INSTALL_HINT in str(caught.value)
+
+
+async def test_unreachable_server_is_a_store_error() -> None:
+    store = PostgresStore("postgresql://amfs:secret@127.0.0.1:1/amfs")
+    with pytest.raises(StoreError, match="Cannot connect to PostgreSQL") as caught:
+        await store.open()
+    assert "secret" not in str(caught.value)
+
+
+async def test_unopened_store_says_to_open_it() -> None:
+    with pytest.raises(StoreError, match="not open"):
+        await PostgresStore("postgresql://u@h/db").get_meta("x")
+
+
+# -- with a server ------------------------------------------------------------------------------
+
+pytestmark_pg = pytest.mark.postgres
+
+
+@pytestmark_pg
+async def test_missing_extension_against_a_real_server(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pg, "VECTOR_EXTENSION", "vector_not_installed_anywhere")
+    store = PostgresStore(pg_dsn, schema=fresh_schema())
+    with pytest.raises(StoreError) as caught:
+        await store.open()
+    assert pg.INSTALL_HINT in str(caught.value)
+    assert store._pool is None
+    assert not await _fetch(pg_dsn, "SELECT 1 FROM pg_namespace WHERE nspname = $1", store.schema)
+
+
+@pytestmark_pg
+async def test_schema_tables_indexes_and_generated_tsvector(pg_store: PostgresStore) -> None:
+    dsn, schema = pg_store.dsn, pg_store.schema
+    tables = {r["tablename"] for r in await _fetch(dsn, "SELECT tablename FROM pg_tables WHERE schemaname = $1", schema)}
+    assert tables == {"entries", "outcomes", "outcome_effects", "trace_events", "meta", "schema_migrations"}
+    indexes = {
+        r["indexname"]: r["indexdef"]
+        for r in await _fetch(dsn, "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = $1", schema)
+    }
+    hnsw = indexes["entries_embedding_hnsw"]
+    assert "USING hnsw" in hnsw and "vector_cosine_ops" in hnsw and "WHERE is_current" in hnsw
+    assert "USING gin (search_tsv)" in indexes["entries_search_tsv"]
+    assert "UNIQUE" in indexes["entries_current_key"] and "WHERE is_current" in indexes["entries_current_key"]
+    assert "UNIQUE" in indexes["entries_key_version"]
+    columns = {
+        r["attname"]: r
+        for r in await _fetch(
+            dsn,
+            "SELECT attname, attgenerated::text AS attgenerated, format_type(atttypid, atttypmod) AS type FROM pg_attribute "
+            "WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
+            f'"{schema}".entries',
+        )
+    }
+    assert columns["search_tsv"]["attgenerated"] == "s"  # GENERATED ALWAYS AS (...) STORED, declared in CREATE TABLE
+    assert columns["embedding"]["type"] == f"vector({DIM})"
+    assert columns["written_at"]["type"] == "timestamp with time zone"
+    versions = await _fetch(dsn, f'SELECT version FROM "{schema}".schema_migrations ORDER BY version')
+    assert [r["version"] for r in versions] == list(range(1, len(pg.MIGRATIONS) + 1))
+
+
+@pytestmark_pg
+async def test_open_is_idempotent_and_reopen_keeps_data(pg_store: PostgresStore) -> None:
+    await pg_store.open()
+    await pg_store.insert_versions([draft("svc/a", "k")], ACTOR)
+    await pg_store.close()
+    await pg_store.open()
+    await pg_store.open()
+    assert (await pg_store.get_current("svc/a", "k", utcnow())).version == 1  # type: ignore[union-attr]
+
+
+@pytestmark_pg
+async def test_concurrent_open_of_a_fresh_schema(pg_dsn: str) -> None:
+    schema = fresh_schema()
+    stores = [PostgresStore(pg_dsn, embedding_dimension=DIM, schema=schema) for _ in range(4)]
+    try:
+        await asyncio.gather(*(store.open() for store in stores))
+        rows = await _fetch(pg_dsn, f'SELECT version FROM "{schema}".schema_migrations ORDER BY version')
+        assert [r["version"] for r in rows] == list(range(1, len(pg.MIGRATIONS) + 1))
+        await stores[0].insert_versions([draft("svc/a", "k")], ACTOR)
+        assert (await stores[3].get_current("svc/a", "k", utcnow())).version == 1  # type: ignore[union-attr]
+    finally:
+        await stores[0].drop_schema()
+        for store in stores:
+            await store.close()
+
+
+@pytestmark_pg
+async def test_embedding_dimension_mismatch(pg_store: PostgresStore) -> None:
+    other = PostgresStore(pg_store.dsn, embedding_dimension=8, schema=pg_store.schema)
+    with pytest.raises(StoreError, match="dimension 384"):
+        await other.open()
+    with pytest.raises(ValidationError, match="dimension 3"):
+        await pg_store.insert_versions([draft("svc/a", "k", embedding=[1.0, 0.0, 0.0])], ACTOR)
+    with pytest.raises(ValidationError):
+        await pg_store.semantic_candidates([1.0, 0.0], EntryFilter(), utcnow(), 5)
+
+
+@pytestmark_pg
+async def test_schema_named_in_the_dsn(pg_dsn: str) -> None:
+    schema = fresh_schema()
+    separator = "&" if "?" in pg_dsn else "?"
+    store = PostgresStore(f"{pg_dsn}{separator}options={quote(f'-csearch_path={schema}', safe='')}")
+    assert store.schema == schema
+    await store.open()
+    try:
+        await store.insert_versions([draft("svc/a", "k")], ACTOR)
+        rows = await _fetch(pg_dsn, f'SELECT entity_path FROM "{schema}".entries')
+        assert [r["entity_path"] for r in rows] == ["svc/a"]
+    finally:
+        await store.drop_schema()
+        await store.close()
+
+
+@pytestmark_pg
+async def test_keyword_search_matches_any_term_ranked(pg_store: PostgresStore) -> None:
+    await pg_store.insert_versions(
+        [
+            draft("svc/payments", "retry", search_text="svc payments retry: retry failed charges with exponential backoff"),
+            draft("svc/payments", "timeout", search_text="svc payments timeout: gateway timeout is 30 seconds"),
+            draft("svc/auth", "tokens", search_text="svc auth tokens: rotate signing keys monthly"),
+        ],
+        ACTOR,
+    )
+    now = utcnow()
+    hits = await pg_store.keyword_candidates(["retry backoff", "gateway", "unicorn"], EntryFilter(), now, 10)
+    assert [(e.entity_path, e.key) for e, _ in hits] == [("svc/payments", "retry"), ("svc/payments", "timeout")]
+    assert hits[0][1] > hits[1][1] > 0
+    assert all(e.embedding is None for e, _ in hits)
+    # Stemming: "retries" finds "retry"; a stop-word-only or punctuation-only query finds nothing, without error.
+    assert [e.key for e, _ in await pg_store.keyword_candidates(["retries"], EntryFilter(), now, 10)] == ["retry"]
+    assert await pg_store.keyword_candidates(["the", "a"], EntryFilter(), now, 10) == []
+    assert await pg_store.keyword_candidates(["&|!():*'"], EntryFilter(), now, 10) == []
+    # Only the current version is searchable.
+    await pg_store.insert_versions([draft("svc/payments", "retry", search_text="svc payments retry: give up")], ACTOR)
+    hits = await pg_store.keyword_candidates(["backoff", "give"], EntryFilter(), utcnow(), 10)
+    assert [(e.key, e.version) for e, _ in hits] == [("retry", 2)]
+    assert (await pg_store.keyword_candidates(["svc"], EntryFilter(), utcnow(), 1)).__len__() == 1
+
+
+@pytestmark_pg
+async def test_candidate_filters(pg_store: PostgresStore) -> None:
+    rng = random.Random(7)
+    base = random_vector(rng)
+    now = utcnow()
+    rows = [
+        ("svc", "root", MemoryType.FACT, None, 1.0),
+        ("svc/a", "child", MemoryType.BELIEF, None, 0.4),
+        ("svc-other", "sibling", MemoryType.FACT, None, 1.0),
+        ("svcx/a", "lookalike", MemoryType.FACT, None, 1.0),
+        ("svc/b", "expired", MemoryType.FACT, now - timedelta(seconds=1), 1.0),
+    ]
+    await pg_store.insert_versions(
+        [
+            draft(path, key, search_text=f"shared words {key}", embedding=base, memory_type=kind, ttl_at=ttl, confidence=conf)
+            for path, key, kind, ttl, conf in rows
+        ],
+        ACTOR,
+    )
+    now = utcnow()
+    for flt, expected in [
+        (EntryFilter(), {"root", "child", "sibling", "lookalike"}),
+        (EntryFilter(entity_path="svc"), {"root", "child"}),
+        (EntryFilter(entity_path="svc/a"), {"child"}),
+        (EntryFilter(memory_type=MemoryType.BELIEF), {"child"}),
+        (EntryFilter(min_stored_confidence=0.5), {"root", "sibling", "lookalike"}),
+        (EntryFilter(agent_id="someone/else"), set()),
+        (EntryFilter(since=now + timedelta(seconds=5)), set()),
+    ]:
+        keyword = await pg_store.keyword_candidates(["shared"], flt, now, 10)
+        semantic = await pg_store.semantic_candidates(base, flt, now, 10)
+        assert {e.key for e, _ in keyword} == expected, flt
+        assert {e.key for e, _ in semantic} == expected, flt
+        assert all(score == pytest.approx(1.0, abs=1e-5) for _, score in semantic)
+    assert len(await pg_store.semantic_candidates(base, EntryFilter(), now, 2)) == 2
+    assert await pg_store.semantic_candidates([0.0] * DIM, EntryFilter(), now, 5) == []
+
+
+@pytestmark_pg
+async def test_filtered_hnsw_search_does_not_starve(pg_store: PostgresStore) -> None:
+    """With the HNSW index serving the query, a selective filter still gets `limit` hits, nearest first.
+
+    Without `hnsw.iterative_scan` the index yields its `ef_search` nearest rows, all filtered away here.
+    """
+    rng = random.Random(11)
+    query = random_vector(rng)
+    noise = [unit([q + rng.gauss(0.0, 0.02) for q in query]) for _ in range(400)]  # all very near the query
+    wanted = [random_vector(rng) for _ in range(12)]  # far from it
+    await pg_store.insert_versions([draft("noise", f"n{i}", embedding=v) for i, v in enumerate(noise)], ACTOR)
+    await pg_store.insert_versions(
+        [draft("wanted", f"w{i}", embedding=v, memory_type=MemoryType.BELIEF) for i, v in enumerate(wanted)], ACTOR
+    )
+
+    # A second store on the same schema whose connections cannot seq-scan or bitmap-scan: HNSW must serve the query.
+    separator = "&" if "?" in pg_store.dsn else "?"
+    options = quote("-c enable_seqscan=off -c enable_bitmapscan=off", safe="")
+    forced = PostgresStore(f"{pg_store.dsn}{separator}options={options}", schema=pg_store.schema)
+    await forced.open()
+    try:
+        async with forced._pool.acquire() as conn:  # type: ignore[union-attr]
+            assert await conn.fetchval("SHOW enable_seqscan") == "off"
+            plan = "\n".join(
+                r[0]
+                for r in await conn.fetch(
+                    "EXPLAIN SELECT row_id FROM entries WHERE is_current AND embedding IS NOT NULL "
+                    "AND memory_type = 'belief' ORDER BY embedding <=> $1 LIMIT 5",
+                    query,
+                )
+            )
+            assert "entries_embedding_hnsw" in plan, plan
+        hits = await forced.semantic_candidates(query, EntryFilter(memory_type=MemoryType.BELIEF), utcnow(), 5)
+        assert len(hits) == 5
+        assert all(e.entity_path == "wanted" for e, _ in hits)
+        scores = [score for _, score in hits]
+        assert scores == sorted(scores, reverse=True)
+        exact = sorted((sum(a * b for a, b in zip(query, v)), f"w{i}") for i, v in enumerate(wanted))[::-1][:5]
+        assert [e.key for e, _ in hits] == [key for _, key in exact]
+    finally:
+        await forced.close()
+
+
+@pytestmark_pg
+async def test_values_round_trip_exactly(pg_store: PostgresStore) -> None:
+    value = {"z": 1, "a": [1.5, None, True, "ünï", {"y": 2, "b": 3}], "m": 1e300, "big": 12345678901234567890}
+    await pg_store.insert_versions([draft("svc/a", "k", value)], ACTOR)
+    stored = await pg_store.get_current("svc/a", "k", utcnow())
+    assert stored is not None and stored.value == value
+    assert list(stored.value) == ["z", "a", "m", "big"]
+    assert list(stored.value["a"][4]) == ["y", "b"]
+
+
+@pytestmark_pg
+async def test_binary_ordering_of_paths_and_keys(pg_store: PostgresStore) -> None:
+    keys = ["b", "B", "_x", "a-b", "a.b", "a", "Z", "é"]
+    await pg_store.insert_versions([draft("svc/order", k) for k in keys], ACTOR)
+    snapshot = await pg_store.export_snapshot()
+    assert [e.key for e in snapshot.entries] == sorted(keys)
+
+
+@pytestmark_pg
+async def test_concurrent_writers_in_one_process(pg_store: PostgresStore) -> None:
+    results = await asyncio.gather(
+        *(pg_store.insert_versions([draft("race/a", "k", {"n": n})], Actor(f"agent/{n}", f"s{n}")) for n in range(20))
+    )
+    assert sorted(r[0].version for r in results) == list(range(1, 21))
+    history = await pg_store.history("race/a", "k")
+    assert [e.version for e in history] == list(range(1, 21))
+    assert sum(e.version == 20 for e in history) == 1
+    current = await pg_store.get_current("race/a", "k", utcnow())
+    assert current is not None and current.version == 20
+
+
+@pytestmark_pg
+async def test_multi_key_writes_in_opposite_orders_do_not_deadlock(pg_store: PostgresStore) -> None:
+    keys = [f"k{i}" for i in range(6)]
+
+    async def write(n: int) -> None:
+        order = keys if n % 2 else list(reversed(keys))
+        await pg_store.insert_versions([draft("race/multi", k, {"n": n}) for k in order], ACTOR)
+
+    await asyncio.gather(*(write(n) for n in range(10)))
+    for key in keys:
+        assert [e.version for e in await pg_store.history("race/multi", key)] == list(range(1, 11))
+
+
+@pytestmark_pg
+async def test_concurrent_outcomes_in_one_process(pg_store: PostgresStore) -> None:
+    await pg_store.insert_versions([draft("race/o", "entry")], ACTOR)
+    target = [OutcomeTarget("race/o", "entry", None)]
+    now = utcnow()
+    same = await asyncio.gather(
+        *(pg_store.apply_outcome("same-ref", OutcomeType.FAILURE, 1.1, ACTOR, now, target) for _ in range(5))
+    )
+    assert sorted(r.already_applied for r in same) == [False, True, True, True, True]
+    assert len({r.effects for r in same}) == 1
+    different = await asyncio.gather(
+        *(pg_store.apply_outcome(f"ref-{n}", OutcomeType.SUCCESS, 0.9, ACTOR, now, target) for n in range(5))
+    )
+    assert not any(r.already_applied for r in different)
+    entry = await pg_store.get_current("race/o", "entry", utcnow())
+    assert entry is not None
+    assert entry.confidence == pytest.approx(1.1 * 0.9**5)
+    assert entry.outcome_count == 6
+    befores = sorted((r.effects[0].confidence_before for r in different), reverse=True)
+    assert befores == pytest.approx([1.1 * 0.9**n for n in range(5)])
+
+
+@pytestmark_pg
+async def test_outcome_on_missing_entry_records_nothing(pg_store: PostgresStore) -> None:
+    await pg_store.insert_versions([draft("svc/a", "k")], ACTOR)
+    targets = [OutcomeTarget("svc/a", "k", 1), OutcomeTarget("svc/a", "missing", None)]
+    with pytest.raises(ValidationError, match="svc/a/missing"):
+        await pg_store.apply_outcome("ref", OutcomeType.FAILURE, 1.1, ACTOR, utcnow(), targets)
+    assert await pg_store.outcome_records() == []
+    entry = await pg_store.get_current("svc/a", "k", utcnow())
+    assert entry is not None and entry.confidence == 1.0 and entry.outcome_count == 0
+    # The ref was not consumed: it can be committed once the targets exist.
+    record = await pg_store.apply_outcome("ref", OutcomeType.FAILURE, 1.1, ACTOR, utcnow(), targets[:1])
+    assert not record.already_applied
+
+
+@pytestmark_pg
+async def test_nul_characters(pg_store: PostgresStore) -> None:
+    """Valid JSON may hold U+0000, which PostgreSQL text cannot: values still round-trip exactly."""
+    value = {"raw": "nul\x00widget"}
+    await pg_store.insert_versions([draft("svc/a", "k", value, search_text="svc a k: nul\x00widget")], ACTOR)
+    stored = await pg_store.get_current("svc/a", "k", utcnow())
+    assert stored is not None and stored.value == value
+    assert [e.key for e, _ in await pg_store.keyword_candidates(["widget"], EntryFilter(), utcnow(), 5)] == ["k"]
+    with pytest.raises(ValidationError, match="NUL"):
+        await pg_store.apply_outcome("bad\x00ref", OutcomeType.FAILURE, 1.1, ACTOR, utcnow(), [OutcomeTarget("svc/a", "k", None)])
+
+
+@pytestmark_pg
+async def test_migrations_upgrade_an_older_schema(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    schema = fresh_schema()
+    with monkeypatch.context() as patch:
+        patch.setattr(pg, "MIGRATIONS", pg.MIGRATIONS[:1])
+        old = PostgresStore(pg_dsn, embedding_dimension=DIM, schema=schema)
+        await old.open()
+        async with old._pool.acquire() as conn:  # type: ignore[union-attr]  # data as version-1 code wrote it
+            await conn.execute("INSERT INTO meta (name, value_json) VALUES ('kept', '[1, 2]')")
+            await conn.execute(
+                "INSERT INTO trace_events (session_id, agent_id, kind, entity_path, key, version, at) "
+                "VALUES ('s', 'a', 'read', 'svc/a', 'k', 1, now())"
+            )
+        await old.close()
+    store = PostgresStore(pg_dsn, embedding_dimension=DIM, schema=schema)
+    try:
+        await store.open()
+        rows = await _fetch(pg_dsn, f'SELECT version FROM "{schema}".schema_migrations ORDER BY version')
+        assert [r["version"] for r in rows] == list(range(1, len(pg.MIGRATIONS) + 1))
+        assert await store.get_meta("kept") == [1, 2]
+        assert [(t.kind, t.detail) for t in await store.trace_events()] == [("read", None)]
+        await store.insert_versions([draft("svc/a", "k")], ACTOR)
+        with monkeypatch.context() as patch:  # a store newer than this code refuses to open
+            patch.setattr(pg, "MIGRATIONS", pg.MIGRATIONS[:1])
+            with pytest.raises(StoreError, match="Upgrade amfs-server"):
+                await PostgresStore(pg_dsn, embedding_dimension=DIM, schema=schema).open()
+    finally:
+        await store.drop_schema()
+        await store.close()
+
+
+@pytestmark_pg
+async def test_trace_detail_round_trips(pg_store: PostgresStore) -> None:
+    from amfs_server.adapters.protocol import TierUpdate
+
+    [entry] = await pg_store.insert_versions([draft("svc/a", "k")], ACTOR)
+    detail = {"query": "why retries?", "rank": 1, "ranks": {"semantic": 2, "keyword": 1}}
+    await pg_store.record_reads(ACTOR, "retrieve", [TierUpdate("svc/a", "k", 1, Tier.HOT, 0.7, detail)], utcnow())
+    traces = await pg_store.trace_events(ACTOR.session_id)
+    assert [(t.kind, t.detail) for t in traces] == [("write", None), ("retrieve", detail)]
+    assert list(traces[1].detail["ranks"]) == ["semantic", "keyword"]  # type: ignore[index]
+    snapshot = await pg_store.export_snapshot()
+    await pg_store.clear()
+    await pg_store.import_snapshot(snapshot)
+    assert await pg_store.export_snapshot() == snapshot
