@@ -127,9 +127,17 @@ def parse_export(text: str) -> StoreSnapshot:
 
 
 def _check_versions(entries: list[dict[str, Any]]) -> None:
-    """Each key's versions must be 1..n without gaps or duplicates, or the history would be inconsistent."""
+    """Paths and keys follow the write rules, and each key's versions run 1..n without gaps or duplicates."""
+    from ..core.errors import ValidationError as DomainValidationError
+    from ..core.validation import validate_entity_path, validate_key
+
     versions: dict[tuple[str, str], list[int]] = {}
-    for entry in entries:
+    for position, entry in enumerate(entries):
+        try:
+            validate_entity_path(entry["entity_path"])
+            validate_key(entry["key"])
+        except DomainValidationError as error:
+            raise ExportFormatError(f"invalid export at entries.{position}: {error}") from None
         versions.setdefault((entry["entity_path"], entry["key"]), []).append(entry["version"])
     for (entity_path, key), numbers in versions.items():
         if sorted(numbers) != list(range(1, len(numbers) + 1)):

@@ -75,6 +75,16 @@ def test_import_refuses_a_malformed_file_and_imports_nothing(env, tmp_path, monk
     assert json.loads(CliRunner().invoke(cli, ["memory", "export"]).output)["entries"] == []
 
 
+def test_import_refuses_an_invalid_entity_path(env, tmp_path, monkeypatch) -> None:
+    document = json.loads(CliRunner().invoke(cli, ["memory", "export"]).output)
+    document["entries"][0]["entity_path"] = "../etc"
+    bad = tmp_path / "path.json"
+    bad.write_text(json.dumps(document))
+    monkeypatch.setenv("AMFS_DATA_DIR", str(tmp_path / "empty"))
+    result = CliRunner().invoke(cli, ["memory", "import", str(bad)])
+    assert result.exit_code != 0 and "relative segments" in result.output
+
+
 def test_import_refuses_a_version_gap(env, tmp_path, monkeypatch) -> None:
     document = json.loads(CliRunner().invoke(cli, ["memory", "export"]).output)
     document["entries"] = [e for e in document["entries"] if not (e["key"] == "retry-pattern" and e["version"] == 1)]
