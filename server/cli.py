@@ -13,10 +13,12 @@ from typing import Any, TypeVar
 import click
 
 from ..core.errors import AmfsError
+from ..core.learning import SECTIONS, LearningService, split_preference_name
 from ..core.service import MemoryService
 from .composition import build_service
+from .config_file import build_learning_service, load_learning_settings, settings_in_force
 from .export_format import ExportFormatError, dump_export, parse_export
-from .settings import load_settings
+from .settings import Settings, load_settings
 
 T = TypeVar("T")
 
@@ -39,6 +41,37 @@ def _run_with_service(fn: Callable[[MemoryService], Awaitable[T]], embedder: boo
         raise click.ClickException(str(error)) from None
 
 
+def _settings_with_learning(**flags: bool | None) -> tuple[Settings, Path | None]:
+    """Settings in force: environment, the config file's `learning:` section, then `flags` (None: not given)."""
+    try:
+        learning, source = load_learning_settings(**flags)
+        return load_settings(learning=learning), source
+    except AmfsError as error:
+        raise click.ClickException(str(error)) from None
+
+
+def _run_with_learning(fn: Callable[[MemoryService, LearningService], Awaitable[T]]) -> T:
+    """Like _run_with_service, with the learning service too (whatever learning.enabled says: stored
+    learning data can always be shown, exported, forgotten and cleared)."""
+    settings, _ = _settings_with_learning()
+    settings = settings.model_copy(update={"embedder": None})
+
+    async def main() -> T:
+        service = build_service(settings)
+        learning = build_learning_service(settings)
+        await service.open()
+        try:
+            return await fn(service, learning)
+        finally:
+            await learning.close()
+            await service.close()
+
+    try:
+        return asyncio.run(main())
+    except AmfsError as error:
+        raise click.ClickException(str(error)) from None
+
+
 @click.group(invoke_without_command=True)
 @click.pass_context
 def cli(ctx: click.Context) -> None:
@@ -51,11 +84,22 @@ def cli(ctx: click.Context) -> None:
 @click.option("--transport", type=click.Choice(["stdio", "sse", "http"]), default="stdio", show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address for sse/http.")
 @click.option("--port", default=8000, show_default=True, type=int, help="Port for sse/http.")
-def serve(transport: str, host: str, port: int) -> None:
+@click.option("--no-learning", is_flag=True, help="Record no interactions and learn nothing (learning.enabled: false).")
+@click.option("--no-preference-learning", is_flag=True, help="Learn no preferences from tool calls.")
+@click.option("--no-pattern-detection", is_flag=True, help="Detect no usage patterns.")
+def serve(
+    transport: str, host: str, port: int, no_learning: bool = False, no_preference_learning: bool = False,
+    no_pattern_detection: bool = False,
+) -> None:
     """Serve the amfs_* MCP tools over stdio, SSE (/sse) or streamable HTTP (/mcp)."""
     from .app import run_server
 
-    run_server(load_settings(), transport=transport, host=host, port=port)
+    settings, _ = _settings_with_learning(
+        enabled=False if no_learning else None,
+        preference_learning=False if no_preference_learning else None,
+        pattern_detection=False if no_pattern_detection else None,
+    )
+    run_server(settings, transport=transport, host=host, port=port)
 
 
 @cli.group()
@@ -67,9 +111,9 @@ def memory() -> None:
 @click.option("--entity-path", default=None, help="Only entries under this entity path.")
 @click.option("--limit", default=50, show_default=True, type=int)
 def memory_show(entity_path: str | None, limit: int) -> None:
-    """List current entries with their confidence, version and tier."""
+    """List current entries with their confidence, version and tier, then learned preferences and patterns."""
 
-    async def show(service: MemoryService) -> list[str]:
+    async def show(service: MemoryService, learning: LearningService) -> list[str]:
         entries = await service.list(entity_path)
         lines = [f"Memories ({len(entries)}):"]
         for entry in entries[:limit]:
@@ -81,22 +125,49 @@ def memory_show(entity_path: str | None, limit: int) -> None:
             )
         if len(entries) > limit:
             lines.append(f"... {len(entries) - limit} more (use --limit)")
-        return lines
+        return lines + await _learned_lines(learning, limit)
 
-    for line in _run_with_service(show):
+    for line in _run_with_learning(show):
         click.echo(line)
+
+
+async def _learned_lines(learning: LearningService, limit: int) -> list[str]:
+    preferences = await learning.get_preferences(None)
+    preferences.sort(key=lambda p: (-p.confidence, p.user_id, p.name))
+    lines = [f"Learned preferences ({len(preferences)}):"]
+    for p in preferences[:limit]:
+        value = json.dumps(p.value, ensure_ascii=False)
+        value = value if len(value) <= 60 else value[:57] + "..."
+        lines.append(
+            f"- {p.name}: {value} (confidence: {p.confidence:.2f}, action: {p.action}, samples: {p.sample_size}, "
+            f"user: {p.user_id})"
+        )
+    if len(preferences) > limit:
+        lines.append(f"... {len(preferences) - limit} more (use --limit)")
+    patterns = await learning.patterns()
+    lines.append(f"Detected patterns ({len(patterns)}):")
+    for pattern in patterns[:limit]:
+        lines.append(
+            f"- {pattern.describe()} (frequency: {pattern.frequency:.2f}, confidence: {pattern.confidence:.2f}, "
+            f"action: {pattern.action}, user: {pattern.user_id})"
+        )
+    if len(patterns) > limit:
+        lines.append(f"... {len(patterns) - limit} more (use --limit)")
+    return lines
 
 
 @memory.command("export")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write to this file instead of stdout.")
 def memory_export(output: Path | None) -> None:
-    """Export every version, outcome record and trace as JSON."""
+    """Export every version, outcome record and trace, and learned interactions, preferences and patterns, as JSON."""
 
-    async def export(service: MemoryService) -> str:
-        return dump_export(await service.export_snapshot())
+    async def export(service: MemoryService, learning: LearningService) -> str:
+        snapshot = await service.export_snapshot()
+        snapshot.extra.update(await learning.export())
+        return dump_export(snapshot)
 
-    text = _run_with_service(export)
+    text = _run_with_learning(export)
     if output is None:
         sys.stdout.write(text + "\n")
     else:
@@ -113,21 +184,40 @@ def memory_import(path: Path) -> None:
     except ExportFormatError as error:
         raise click.ClickException(f"{path}: {error}. Nothing was imported.") from None
 
-    async def load(service: MemoryService) -> None:
+    async def load(service: MemoryService, learning: LearningService) -> str:
+        await learning.check_import(snapshot.extra)  # refuse before anything is written
         await service.import_snapshot(snapshot)
+        learned = await learning.import_({name: snapshot.extra.get(name, []) for name in SECTIONS})
+        return (
+            f"Imported {len(learned.interactions)} interactions, {len(learned.preferences)} preferences, "
+            f"{len(learned.patterns)} patterns."
+        )
 
-    _run_with_service(load)
+    learned_line = _run_with_learning(load)
     click.echo(
         f"Imported {len(snapshot.entries)} entry versions, {len(snapshot.outcomes)} outcomes, "
         f"{len(snapshot.traces)} trace events."
     )
+    click.echo(learned_line)
 
 
 @memory.command("forget")
 @click.argument("entry_key")
-def memory_forget(entry_key: str) -> None:
-    """Delete every version of ENTITY/KEY (e.g. checkout-service/retry-pattern)."""
+@click.option("--user", default=None, help="For a preference: only this user's (default: every user's).")
+def memory_forget(entry_key: str, user: str | None = None) -> None:
+    """Delete every version of ENTITY/KEY (e.g. checkout-service/retry-pattern), or a learned preference
+    CATEGORY.KEY (e.g. code_formatting.style)."""
     from ..core.models import split_entry_key
+
+    if "/" not in entry_key and "." in entry_key:
+
+        async def forget_preference(service: MemoryService, learning: LearningService) -> int:
+            category, key = split_preference_name(entry_key)
+            return await learning.forget_preference(user, category, key)
+
+        removed = _run_with_learning(forget_preference)
+        click.echo(f"Forgot preference {entry_key} ({removed} {'user' if removed == 1 else 'users'}).")
+        return
 
     async def forget(service: MemoryService) -> int:
         entity_path, key = split_entry_key(entry_key)
@@ -142,13 +232,35 @@ def memory_forget(entry_key: str) -> None:
 def memory_clear(yes: bool) -> None:
     """Delete everything in the store (asks for confirmation unless --yes)."""
     if not yes:
-        click.confirm("Delete every memory, outcome and trace in the store?", abort=True)
+        click.confirm(
+            "Delete every memory, outcome and trace, and every learned interaction, preference and pattern?",
+            abort=True,
+        )
 
-    async def clear(service: MemoryService) -> None:
+    async def clear(service: MemoryService, learning: LearningService) -> None:
         await service.clear()
+        await learning.clear()
 
-    _run_with_service(clear)
+    _run_with_learning(clear)
     click.echo("Cleared the store.")
+
+
+@cli.group()
+def config() -> None:
+    """Inspect the settings in force."""
+
+
+@config.command("show")
+def config_show() -> None:
+    """Print the settings in force (defaults < config file < AMFS_* environment), secrets hidden, as YAML."""
+    import yaml
+
+    settings, source = _settings_with_learning()
+    try:
+        shown = settings_in_force(settings, source)
+    except AmfsError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(yaml.safe_dump(shown, sort_keys=False).rstrip())
 
 
 def main(argv: list[str] | None = None) -> Any:

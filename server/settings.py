@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..core.errors import ValidationError
+from .config_file import LearningSettings
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
 
@@ -26,6 +27,8 @@ class Settings(BaseModel):
     ml_model_dir: Path = Path(".amfs/ml")
     api_keys: str | None = None
     lm_backbone: str | None = None
+    learning: LearningSettings = Field(default_factory=LearningSettings)
+    """The config file's `learning:` section with its overrides (server.config_file.load_learning_settings)."""
 
     @field_validator("postgres_dsn")
     @classmethod

@@ -1,0 +1,409 @@
+"""The embedded SQLite `LearningStore`: interactions, preferences and patterns in their own file
+(`<data_dir>/learning.db` unless `learning.storage.path` says otherwise), so the entry store's file
+and schema version stay untouched. Same plumbing as `adapters/sqlite.py`: WAL, `BEGIN IMMEDIATE`
+around every change, one connection used from worker threads behind a lock, `user_version` migrations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..core.errors import StoreError, ValidationError
+from ..core.learning import Interaction, LearningSnapshot, Pattern, Preference, PreferenceChange
+from .sqlite import BUSY_TIMEOUT_MS, _dt, _ts
+
+T = TypeVar("T")
+
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE learning_interactions (
+        interaction_id TEXT PRIMARY KEY,
+        user_id TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        tool_name TEXT NOT NULL,
+        source TEXT NOT NULL,
+        parameters_json TEXT NOT NULL,
+        outcome_json TEXT,
+        result_json TEXT NOT NULL,
+        execution_ms REAL,
+        at REAL NOT NULL
+    );
+    CREATE INDEX learning_interactions_user_at ON learning_interactions (user_id, at);
+    CREATE INDEX learning_interactions_at ON learning_interactions (at);
+    CREATE TABLE learning_preferences (
+        user_id TEXT NOT NULL,
+        category TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value_json TEXT NOT NULL,
+        confidence REAL NOT NULL,
+        sample_size INTEGER NOT NULL,
+        support INTEGER NOT NULL,
+        source TEXT NOT NULL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (user_id, category, key)
+    );
+    CREATE TABLE learning_patterns (
+        pattern_id TEXT PRIMARY KEY,
+        user_id TEXT NOT NULL,
+        pattern_type TEXT NOT NULL,
+        tool_name TEXT NOT NULL,
+        data_json TEXT NOT NULL,
+        occurrences INTEGER NOT NULL,
+        frequency REAL NOT NULL,
+        confidence REAL NOT NULL,
+        discovered_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE INDEX learning_patterns_user ON learning_patterns (user_id);
+    """,
+]
+
+_INTERACTION_COLUMNS = (
+    "interaction_id, user_id, session_id, tool_name, source, parameters_json, outcome_json, result_json, "
+    "execution_ms, at"
+)
+_PREFERENCE_COLUMNS = "user_id, category, key, value_json, confidence, sample_size, support, source, updated_at"
+_PATTERN_COLUMNS = (
+    "pattern_id, user_id, pattern_type, tool_name, data_json, occurrences, frequency, confidence, discovered_at, "
+    "updated_at"
+)
+
+
+def dump_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def interaction_row(i: Interaction) -> tuple[Any, ...]:
+    """Column values in `_INTERACTION_COLUMNS` order, times left to the caller's dialect (index 9)."""
+    return (i.interaction_id, i.user_id, i.session_id, i.tool_name, i.source, dump_json(i.parameters),
+            None if i.outcome is None else dump_json(i.outcome), dump_json(i.result), i.execution_ms, i.at)
+
+
+def preference_row(p: Preference) -> tuple[Any, ...]:
+    return (p.user_id, p.category, p.key, dump_json(p.value), p.confidence, p.sample_size, p.support, p.source,
+            p.updated_at)
+
+
+def pattern_row(p: Pattern) -> tuple[Any, ...]:
+    return (p.pattern_id, p.user_id, p.pattern_type, p.tool_name, dump_json(p.data), p.occurrences, p.frequency,
+            p.confidence, p.discovered_at, p.updated_at)
+
+
+def row_to_interaction(row: Any, at: datetime) -> Interaction:
+    return Interaction(
+        row["interaction_id"], row["user_id"], row["session_id"], row["tool_name"], row["source"],
+        json.loads(row["parameters_json"]), None if row["outcome_json"] is None else json.loads(row["outcome_json"]),
+        json.loads(row["result_json"]), row["execution_ms"], at,
+    )
+
+
+def row_to_preference(row: Any, updated_at: datetime) -> Preference:
+    return Preference(
+        row["user_id"], row["category"], row["key"], json.loads(row["value_json"]), row["confidence"],
+        row["sample_size"], row["support"], row["source"], updated_at,
+    )
+
+
+def row_to_pattern(row: Any, discovered_at: datetime, updated_at: datetime) -> Pattern:
+    return Pattern(
+        row["pattern_id"], row["user_id"], row["pattern_type"], row["tool_name"], json.loads(row["data_json"]),
+        row["occurrences"], row["frequency"], row["confidence"], discovered_at, updated_at,
+    )
+
+
+def import_conflict(what: str) -> ValidationError:
+    return ValidationError(
+        f"The learning store already holds {what}; import refuses to overwrite and nothing was imported. "
+        "Import into an empty store, or `amfs-server memory clear` first."
+    )
+
+
+def _with_times(row: tuple[Any, ...], *indexes: int) -> tuple[Any, ...]:
+    return tuple(_ts(value) if index in indexes else value for index, value in enumerate(row))
+
+
+class SQLiteLearningStore:
+    """LearningStore on one SQLite file."""
+
+    name = "sqlite"
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.RLock()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        await asyncio.to_thread(self._open_sync)
+
+    def _open_sync(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                return
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                       timeout=BUSY_TIMEOUT_MS / 1000)
+                conn.row_factory = sqlite3.Row
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = NORMAL")
+                self._conn = conn
+                self._migrate()
+            except sqlite3.DatabaseError as error:
+                self._conn = None
+                raise StoreError(
+                    f"Cannot open the SQLite learning store at {self.path}: {error}. Check the file or set "
+                    "learning.storage.path (AMFS_LEARNING_PATH)."
+                ) from error
+
+    def _migrate(self) -> None:
+        with self._transaction() as conn:
+            current = conn.execute("PRAGMA user_version").fetchone()[0]
+            if current > len(MIGRATIONS):
+                raise StoreError(
+                    f"The learning store at {self.path} has schema version {current}, newer than this amfs-server "
+                    f"({len(MIGRATIONS)}). Upgrade amfs-server."
+                )
+            for number, script in enumerate(MIGRATIONS[current:], start=current + 1):
+                for statement in script.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {number}")
+
+    async def close(self) -> None:
+        def close_sync() -> None:
+            with self._lock:
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+
+        await asyncio.to_thread(close_sync)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        conn = self._connection()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        else:
+            conn.execute("COMMIT")
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError("The SQLite learning store is not open; call `await store.open()` first.")
+        return self._conn
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        def locked() -> T:
+            with self._lock:
+                return fn()
+
+        return await asyncio.to_thread(locked)
+
+    # -- interactions and preferences -------------------------------------------------------
+
+    async def record(self, interaction: Interaction | None, changes: Sequence[PreferenceChange]) -> list[Preference]:
+        def write() -> list[Preference]:
+            stored: list[Preference] = []
+            with self._transaction() as conn:
+                if interaction is not None:
+                    conn.execute(
+                        f"INSERT INTO learning_interactions ({_INTERACTION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        _with_times(interaction_row(interaction), 9),
+                    )
+                for change in changes:
+                    row = conn.execute(
+                        f"SELECT {_PREFERENCE_COLUMNS} FROM learning_preferences WHERE user_id = ? AND category = ? AND key = ?",
+                        (change.user_id, change.category, change.key),
+                    ).fetchone()
+                    previous = None if row is None else row_to_preference(row, _dt(row["updated_at"]))  # type: ignore[arg-type]
+                    preference = change.apply(previous)
+                    conn.execute(
+                        f"INSERT INTO learning_preferences ({_PREFERENCE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                        "ON CONFLICT (user_id, category, key) DO UPDATE SET value_json = excluded.value_json, "
+                        "confidence = excluded.confidence, sample_size = excluded.sample_size, "
+                        "support = excluded.support, source = excluded.source, updated_at = excluded.updated_at",
+                        _with_times(preference_row(preference), 8),
+                    )
+                    stored.append(preference)
+            return stored
+
+        return await self._run(write)
+
+    async def interactions(self, user_id: str | None = None, limit: int | None = None) -> list[Interaction]:
+        where, params = ("WHERE user_id = ?", [user_id]) if user_id is not None else ("", [])
+        sql = f"SELECT {_INTERACTION_COLUMNS} FROM learning_interactions {where} ORDER BY at DESC, rowid DESC"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+
+        def fetch() -> list[Interaction]:
+            rows = self._connection().execute(sql, params).fetchall()
+            return [row_to_interaction(row, _dt(row["at"])) for row in reversed(rows)]  # type: ignore[arg-type]
+
+        return await self._run(fetch)
+
+    async def interaction_stats(self, user_id: str) -> tuple[int, datetime | None]:
+        def fetch() -> tuple[int, datetime | None]:
+            row = self._connection().execute(
+                "SELECT count(*), max(at) FROM learning_interactions WHERE user_id = ?", (user_id,)
+            ).fetchone()
+            return row[0], _dt(row[1])
+
+        return await self._run(fetch)
+
+    async def users(self) -> list[str]:
+        def fetch() -> list[str]:
+            rows = self._connection().execute(
+                "SELECT user_id FROM learning_interactions UNION SELECT user_id FROM learning_patterns ORDER BY user_id"
+            ).fetchall()
+            return [row[0] for row in rows]
+
+        return await self._run(fetch)
+
+    async def purge_interactions(self, before: datetime) -> int:
+        def delete() -> int:
+            with self._transaction() as conn:
+                return conn.execute("DELETE FROM learning_interactions WHERE at < ?", (_ts(before),)).rowcount
+
+        return await self._run(delete)
+
+    async def preferences(self, user_id: str | None = None, category: str | None = None) -> list[Preference]:
+        clauses, params = [], []
+        if user_id is not None:
+            clauses.append("user_id = ?")
+            params.append(user_id)
+        if category is not None:
+            clauses.append("category = ?")
+            params.append(category)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+
+        def fetch() -> list[Preference]:
+            rows = self._connection().execute(
+                f"SELECT {_PREFERENCE_COLUMNS} FROM learning_preferences {where} ORDER BY user_id, category, key", params
+            ).fetchall()
+            return [row_to_preference(row, _dt(row["updated_at"])) for row in rows]  # type: ignore[arg-type]
+
+        return await self._run(fetch)
+
+    async def delete_preference(self, user_id: str | None, category: str, key: str) -> int:
+        sql = "DELETE FROM learning_preferences WHERE category = ? AND key = ?"
+        params: list[Any] = [category, key]
+        if user_id is not None:
+            sql += " AND user_id = ?"
+            params.append(user_id)
+
+        def delete() -> int:
+            with self._transaction() as conn:
+                return conn.execute(sql, params).rowcount
+
+        return await self._run(delete)
+
+    # -- patterns ---------------------------------------------------------------------------
+
+    async def patterns(self, user_id: str | None = None) -> list[Pattern]:
+        where, params = ("WHERE user_id = ?", [user_id]) if user_id is not None else ("", [])
+
+        def fetch() -> list[Pattern]:
+            rows = self._connection().execute(
+                f"SELECT {_PATTERN_COLUMNS} FROM learning_patterns {where} ORDER BY user_id, pattern_id", params
+            ).fetchall()
+            return [row_to_pattern(row, _dt(row["discovered_at"]), _dt(row["updated_at"])) for row in rows]  # type: ignore[arg-type]
+
+        return await self._run(fetch)
+
+    async def replace_patterns(self, user_id: str, patterns: Sequence[Pattern]) -> None:
+        def write() -> None:
+            with self._transaction() as conn:
+                conn.execute("DELETE FROM learning_patterns WHERE user_id = ?", (user_id,))
+                conn.executemany(
+                    f"INSERT INTO learning_patterns ({_PATTERN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [_with_times(pattern_row(p), 8, 9) for p in patterns],
+                )
+
+        await self._run(write)
+
+    # -- maintenance --------------------------------------------------------------------------
+
+    async def clear(self) -> None:
+        def delete() -> None:
+            with self._transaction() as conn:
+                for table in ("learning_interactions", "learning_preferences", "learning_patterns"):
+                    conn.execute(f"DELETE FROM {table}")
+
+        await self._run(delete)
+
+    async def export_snapshot(self) -> LearningSnapshot:
+        def fetch() -> LearningSnapshot:
+            conn = self._connection()
+            conn.execute("BEGIN")  # one consistent read snapshot across tables
+            try:
+                interactions = [
+                    row_to_interaction(row, _dt(row["at"]))  # type: ignore[arg-type]
+                    for row in conn.execute(
+                        f"SELECT {_INTERACTION_COLUMNS} FROM learning_interactions ORDER BY at, rowid"
+                    )
+                ]
+                preferences = [
+                    row_to_preference(row, _dt(row["updated_at"]))  # type: ignore[arg-type]
+                    for row in conn.execute(
+                        f"SELECT {_PREFERENCE_COLUMNS} FROM learning_preferences ORDER BY user_id, category, key"
+                    )
+                ]
+                patterns = [
+                    row_to_pattern(row, _dt(row["discovered_at"]), _dt(row["updated_at"]))  # type: ignore[arg-type]
+                    for row in conn.execute(f"SELECT {_PATTERN_COLUMNS} FROM learning_patterns ORDER BY user_id, pattern_id")
+                ]
+            finally:
+                conn.execute("COMMIT")
+            return LearningSnapshot(interactions, preferences, patterns)
+
+        return await self._run(fetch)
+
+    async def import_snapshot(self, snapshot: LearningSnapshot, check_only: bool = False) -> None:
+        def write() -> None:
+            with self._transaction() as conn:
+                for i in snapshot.interactions:
+                    if conn.execute(
+                        "SELECT 1 FROM learning_interactions WHERE interaction_id = ?", (i.interaction_id,)
+                    ).fetchone():
+                        raise import_conflict(f"interaction {i.interaction_id!r}")
+                for p in snapshot.preferences:
+                    if conn.execute(
+                        "SELECT 1 FROM learning_preferences WHERE user_id = ? AND category = ? AND key = ?",
+                        (p.user_id, p.category, p.key),
+                    ).fetchone():
+                        raise import_conflict(f"preference '{p.name}' of {p.user_id!r}")
+                if check_only:
+                    return
+                conn.executemany(
+                    f"INSERT INTO learning_interactions ({_INTERACTION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [_with_times(interaction_row(i), 9) for i in snapshot.interactions],
+                )
+                conn.executemany(
+                    f"INSERT INTO learning_preferences ({_PREFERENCE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [_with_times(preference_row(p), 8) for p in snapshot.preferences],
+                )
+                conn.executemany(
+                    f"INSERT INTO learning_patterns ({_PATTERN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (pattern_id) DO UPDATE SET user_id = excluded.user_id, "
+                    "pattern_type = excluded.pattern_type, tool_name = excluded.tool_name, "
+                    "data_json = excluded.data_json, occurrences = excluded.occurrences, "
+                    "frequency = excluded.frequency, confidence = excluded.confidence, "
+                    "discovered_at = excluded.discovered_at, updated_at = excluded.updated_at",
+                    [_with_times(pattern_row(p), 8, 9) for p in snapshot.patterns],
+                )
+
+        await self._run(write)

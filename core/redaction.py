@@ -1,0 +1,185 @@
+"""Redaction: what learning may keep of a tool call's parameters, applied before anything is stored.
+
+Two rules, applied recursively over dicts and lists:
+
+* a value whose parameter (or nested key) name says it is a credential (`password`, `api_key`,
+  `access_token`, `Authorization`, `cookie`, `client_secret`, ...) becomes `[REDACTED]`, whatever it is;
+* a string that looks like a credential on its own (provider key prefixes such as `sk-`, `ghp_`,
+  `AKIA`, `xoxb-`; `Bearer ...`; JWTs; PEM private keys; URLs with a password; long high-entropy
+  tokens) becomes `[REDACTED]` as a whole, wherever it appears.
+
+Then long strings are cut (a prompt or a file pasted into a parameter is not a preference) and, with
+`anonymize`, e-mail addresses are masked. Redaction runs on the full string before it is cut, so a
+secret is never half-kept. Export and import run stored data through it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+REDACTED = "[REDACTED]"
+EMAIL_MASK = "[EMAIL]"
+MAX_STRING_CHARS = 1000
+"""Longer strings are cut to this and marked; the redaction check has already seen all of it."""
+MAX_DEPTH = 8
+"""Deeper structures are replaced by a marker: nothing below is stored unchecked."""
+MAX_ITEMS = 100
+"""Lists and dicts keep their first MAX_ITEMS items (a bulk payload is not a preference)."""
+
+# Whole words / compounds in a parameter name that mean "this is a credential". Matched on the name
+# split into words (snake, kebab, camel case), so `author`, `max_tokens` and `passage` stay visible.
+_SECRET_WORDS = frozenset({
+    "pass", "passwd", "password", "passphrase", "pwd", "secret", "token", "auth", "authorization", "oauth",
+    "credential", "credentials", "cookie", "cookies", "apikey", "jwt", "bearer", "privatekey", "sessionkey",
+})
+_SECRET_PAIRS = frozenset({
+    ("api", "key"), ("private", "key"), ("session", "key"), ("access", "key"), ("secret", "key"),
+    ("ssh", "key"), ("signing", "key"), ("encryption", "key"), ("client", "secret"), ("set", "cookie"),
+})
+# Substrings of the name with separators removed: long and specific enough to never be innocent.
+_SECRET_COMPOUNDS = ("password", "passwd", "passphrase", "secret", "apikey", "privatekey", "accesskey", "credential")
+
+_SECRET_VALUE = re.compile(
+    r"""
+      \bsk-[A-Za-z0-9_-]{16,}                      # OpenAI / Anthropic style keys (sk-..., sk-ant-..., sk-proj-...)
+    | \b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,} # Stripe
+    | \bgh[pousr]_[A-Za-z0-9]{20,}                 # GitHub tokens
+    | \bgithub_pat_[A-Za-z0-9_]{20,}
+    | \bglpat-[A-Za-z0-9_-]{20,}                   # GitLab
+    | \b(?:AKIA|ASIA)[0-9A-Z]{16}\b                # AWS access key ids
+    | \bxox[abposr]-[A-Za-z0-9-]{10,}              # Slack
+    | \bxapp-[A-Za-z0-9-]{10,}
+    | \bAIza[0-9A-Za-z_-]{35}                      # Google API keys
+    | \bnpm_[A-Za-z0-9]{36}
+    | \beyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}  # JWTs
+    """,
+    re.VERBOSE,
+)
+# Case-insensitive shapes. A header scheme counts only when what follows has a digit or a symbol, so
+# prose ("basic functionality") stays visible.
+_SECRET_VALUE_ANY_CASE = re.compile(
+    r"""
+      \b(?:bearer|basic)\s+(?=[A-Za-z0-9._~+/=-]*[0-9._~+/=])[A-Za-z0-9._~+/=-]{8,}
+    | -----BEGIN\ [A-Z0-9 ]*PRIVATE\ KEY-----       # PEM private keys
+    | \b[a-z][a-z0-9+.-]*://[^\s/:@]+:[^\s/@]+@     # URLs carrying user:password@
+    """,
+    re.IGNORECASE | re.VERBOSE,
+)
+_TOKEN_RUN = re.compile(r"[A-Za-z0-9+/=_-]{32,}")
+_EMAIL = re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b")
+_CAMEL = re.compile(r"([a-z0-9])([A-Z])")
+HIGH_ENTROPY_BITS = 4.2
+"""Shannon entropy per character above which a 32+ character token counts as random. Hex digests
+(git SHAs, at most 4.0 bits) and words stay visible; random base64/alphanumeric keys (~5 bits) do not."""
+
+
+def name_words(name: str) -> list[str]:
+    return [word for word in re.split(r"[^a-z0-9]+", _CAMEL.sub(r"\1_\2", name).lower()) if word]
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a parameter or field name says its value is a credential."""
+    words = name_words(name)
+    if any(word in _SECRET_WORDS for word in words):
+        return True
+    if any(pair in _SECRET_PAIRS for pair in zip(words, words[1:])):
+        return True
+    compact = "".join(words)
+    return any(part in compact for part in _SECRET_COMPOUNDS)
+
+
+def _entropy(text: str) -> float:
+    counts = Counter(text)
+    return -sum(n / len(text) * math.log2(n / len(text)) for n in counts.values())
+
+
+def looks_secret(text: str) -> bool:
+    """Whether a string looks like a credential by its shape alone."""
+    if _SECRET_VALUE.search(text) or _SECRET_VALUE_ANY_CASE.search(text):
+        return True
+    for match in _TOKEN_RUN.finditer(text):
+        token = match.group()
+        has_digit = any(c.isdigit() for c in token)
+        has_alpha = any(c.isalpha() for c in token)
+        if has_digit and has_alpha and _entropy(token) >= HIGH_ENTROPY_BITS:
+            return True
+    return False
+
+
+def redact(value: Any, *, anonymize: bool = False, max_string: int = MAX_STRING_CHARS) -> Any:
+    """A JSON-safe copy of `value` with credentials replaced by `[REDACTED]` (see the module docstring)."""
+    return _redact(value, anonymize, max_string, 0)
+
+
+def _redact(value: Any, anonymize: bool, max_string: int, depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        return "[TRUNCATED: nested too deep]"
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, str):
+        if looks_secret(value):
+            return REDACTED
+        if anonymize:
+            value = _EMAIL.sub(EMAIL_MASK, value)
+        if len(value) > max_string:
+            return f"{value[:max_string]}…[TRUNCATED: {len(value)} chars]"
+        return value
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for index, (key, item) in enumerate(value.items()):
+            if index >= MAX_ITEMS:
+                out["…"] = f"[TRUNCATED: {len(value)} keys]"
+                break
+            name = str(key)
+            out[name] = REDACTED if is_secret_name(name) or looks_secret(name) else _redact(
+                item, anonymize, max_string, depth + 1
+            )
+        return out
+    if isinstance(value, list | tuple | set | frozenset):
+        items = list(value)
+        kept = [_redact(item, anonymize, max_string, depth + 1) for item in items[:MAX_ITEMS]]
+        if len(items) > MAX_ITEMS:
+            kept.append(f"[TRUNCATED: {len(items)} items]")
+        return kept
+    if isinstance(value, bytes | bytearray):
+        return f"[BINARY: {len(value)} bytes]"
+    return _redact(str(value), anonymize, max_string, depth)
+
+
+def contains_redaction(value: Any) -> bool:
+    """Whether redaction touched anything in `value` (such a value is never learned as a preference)."""
+    if isinstance(value, str):
+        return value == REDACTED or "[TRUNCATED" in value or EMAIL_MASK in value
+    if isinstance(value, Mapping):
+        return any(contains_redaction(item) for item in value.values())
+    if isinstance(value, list):
+        return any(contains_redaction(item) for item in value)
+    return False
+
+
+def redacted_paths(original: Any, redacted: Any, prefix: str = "") -> list[str]:
+    """Dotted paths of the values that redaction replaced, so a caller can be told what was dropped."""
+    if redacted == REDACTED and original != REDACTED:
+        return [prefix or "(value)"]
+    paths: list[str] = []
+    if isinstance(original, Mapping) and isinstance(redacted, Mapping):
+        for key, item in original.items():
+            if str(key) in redacted:
+                paths += redacted_paths(item, redacted[str(key)], f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(original, list | tuple) and isinstance(redacted, list):
+        for index, (item, kept) in enumerate(zip(original, redacted)):
+            paths += redacted_paths(item, kept, f"{prefix}[{index}]")
+    return paths
+
+
+def pseudonym(identifier: str) -> str:
+    """A stable pseudonym for a user or session id (`privacy.anonymize`): the same id always maps to
+    the same pseudonym, so preferences and workflows still group, but the id itself is not stored."""
+    return "anon-" + hashlib.sha256(f"amfs-learning:{identifier}".encode()).hexdigest()[:16]

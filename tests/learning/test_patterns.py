@@ -1,0 +1,92 @@
+"""Pattern detection on interaction lists: recurring parameters, workflows, times of day (pure, no store)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from amfs_server.core.learning import Interaction
+from amfs_server.core.patterns import PatternOptions, detect_patterns, tool_runs, wilson_lower_bound
+
+START = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
+GITHUB = ["github_create_issue", "github_add_labels", "github_assign"]
+
+
+def call(tool: str, at: datetime, session: str = "s1", **parameters: Any) -> Interaction:
+    return Interaction(f"{tool}-{at.timestamp()}", "u", session, tool, "reported", parameters, None, {}, None, at)
+
+
+def by_type(interactions: list[Interaction], kind: str) -> list:
+    return [p for p in detect_patterns(interactions) if p.pattern_type == kind]
+
+
+def test_wilson_lower_bound_grows_with_evidence() -> None:
+    assert wilson_lower_bound(0, 0) == 0.0
+    assert wilson_lower_bound(3, 3) == pytest.approx(0.75)
+    assert wilson_lower_bound(3, 3) < wilson_lower_bound(10, 10) < wilson_lower_bound(50, 50) < 1
+    assert wilson_lower_bound(45, 50) == pytest.approx(0.85, abs=0.01)
+
+
+def test_three_identical_fetch_users_calls_within_minutes_are_a_recurring_parameter() -> None:
+    calls = [call("fetch_users", START + timedelta(minutes=5 * n), limit=100) for n in range(3)]
+    (pattern,) = by_type(calls, "recurring_parameter")
+    assert pattern.tool_name == "fetch_users"
+    assert pattern.data == {"tool": "fetch_users", "parameter": "limit", "value": 100, "matches": 3, "calls": 3}
+    assert pattern.frequency == 1.0 and pattern.confidence == pytest.approx(0.75)
+    assert by_type(calls[:2], "recurring_parameter") == []  # two calls are not yet a pattern
+
+
+def test_a_value_in_a_minority_of_calls_or_a_redacted_one_is_not_a_recurring_parameter() -> None:
+    mixed = [call("fetch_users", START + timedelta(minutes=n), limit=100 if n < 3 else n) for n in range(8)]
+    assert by_type(mixed, "recurring_parameter") == []
+    redacted = [call("login", START + timedelta(minutes=n), password="[REDACTED]") for n in range(5)]
+    assert by_type(redacted, "recurring_parameter") == []
+
+
+def github_days(days: int, extra_session_calls: list[str] | None = None) -> list[Interaction]:
+    calls = []
+    for day in range(days):
+        at = START + timedelta(days=day)
+        for step, tool in enumerate(GITHUB + (extra_session_calls or [])):
+            calls.append(call(tool, at + timedelta(minutes=step), session=f"day-{day}"))
+    return calls
+
+
+def test_the_github_issue_workflow_is_detected_after_three_sessions() -> None:
+    assert by_type(github_days(2), "workflow") == []
+    workflows = {tuple(p.data["tools"]): p for p in by_type(github_days(3), "workflow")}
+    assert tuple(GITHUB) in workflows
+    pattern = workflows[tuple(GITHUB)]
+    assert pattern.tool_name == "github_create_issue" and pattern.occurrences == 3 and pattern.frequency == 1.0
+    assert [step["tool"] for step in pattern.data["steps"]] == GITHUB[1:]
+
+
+def test_a_workflow_survives_noise_but_not_a_gap_longer_than_the_session_window() -> None:
+    calls = github_days(4)
+    calls.append(call("github_create_issue", START + timedelta(days=9), session="day-9"))  # once without follow-up
+    (pattern,) = [p for p in by_type(calls, "workflow") if p.tool_name == "github_create_issue"]
+    assert pattern.occurrences == 4 and pattern.frequency == pytest.approx(0.8)
+    split = [call(tool, START + timedelta(days=d, hours=2 * i), session=f"d{d}") for d in range(3) for i, tool in enumerate(GITHUB)]
+    assert by_type(split, "workflow") == []
+    assert tool_runs(split, PatternOptions().workflow_gap)[0] == ["github_create_issue"]
+
+
+def test_repeated_calls_in_a_row_count_once_in_a_workflow() -> None:
+    calls = []
+    for day in range(3):
+        at = START + timedelta(days=day)
+        for step, tool in enumerate(["github_create_issue", "github_add_labels", "github_add_labels", "github_assign"]):
+            calls.append(call(tool, at + timedelta(minutes=step), session=f"day-{day}"))
+    assert any(p.data["tools"] == GITHUB for p in by_type(calls, "workflow"))
+
+
+def test_a_tool_used_in_the_same_hour_on_most_days_is_a_time_of_day_pattern() -> None:
+    calls = [call("daily_sync", START + timedelta(days=d, minutes=d), session=f"d{d}") for d in range(4)]
+    calls.append(call("daily_sync", START + timedelta(days=4, hours=6), session="late"))
+    (pattern,) = by_type(calls, "time_of_day")
+    assert pattern.data["hour"] == 9 and pattern.data["days"] == 4 and pattern.data["active_days"] == 5
+    assert pattern.frequency == pytest.approx(0.8)
+    shifted = detect_patterns(calls, PatternOptions(timezone="America/New_York"))
+    assert [p.data["hour"] for p in shifted if p.pattern_type == "time_of_day"] == [4]
