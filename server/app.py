@@ -10,10 +10,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-import os
 import sys
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 from fastmcp import FastMCP
@@ -23,8 +22,18 @@ from ..core.errors import ValidationError
 from ..core.models import AMFS_VERSION
 from ..core.service import MemoryService
 from ..tools import ActorResolver, register_tools
-from .auth import ApiKey, ApiKeyVerifier, KeyScopeMiddleware, OriginGuard, is_loopback, parse_allowed_origins, parse_api_keys
+from ..tools.learning_tools import register_learning_tools
+from .auth import (
+    ApiKey,
+    ApiKeyVerifier,
+    KeyScopeMiddleware,
+    OriginGuard,
+    is_loopback,
+    parse_allowed_origins,
+    parse_api_keys,
+)
 from .composition import build_service
+from .config_file import build_learning_service
 from .settings import Settings
 
 logger = logging.getLogger("amfs_server.server")
@@ -43,17 +52,21 @@ def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence
     `api_keys` defaults to those in `settings.api_keys`; with keys, SSE and HTTP require a bearer token.
     """
     keys = parse_api_keys(settings.api_keys) if api_keys is None else list(api_keys)
+    learning = build_learning_service(settings) if settings.learning.enabled else None
 
     @asynccontextmanager
     async def lifespan(_: FastMCP) -> AsyncIterator[dict[str, Any]]:
         await service.open()
+        if learning is not None:
+            await learning.open()
         warm_up = _warm_up_embedder(service)
         try:
             yield {}
         finally:
             if warm_up is not None:
-                with suppress(Exception):
-                    await warm_up
+                await warm_up  # never raises: warm() logs its own failure
+            if learning is not None:
+                await learning.close()
             await service.close()
 
     mcp = FastMCP(
@@ -66,7 +79,10 @@ def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence
         mask_error_details=True,
         on_duplicate="error",
     )
-    register_tools(mcp, service, ActorResolver(settings.agent_id))
+    actors = ActorResolver(settings.agent_id)  # one resolver, so learning sees the same session ids
+    register_tools(mcp, service, actors)
+    if learning is not None:
+        register_learning_tools(mcp, learning, actors)
     return mcp
 
 
@@ -103,11 +119,6 @@ def _uvicorn_log_config() -> dict[str, Any]:
     return config
 
 
-def _allowed_origins_setting(settings: Settings) -> str | None:
-    # AMFS_ALLOWED_ORIGINS belongs in Settings; read here, at the composition root, until it is a field there.
-    return getattr(settings, "allowed_origins", None) or os.environ.get("AMFS_ALLOWED_ORIGINS")
-
-
 def http_options(host: str, allowed_origins: Sequence[str] = ()) -> dict[str, Any]:
     """Keyword arguments for FastMCP's run/http_app: our Origin/Host guard in place of FastMCP's own."""
     return {
@@ -121,7 +132,7 @@ def run_server(settings: Settings, transport: Transport = "stdio", host: str = "
     configure_logging()
     try:
         keys = parse_api_keys(settings.api_keys)
-        origins = parse_allowed_origins(_allowed_origins_setting(settings))
+        origins = parse_allowed_origins(settings.allowed_origins)
     except ValidationError as error:
         raise SystemExit(f"amfs-server: {error}") from None
     if transport != "stdio" and not is_loopback(host) and not keys:

@@ -94,9 +94,13 @@ def parse_api_keys(text: str | None) -> list[ApiKey]:
         try:
             items = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as error:
-            raise ValidationError(f"AMFS_API_KEYS file {path}: cannot read it as JSON ({type(error).__name__}).") from None
+            raise ValidationError(
+                f"AMFS_API_KEYS file {path}: cannot read it as JSON ({type(error).__name__})."
+            ) from None
         if not isinstance(items, list) or not all(isinstance(i, dict) and isinstance(i.get("key"), str) for i in items):
-            raise ValidationError(f'AMFS_API_KEYS file {path}: expected a JSON list of {{"key": "...", "scope": "rw"}}.')
+            raise ValidationError(
+                f'AMFS_API_KEYS file {path}: expected a JSON list of {{"key": "...", "scope": "rw"}}.'
+            )
         for n, item in enumerate(items, start=1):
             scope = item.get("scope")
             if scope is not None and not isinstance(scope, str):
@@ -222,7 +226,9 @@ def parse_allowed_origins(text: str | None) -> list[str]:
         if item.strip():
             normalized = _normalize_origin(item)
             if normalized is None:
-                raise ValidationError(f"AMFS_ALLOWED_ORIGINS: {item.strip()!r} is not an origin like https://host[:port].")
+                raise ValidationError(
+                    f"AMFS_ALLOWED_ORIGINS: {item.strip()!r} is not an origin like https://host[:port]."
+                )
             origins.append(normalized)
     return origins
 
@@ -252,7 +258,8 @@ class OriginGuard:
                 return
             host = headers.get("host", "")
             if self.loopback_bind and not is_loopback(urlsplit(f"//{host}").hostname or ""):
-                await PlainTextResponse(f"Misdirected request: Host {host!r} is not this server.", 421)(scope, receive, send)
+                response = PlainTextResponse(f"Misdirected request: Host {host!r} is not this server.", 421)
+                await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

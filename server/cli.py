@@ -265,3 +265,7 @@ def config_show() -> None:
 
 def main(argv: list[str] | None = None) -> Any:
     return cli.main(args=argv, prog_name="amfs-server")
+
+
+if __name__ == "__main__":
+    main()

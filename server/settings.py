@@ -26,6 +26,7 @@ class Settings(BaseModel):
     embedder: str | None = DEFAULT_EMBEDDER
     ml_model_dir: Path = Path(".amfs/ml")
     api_keys: str | None = None
+    allowed_origins: str | None = None
     lm_backbone: str | None = None
     learning: LearningSettings = Field(default_factory=LearningSettings)
     """The config file's `learning:` section with its overrides (server.config_file.load_learning_settings)."""
@@ -56,6 +57,7 @@ _ENV_FIELDS = {
     "AMFS_EMBEDDER": "embedder",
     "AMFS_ML_MODEL_DIR": "ml_model_dir",
     "AMFS_API_KEYS": "api_keys",
+    "AMFS_ALLOWED_ORIGINS": "allowed_origins",
     "AMFS_LM_BACKBONE": "lm_backbone",
 }
 

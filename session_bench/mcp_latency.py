@@ -1,0 +1,215 @@
+"""Round-trip latency of amfs_write and amfs_retrieve through the MCP server, over stdio and streamable HTTP.
+
+Each transport gets a fresh `amfs-server` subprocess on a temporary store, driven by the official MCP
+SDK client (what Claude Desktop, Cursor and the Inspector speak): seed entries, warm up, then time
+sequential calls end to end (client serialisation, transport, tool, store, embedding).
+
+    python -m amfs_server.session_bench.mcp_latency                    # both transports, default embedder
+    python -m amfs_server.session_bench.mcp_latency --embedder none --calls 300 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import queue
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SERVER_COMMAND = [sys.executable, "-c", "from amfs_server.server.cli import main; main()"]
+TOPICS = ["payments", "retries", "timeouts", "deploys", "caching", "auth tokens", "database locks", "queues"]
+
+
+def server_env(data_dir: Path, **extra: str) -> dict[str, str]:
+    """The parent environment without AMFS_* settings, plus a data dir and `extra` (AMFS_EMBEDDER=none...)."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("AMFS_")}
+    env.update({"AMFS_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}, **extra)
+    return env
+
+
+@dataclass
+class HttpServer:
+    process: subprocess.Popen[str]
+    port: int
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+def spawn_http_server(transport: str, env: dict[str, str], timeout_s: float = 60.0) -> HttpServer:
+    """Start `amfs-server serve --transport {http,sse}` on 127.0.0.1:0; wait (bounded) for the bound port."""
+    process = subprocess.Popen(
+        [*SERVER_COMMAND, "serve", "--transport", transport, "--host", "127.0.0.1", "--port", "0"],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    lines: queue.Queue[str | None] = queue.Queue()
+    log: list[str] = []
+
+    def pump() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            process.kill()
+            raise RuntimeError(f"amfs-server did not start within {timeout_s}s:\n{''.join(log)}") from None
+        if line is None:
+            raise RuntimeError(f"amfs-server exited with {process.wait()}:\n{''.join(log)}")
+        log.append(line)
+        match = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", line)
+        if match:
+            return HttpServer(process, int(match.group(1)), log)
+
+
+@asynccontextmanager
+async def stdio_session(env: dict[str, str]) -> AsyncIterator[Any]:
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    params = StdioServerParameters(command=SERVER_COMMAND[0], args=SERVER_COMMAND[1:], env=env)
+    with open(os.devnull, "w") as errlog:
+        async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            yield session
+
+
+@asynccontextmanager
+async def http_session(env: dict[str, str]) -> AsyncIterator[Any]:
+    import httpx2
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    server = await asyncio.to_thread(spawn_http_server, "http", env)
+    try:
+        async with httpx2.AsyncClient(timeout=120) as http:
+            async with streamable_http_client(f"{server.base_url}/mcp", http_client=http) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    yield session
+    finally:
+        server.stop()
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+async def _timed(session: Any, tool: str, arguments: dict[str, Any]) -> float:
+    start = time.perf_counter()
+    result = await session.call_tool(tool, arguments)
+    elapsed = (time.perf_counter() - start) * 1000
+    if result.is_error:
+        raise RuntimeError(f"{tool} failed: {result.content[0].text}")
+    return elapsed
+
+
+def _note(n: int) -> dict[str, Any]:
+    topic = TOPICS[n % len(TOPICS)]
+    return {
+        "entity_path": f"service-{n % 10}",
+        "key": f"note-{n}",
+        "value": f"Lesson {n} about {topic}: prefer idempotent handlers and bounded retries for {topic}.",
+        "confidence": 0.5 + (n % 5) / 10,
+    }
+
+
+async def measure(transport: str, env: dict[str, str], calls: int, seed: int, warmup: int) -> dict[str, Any]:
+    session_factory = stdio_session if transport == "stdio" else http_session
+    async with session_factory(env) as session:
+        tools = {tool.name for tool in (await session.list_tools()).tools}
+        for n in range(seed):
+            await session.call_tool("amfs_write", _note(n))
+        for n in range(warmup):
+            await _timed(session, "amfs_write", _note(seed + n))
+        writes = [await _timed(session, "amfs_write", _note(seed + warmup + n)) for n in range(calls)]
+        row: dict[str, Any] = {"transport": transport, "amfs_write": _summary(writes)}
+        if "amfs_retrieve" in tools:
+            queries = [f"how do we handle {TOPICS[n % len(TOPICS)]} safely?" for n in range(calls + warmup)]
+            for query in queries[:warmup]:
+                await _timed(session, "amfs_retrieve", {"query": query})
+            timings = [await _timed(session, "amfs_retrieve", {"query": query}) for query in queries[warmup:]]
+            row["amfs_retrieve"] = _summary(timings)
+        else:
+            row["amfs_retrieve"] = None
+        return row
+
+
+def _summary(samples: list[float]) -> dict[str, float]:
+    return {
+        "n": len(samples), "p50_ms": round(percentile(samples, 0.50), 2), "p95_ms": round(percentile(samples, 0.95), 2),
+        "mean_ms": round(statistics.fmean(samples), 2),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m amfs_server.session_bench.mcp_latency", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--transport", choices=["stdio", "http", "both"], default="both")
+    parser.add_argument("--calls", type=int, default=200, help="Timed calls per tool (default 200).")
+    parser.add_argument("--seed-entries", type=int, default=200, help="Entries written before timing (default 200).")
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument(
+        "--embedder", default=None,
+        help="AMFS_EMBEDDER for the server (default: the server's default; 'none' to skip embeddings).",
+    )
+    parser.add_argument("--json", type=Path, default=None, help="Also write the results here.")
+    args = parser.parse_args(argv)
+
+    rows = []
+    transports = ["stdio", "http"] if args.transport == "both" else [args.transport]
+    with tempfile.TemporaryDirectory(prefix="amfs-mcp-latency-") as tmp:
+        for transport in transports:
+            extra = {"AMFS_EMBEDDER": args.embedder} if args.embedder is not None else {}
+            env = server_env(Path(tmp) / transport, **extra)
+            rows.append(asyncio.run(measure(transport, env, args.calls, args.seed_entries, args.warmup)))
+
+    print(f"MCP round-trip latency, sequential calls (embedder: {args.embedder or 'default'}; {os.cpu_count()} CPUs)")
+    print(f"{'transport':<10} {'tool':<14} {'n':>5} {'p50 ms':>9} {'p95 ms':>9} {'mean ms':>9}")
+    for row in rows:
+        for tool in ("amfs_write", "amfs_retrieve"):
+            stats = row[tool]
+            if stats is None:
+                print(f"{row['transport']:<10} {tool:<14} (not registered: MemoryService.retrieve missing)")
+            else:
+                print(
+                    f"{row['transport']:<10} {tool:<14} {stats['n']:>5} {stats['p50_ms']:>9} "
+                    f"{stats['p95_ms']:>9} {stats['mean_ms']:>9}"
+                )
+    if args.json is not None:
+        args.json.write_text(json.dumps({"embedder": args.embedder or "default", "results": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,73 @@
+"""Tools on single memories: amfs_write, amfs_read, amfs_history, amfs_forget."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastmcp import Context
+from pydantic import Field
+
+from ..core.service import MemoryService, WriteRequest
+from ._params import EntityPath, Key, MinConfidence
+from ._registry import ToolRegistry, read_only, writes
+from ._views import EntryView, ForgetResult, History, MemoryTypeName, WriteResult
+
+
+def register(tools: ToolRegistry[MemoryService]) -> None:
+    service = tools.service
+
+    @tools.tool(writes("Write memory"))
+    async def amfs_write(
+        entity_path: EntityPath,
+        key: Key,
+        value: Annotated[Any, Field(description="Any JSON value: text, number, list or object.")],
+        ctx: Context,
+        confidence: Annotated[float, Field(ge=0, description="How sure you are; 1.0 = verified.")] = 1.0,
+        memory_type: Annotated[
+            MemoryTypeName, Field(description="fact (verified), belief (inferred) or experience (what happened).")
+        ] = "fact",
+        ttl_seconds: Annotated[float | None, Field(gt=0, description="Expire after this many seconds.")] = None,
+        importance_score: Annotated[float | None, Field(ge=0, le=1, description="0..1; keeps it hot longer.")] = None,
+    ) -> WriteResult:
+        """Store a memory for later sessions and other agents. Writing an existing key adds a new
+        version (history is kept). Returns the entry key, version and confidence."""
+        entry = await service.write(
+            tools.actor(ctx),
+            WriteRequest(
+                entity_path=entity_path, key=key, value=value, confidence=confidence, memory_type=memory_type,
+                ttl_seconds=ttl_seconds, importance_score=importance_score,
+            ),
+        )
+        return WriteResult(
+            entry_key=entry.entry_key, entity_path=entry.entity_path, key=entry.key, version=entry.version,
+            confidence=entry.confidence, memory_type=entry.memory_type.value,
+        )
+
+    @tools.tool(read_only("Read memory"))
+    async def amfs_read(
+        entity_path: EntityPath,
+        key: Key,
+        ctx: Context,
+        version: Annotated[int | None, Field(ge=1, description="A past version; default the current one.")] = None,
+        min_confidence: MinConfidence = None,
+    ) -> EntryView:
+        """Read one memory by exact entity_path and key, with its whole value. Counts as a read for
+        amfs_commit_outcome. Unsure of the key? Use amfs_retrieve or amfs_list."""
+        entry = await service.read(tools.actor(ctx), entity_path, key, version=version, min_confidence=min_confidence)
+        return EntryView.of(entry, budget=None)
+
+    @tools.tool(read_only("Memory history"))
+    async def amfs_history(entity_path: EntityPath, key: Key) -> History:
+        """Every version of one memory, oldest first, with who wrote it and its confidence. Long values
+        are truncated; amfs_read with version= returns one in full."""
+        versions = await service.history(entity_path, key)
+        return History(
+            entity_path=entity_path, key=key, versions=[EntryView.of(entry, pin_version=True) for entry in versions]
+        )
+
+    @tools.tool(writes("Forget memory", destructive=True, idempotent=True))
+    async def amfs_forget(entity_path: EntityPath, key: Key) -> ForgetResult:
+        """Permanently delete every version of one memory. Cannot be undone; prefer writing a
+        corrected version unless the memory must not exist (wrong, secret, personal)."""
+        removed = await service.forget(entity_path, key)
+        return ForgetResult(entry_key=f"{entity_path}/{key}", versions_removed=removed)

@@ -1,0 +1,103 @@
+"""Tools that find memories: amfs_retrieve (by meaning), amfs_search (by filters), amfs_list (what exists)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Annotated, Literal
+
+from fastmcp import Context
+from pydantic import Field
+
+from ..core.service import MAX_QUERY_CHARS, MemoryService
+from ._params import EntityFilter, MinConfidence
+from ._registry import ToolRegistry, read_only
+from ._views import (
+    EntryList,
+    EntryView,
+    ListedEntry,
+    Listing,
+    MemoryTypeName,
+    RetrievedView,
+    RetrieveResult,
+    StrategyHitView,
+)
+
+MemoryTypeFilter = Annotated[MemoryTypeName | None, Field(description="Only this memory type.")]
+
+
+def register(tools: ToolRegistry[MemoryService]) -> None:
+    service = tools.service
+
+    if tools.has("retrieve"):
+
+        @tools.tool(read_only("Retrieve memories"))
+        async def amfs_retrieve(
+            query: Annotated[
+                str, Field(min_length=1, max_length=MAX_QUERY_CHARS, description="What you need, in words.")
+            ],
+            ctx: Context,
+            entity_path: EntityFilter = None,
+            limit: Annotated[int, Field(ge=1, le=100)] = 10,
+            min_confidence: MinConfidence = None,
+            memory_type: MemoryTypeFilter = None,
+            depth: Annotated[int, Field(ge=1, le=3, description="Tiers searched: 1 hot, 2 hot+warm, 3 all.")] = 3,
+            explain: Annotated[bool, Field(description="Add each strategy's rank and score per result.")] = False,
+        ) -> RetrieveResult:
+            """Find the memories most relevant to a question (semantic + keyword + recency + confidence),
+            best first. Use before starting a task. Results count as reads for amfs_commit_outcome;
+            long values are truncated (amfs_read returns them whole)."""
+            results = await service.retrieve(
+                tools.actor(ctx), query, entity_path=entity_path, limit=limit, min_confidence=min_confidence,
+                memory_type=memory_type, depth=depth, explain=explain,
+            )
+            return RetrieveResult(
+                count=len(results),
+                results=[
+                    RetrievedView(
+                        rank=hit.rank,
+                        score=hit.score,
+                        entry=EntryView.of(hit.entry),
+                        explain=None
+                        if hit.strategies is None
+                        else {
+                            name: StrategyHitView(rank=s.rank, raw_score=s.raw_score, contribution=s.contribution)
+                            for name, s in hit.strategies.items()
+                        },
+                    )
+                    for hit in results
+                ],
+            )
+
+    @tools.tool(read_only("Search memories"))
+    async def amfs_search(
+        entity_path: EntityFilter = None,
+        memory_type: MemoryTypeFilter = None,
+        min_confidence: MinConfidence = None,
+        agent_id: Annotated[str | None, Field(min_length=1, description="Only entries this agent wrote.")] = None,
+        since: Annotated[
+            datetime | None, Field(description="Only entries written at or after (ISO 8601; UTC if no zone).")
+        ] = None,
+        sort_by: Literal["confidence", "recency", "recall_count", "priority"] = "confidence",
+        limit: Annotated[int, Field(ge=1, le=100)] = 20,
+    ) -> EntryList:
+        """Filter current memories by entity, type, confidence, author or age (no query text), sorted.
+        Does not count as reading them. To search by meaning use amfs_retrieve."""
+        if since is not None and since.tzinfo is None:
+            since = since.replace(tzinfo=timezone.utc)
+        entries = await service.search(
+            entity_path=entity_path, memory_type=memory_type, min_confidence=min_confidence, agent_id=agent_id,
+            since=since, sort_by=sort_by, limit=limit,
+        )
+        return EntryList(count=len(entries), entries=[EntryView.of(entry) for entry in entries])
+
+    @tools.tool(read_only("List memories"))
+    async def amfs_list(
+        entity_path: EntityFilter = None,
+        limit: Annotated[int, Field(ge=1, le=1000)] = 100,
+    ) -> Listing:
+        """List what memories exist (entry keys with a short value preview), ordered by path and key."""
+        entries = await service.list(entity_path, limit=limit + 1)
+        return Listing(
+            count=min(len(entries), limit), more=len(entries) > limit,
+            entries=[ListedEntry.of(entry) for entry in entries[:limit]],
+        )
