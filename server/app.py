@@ -22,7 +22,9 @@ from ..core.errors import ValidationError
 from ..core.models import AMFS_VERSION
 from ..core.service import MemoryService
 from ..tools import ActorResolver, register_tools
+from ..ml.service import MLService
 from ..tools.learning_tools import register_learning_tools
+from ..tools.ml_tools import register_ml_tools
 from .auth import (
     ApiKey,
     ApiKeyVerifier,
@@ -53,10 +55,12 @@ def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence
     """
     keys = parse_api_keys(settings.api_keys) if api_keys is None else list(api_keys)
     learning = build_learning_service(settings) if settings.learning.enabled else None
+    ml = MLService(service, settings.ml_model_dir)
 
     @asynccontextmanager
     async def lifespan(_: FastMCP) -> AsyncIterator[dict[str, Any]]:
         await service.open()
+        ml.start()  # persisted ranker models join retrieval as the learned strategy
         if learning is not None:
             await learning.open()
         warm_up = _warm_up_embedder(service)
@@ -81,6 +85,7 @@ def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence
     )
     actors = ActorResolver(settings.agent_id)  # one resolver, so learning sees the same session ids
     register_tools(mcp, service, actors)
+    register_ml_tools(mcp, ml, actors)
     if learning is not None:
         register_learning_tools(mcp, learning, actors)
     return mcp

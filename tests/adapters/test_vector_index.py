@@ -23,6 +23,19 @@ def exact_top(vectors: np.ndarray, ids: np.ndarray, q: np.ndarray, k: int) -> li
     return [int(ids[i]) for i in order]
 
 
+@pytest.fixture(params=["graph", "exact"])
+def make_index(request):
+    """Every behaviour is checked on both search paths: the HNSW graph
+    (exact_threshold=0) and the exact scan used for small indexes."""
+    threshold = 0 if request.param == "graph" else 1_000_000
+
+    def make(dim: int, path=None) -> VectorIndex:
+        return VectorIndex(dim, path, exact_threshold=threshold)
+
+    make.threshold = threshold
+    return make
+
+
 @pytest.fixture
 def data() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(7)
@@ -30,8 +43,8 @@ def data() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ids, unit(rng, len(ids)), unit(rng, 20)
 
 
-def test_exact_answers_on_axis_vectors() -> None:
-    idx = VectorIndex(4, None)
+def test_exact_answers_on_axis_vectors(make_index) -> None:
+    idx = make_index(4, None)
     idx.add([1, 2, 3, 4], np.eye(4, dtype=np.float32))
     hits = idx.search(np.array([1, 0.1, 0, 0], np.float32), k=2)
     assert [h[0] for h in hits] == [1, 2]
@@ -43,9 +56,9 @@ def test_exact_answers_on_axis_vectors() -> None:
     assert idx.search(np.ones(4, np.float32), k=0) == []
 
 
-def test_matches_brute_force_on_small_fixture(data) -> None:
+def test_matches_brute_force_on_small_fixture(make_index, data) -> None:
     ids, vecs, queries = data
-    idx = VectorIndex(DIM, None)
+    idx = make_index(DIM, None)
     idx.add(ids, vecs)
     for q in queries:
         hits = idx.search(q, k=10)
@@ -55,8 +68,8 @@ def test_matches_brute_force_on_small_fixture(data) -> None:
         np.testing.assert_allclose(sims, np.sort(vecs @ q)[::-1][:10], atol=1e-5)
 
 
-def test_empty_index_and_validation() -> None:
-    idx = VectorIndex(4, None)
+def test_empty_index_and_validation(make_index) -> None:
+    idx = make_index(4, None)
     assert len(idx) == 0 and idx.search(np.ones(4, np.float32), 5) == []
     with pytest.raises(ValueError):
         idx.add([1], np.ones((1, 3), np.float32))
@@ -74,9 +87,9 @@ def test_empty_index_and_validation() -> None:
     assert 5 in idx and 6 not in idx and "5" not in idx
 
 
-def test_readd_replaces(data) -> None:
+def test_readd_replaces(make_index, data) -> None:
     ids, vecs, _ = data
-    idx = VectorIndex(DIM, None)
+    idx = make_index(DIM, None)
     idx.add(ids, vecs)
     target = vecs[0]
     assert idx.search(target, 1)[0][0] == ids[0]
@@ -92,9 +105,9 @@ def test_readd_replaces(data) -> None:
     assert len(idx) == len(ids) + 1
 
 
-def test_remove(data) -> None:
+def test_remove(make_index, data) -> None:
     ids, vecs, _ = data
-    idx = VectorIndex(DIM, None)
+    idx = make_index(DIM, None)
     idx.add(ids, vecs)
     assert idx.remove([int(ids[0]), int(ids[1]), 99999]) == 2
     assert idx.remove([int(ids[0])]) == 0
@@ -107,9 +120,9 @@ def test_remove(data) -> None:
     assert idx.search(vecs[0], 1)[0][0] == ids[0]
 
 
-def test_filtered_search_returns_k_when_available(data) -> None:
+def test_filtered_search_returns_k_when_available(make_index, data) -> None:
     ids, vecs, queries = data
-    idx = VectorIndex(DIM, None)
+    idx = make_index(DIM, None)
     idx.add(ids, vecs)
     allowed_ids = {int(i) for i in ids if i % 37 == 0}  # 8 of 300, scattered
     calls: list[int] = []
@@ -133,17 +146,17 @@ def test_filtered_search_returns_k_when_available(data) -> None:
     assert len(calls) == len(set(calls))
 
 
-def test_unfiltered_allowed_takes_first_round(data) -> None:
+def test_unfiltered_allowed_takes_first_round(make_index, data) -> None:
     ids, vecs, queries = data
-    idx = VectorIndex(DIM, None)
+    idx = make_index(DIM, None)
     idx.add(ids, vecs)
     assert idx.search(queries[0], 10, allowed=lambda i: True) == idx.search(queries[0], 10)
 
 
-def test_save_load_round_trip(tmp_path, data) -> None:
+def test_save_load_round_trip(make_index, tmp_path, data) -> None:
     ids, vecs, queries = data
     path = tmp_path / "sub" / "vectors.usearch"
-    idx = VectorIndex(DIM, path)
+    idx = make_index(DIM, path)
     idx.add(ids, vecs)
     idx.remove([int(ids[3])])
     assert idx.dirty
@@ -151,7 +164,7 @@ def test_save_load_round_trip(tmp_path, data) -> None:
     assert not idx.dirty and path.exists()
     assert [p.name for p in path.parent.iterdir()] == ["vectors.usearch"]  # no temp files left
 
-    again = VectorIndex.open(DIM, path)
+    again = VectorIndex.open(DIM, path, exact_threshold=make_index.threshold)
     assert again.load_error is None and not again.dirty
     assert len(again) == len(idx)
     assert np.array_equal(again.ids(), idx.ids())
@@ -162,14 +175,14 @@ def test_save_load_round_trip(tmp_path, data) -> None:
     assert len(fresh) == 0 and fresh.load_error is None
 
 
-def test_open_rejects_wrong_dimension_and_garbage(tmp_path, data) -> None:
+def test_open_rejects_wrong_dimension_and_garbage(make_index, tmp_path, data) -> None:
     ids, vecs, _ = data
     path = tmp_path / "v.usearch"
-    idx = VectorIndex(DIM, path)
+    idx = make_index(DIM, path)
     idx.add(ids, vecs)
     idx.save()
     with pytest.raises(VectorIndexError, match="dimension"):
-        VectorIndex(DIM * 2, path).load()
+        make_index(DIM * 2, path).load()
     other = VectorIndex.open(DIM * 2, path)
     assert len(other) == 0 and "dimension" in (other.load_error or "")
 
@@ -179,9 +192,9 @@ def test_open_rejects_wrong_dimension_and_garbage(tmp_path, data) -> None:
     assert len(broken) == 0 and broken.load_error
 
 
-def test_sync_check_and_rebuild(data) -> None:
+def test_sync_check_and_rebuild(make_index, data) -> None:
     ids, vecs, queries = data
-    idx = VectorIndex(DIM, None)
+    idx = make_index(DIM, None)
     idx.add(ids[:200], vecs[:200])
     store_ids = ids.tolist()
     assert idx.count == 200
@@ -195,9 +208,9 @@ def test_sync_check_and_rebuild(data) -> None:
     assert len(idx) == 0 and idx.in_sync([])
 
 
-def test_concurrent_add_and_search(data) -> None:
+def test_concurrent_add_and_search(make_index, data) -> None:
     ids, vecs, queries = data
-    idx = VectorIndex(DIM, None)
+    idx = make_index(DIM, None)
     idx.add(ids[:50], vecs[:50])
     errors: list[BaseException] = []
 
@@ -223,3 +236,19 @@ def test_concurrent_add_and_search(data) -> None:
         t.join()
     assert not errors
     assert idx.in_sync(ids)
+
+
+def test_graph_recall_and_default_exact_path() -> None:
+    rng = np.random.default_rng(3)
+    vecs, queries = unit(rng, 1500, 32), unit(rng, 30, 32)
+    ids = np.arange(1500)
+    graph = VectorIndex(32, None, exact_threshold=0)
+    small = VectorIndex(32, None)  # default threshold: 1500 vectors are scanned exactly
+    graph.add(ids, vecs)
+    small.add(ids, vecs)
+    recall = []
+    for q in queries:
+        truth = exact_top(vecs, ids, q, 10)
+        recall.append(len({h[0] for h in graph.search(q, 10)} & set(truth)) / 10)
+        assert [h[0] for h in small.search(q, 10)] == truth
+    assert np.mean(recall) >= 0.9

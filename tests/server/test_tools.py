@@ -14,6 +14,7 @@ from amfs_server.server.app import create_app
 from amfs_server.server.composition import build_service
 from amfs_server.server.settings import Settings, load_settings
 from amfs_server.tools import ActorResolver
+from amfs_server.tools.ml_tools import ML_TOOLS
 from amfs_server.tools._progress import thread_progress
 from amfs_server.tools._registry import ToolRegistry, read_only
 from amfs_server.tools._views import LIST_VALUE_CHARS, LISTING_VALUE_CHARS
@@ -43,7 +44,8 @@ async def error_text(client: Client, tool: str, arguments: dict) -> str:
 
 async def test_server_registers_the_amfs_tools_with_mcp_annotations(client: Client) -> None:
     tools = {tool.name: tool for tool in await client.list_tools()}
-    assert CORE_TOOLS | LEARNING_TOOLS <= set(tools) <= CORE_TOOLS | LEARNING_TOOLS | {"amfs_retrieve"}
+    everything = CORE_TOOLS | LEARNING_TOOLS | ML_TOOLS
+    assert everything <= set(tools) <= everything | {"amfs_retrieve"}
     for name, tool in tools.items():
         assert tool.annotations.read_only_hint is (name in READ_ONLY_TOOLS), name
         assert tool.annotations.open_world_hint is False

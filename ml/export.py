@@ -1,0 +1,323 @@
+"""Training-data export: decision traces (see `ml.traces`) as fine-tuning datasets.
+
+- SFT: each clean trace (every outcome SUCCESS) that read 2+ entries and wrote a decision becomes one
+  chat example `{"messages": [system, user, assistant]}`: the user turn is the context read, the
+  assistant turn the decision written (its `amfs_write` arguments as JSON). The format that OpenAI
+  fine-tuning and TRL's SFTTrainer accept; no other top-level keys, so neither rejects a line.
+- DPO: per entity, a clean trace (chosen) against a failed one (rejected). The shared prompt lists the
+  candidate memories (both traces' context); each answer says which memories it relied on and what it
+  decided. TRL's conversational preference format: `{"prompt": [...], "chosen": [...], "rejected": [...]}`.
+- Reward model: each outcome-linked entry with a label from its outcome history, the mean of
+  +1.0 (success), -0.25 (minor_failure), -0.5 (failure), -1.0 (critical_failure); the document's
+  shape `{"entry", "label", "outcome_type" (its most frequent), "outcome_count"}`.
+
+`export` returns the document's result object; `export_jsonl` the JSONL text; `write_jsonl` streams
+lines to a file (atomically renamed into place). With nothing to export each raises
+`InsufficientDataError` naming what is missing (the document's minimum-data table).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import os
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from ..adapters.protocol import MemoryStore
+from ..core import validation as v
+from ..core.errors import InsufficientDataError, StoreError, ValidationError
+from ..core.models import MemoryEntry, OutcomeType, utcnow
+from ..core.service import MemoryService
+from ._common import Progress, no_progress, resolve_service
+from .traces import DecisionTrace, OutcomeHistory, TraceRead, TraceWrite, under
+
+
+class ExportFormat(str, enum.Enum):
+    SFT = "sft"
+    DPO = "dpo"
+    REWARD_MODEL = "reward_model"
+
+
+REWARD_LABELS: dict[OutcomeType, float] = {
+    OutcomeType.SUCCESS: 1.0,
+    OutcomeType.MINOR_FAILURE: -0.25,
+    OutcomeType.FAILURE: -0.5,
+    OutcomeType.CRITICAL_FAILURE: -1.0,
+}
+MAX_VALUE_CHARS = 4000
+MAX_DPO_CANDIDATES = 20
+
+SFT_SYSTEM = (
+    "You are an engineering agent working from a shared memory (AMFS). Given the memories you read for a task, "
+    "record your decision as a memory: reply with the amfs_write arguments as JSON."
+)
+DPO_SYSTEM = (
+    "You are an engineering agent working from a shared memory (AMFS). Choose which of the candidate memories to "
+    "rely on for the task, then state your decision."
+)
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """The document's result object; `output_path` is set (and `examples` empty) when lines went to a file."""
+
+    format: str
+    num_examples: int
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    exported_at: str = ""
+    output_path: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve_format(value: ExportFormat | str) -> ExportFormat:
+    try:
+        return ExportFormat(value)
+    except ValueError:
+        raise ValidationError(
+            f"Unknown export format {value!r}; use one of {[f.value for f in ExportFormat]}."
+        ) from None
+
+
+class TrainingDataExporter:
+    def __init__(self, service_or_store: MemoryService | MemoryStore) -> None:
+        self.service, _ = resolve_service(service_or_store)
+        self.store = self.service.store
+
+    async def export(
+        self, format: ExportFormat | str, entity_path: str | None = None, limit: int | None = None
+    ) -> ExportResult:
+        fmt, examples = await self._examples(format, entity_path, limit)
+        return ExportResult(fmt.value, len(examples), examples, _now())
+
+    async def export_jsonl(
+        self, format: ExportFormat | str, entity_path: str | None = None, limit: int | None = None
+    ) -> str:
+        _, examples = await self._examples(format, entity_path, limit)
+        return "".join(json.dumps(example, ensure_ascii=False) + "\n" for example in examples)
+
+    async def write_jsonl(
+        self,
+        path: Path | str,
+        format: ExportFormat | str,
+        entity_path: str | None = None,
+        limit: int | None = None,
+        progress: Progress | None = None,
+    ) -> ExportResult:
+        """Stream the examples to `path` as JSONL, one line at a time; the file appears only when complete."""
+        report = progress or no_progress
+        report(0, 3, "reading the outcome history")
+        fmt, history, entity_path, limit = await self._prepare(format, entity_path, limit)
+        target = Path(path)
+        report(1, 3, f"writing {fmt.value} examples")
+
+        def write() -> int:
+            count = 0
+            examples = self._generate(fmt, history, entity_path)
+            first = next(examples, None)
+            if first is None:
+                raise self._missing(fmt, history, entity_path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_name(target.name + ".partial")
+            try:
+                with partial.open("w", encoding="utf-8") as handle:
+                    for example in islice(_chain(first, examples), limit):
+                        handle.write(json.dumps(example, ensure_ascii=False) + "\n")
+                        count += 1
+                os.replace(partial, target)
+            except OSError as error:
+                raise StoreError(f"Cannot write the export to {target}: {error}.") from error
+            return count
+
+        count = await asyncio.to_thread(write)
+        report(3, 3, f"wrote {count} examples")
+        return ExportResult(fmt.value, count, [], _now(), str(target))
+
+    # -- building -----------------------------------------------------------------------------
+
+    async def _prepare(
+        self, format: ExportFormat | str, entity_path: str | None, limit: int | None
+    ) -> tuple[ExportFormat, OutcomeHistory, str | None, int | None]:
+        fmt = resolve_format(format)
+        entity_path = v.validate_entity_prefix(entity_path)
+        if limit is not None:
+            limit = v.validate_limit(limit, maximum=1_000_000)
+        return fmt, await OutcomeHistory.load(self.store, entity_path), entity_path, limit
+
+    async def _examples(
+        self, format: ExportFormat | str, entity_path: str | None, limit: int | None
+    ) -> tuple[ExportFormat, list[dict[str, Any]]]:
+        fmt, history, entity_path, limit = await self._prepare(format, entity_path, limit)
+        examples = await asyncio.to_thread(lambda: list(islice(self._generate(fmt, history, entity_path), limit)))
+        if not examples:
+            raise self._missing(fmt, history, entity_path)
+        return fmt, examples
+
+    def _generate(self, fmt: ExportFormat, history: OutcomeHistory, entity_path: str | None) -> Iterator[dict[str, Any]]:
+        if fmt is ExportFormat.SFT:
+            return self._sft(history, entity_path)
+        if fmt is ExportFormat.DPO:
+            return self._dpo(history, entity_path)
+        return self._reward(history, entity_path)
+
+    def _sft(self, history: OutcomeHistory, entity_path: str | None) -> Iterator[dict[str, Any]]:
+        for trace in history.traces(entity_path):
+            if not trace.clean or not trace.decisions:
+                continue
+            context = _versions(history, trace.context)
+            decisions_found = _versions(history, trace.decisions)
+            if len(context) < 2 or not decisions_found:
+                continue
+            yield {
+                "messages": [
+                    {"role": "system", "content": SFT_SYSTEM},
+                    {"role": "user", "content": _context_prompt(context, trace)},
+                    {"role": "assistant", "content": _decision_text(decisions_found)},
+                ]
+            }
+
+    def _dpo(self, history: OutcomeHistory, entity_path: str | None) -> Iterator[dict[str, Any]]:
+        clean, failed = self._traces_by_entity(history, entity_path)
+        for entity in sorted(set(clean) & set(failed)):
+            good, bad = clean[entity], failed[entity]
+            for index in range(max(len(good), len(bad))):
+                chosen, rejected = good[index % len(good)], bad[index % len(bad)]
+                chosen_context, rejected_context = _versions(history, chosen.context), _versions(history, rejected.context)
+                candidates = {e.entry_key: e for e in [*chosen_context, *rejected_context]}
+                listed = [candidates[k] for k in sorted(candidates)][:MAX_DPO_CANDIDATES]
+                prompt = (
+                    f"Task on '{entity}'. Candidate memories:\n{_numbered(listed)}\n\n"
+                    "Which memories do you rely on, and what do you decide?"
+                )
+                yield {
+                    "prompt": [{"role": "system", "content": DPO_SYSTEM}, {"role": "user", "content": prompt}],
+                    "chosen": [{"role": "assistant", "content": _answer(history, chosen, chosen_context)}],
+                    "rejected": [{"role": "assistant", "content": _answer(history, rejected, rejected_context)}],
+                }
+
+    def _traces_by_entity(
+        self, history: OutcomeHistory, entity_path: str | None
+    ) -> tuple[dict[str, list[DecisionTrace]], dict[str, list[DecisionTrace]]]:
+        clean: dict[str, list[DecisionTrace]] = defaultdict(list)
+        failed: dict[str, list[DecisionTrace]] = defaultdict(list)
+        for trace in history.traces(entity_path):
+            if not trace.context:
+                continue
+            for entity in trace.entity_paths:
+                if under(entity, entity_path):
+                    (failed if trace.failed else clean)[entity].append(trace)
+        return clean, failed
+
+    def _reward(self, history: OutcomeHistory, entity_path: str | None) -> Iterator[dict[str, Any]]:
+        for key in sorted(history.effects_by_entry):
+            links = history.effects_by_entry[key]
+            if not under(links[0][1].entity_path, entity_path):
+                continue
+            entry = _latest(history, links[0][1].entity_path, links[0][1].key)
+            if entry is None:
+                continue
+            types = [record.outcome_type for record, _ in links]
+            counts = Counter(types)
+            top = max(counts.values())
+            # Most frequent outcome type; a tie goes to the most recent of the tied types.
+            dominant = next(t for t in reversed(types) if counts[t] == top)
+            data = entry.to_dict(include_embedding=False)
+            data.pop("embedding", None)
+            yield {
+                "entry": data,
+                "label": round(sum(REWARD_LABELS[t] for t in types) / len(types), 4),
+                "outcome_type": dominant.value,
+                "outcome_count": len(types),
+            }
+
+    def _missing(self, fmt: ExportFormat, history: OutcomeHistory, entity_path: str | None) -> InsufficientDataError:
+        scope = f" under '{entity_path}'" if entity_path else ""
+        outcomes = [o for o in history.outcomes if any(under(e.entity_path, entity_path) for e in o.effects)]
+        hint = "Commit outcomes with amfs_commit_outcome after sessions that read (amfs_read/amfs_retrieve) and write."
+        if fmt is ExportFormat.REWARD_MODEL:
+            return InsufficientDataError(
+                f"Reward-model export needs at least 1 outcome-linked entry{scope}; found {len(outcomes)} outcomes "
+                f"linking none. {hint}"
+            )
+        traces = history.traces(entity_path)
+        if fmt is ExportFormat.SFT:
+            clean = [t for t in traces if t.clean]
+            with_reads = [t for t in clean if len(t.context) >= 2]
+            with_write = [t for t in with_reads if t.decisions]
+            return InsufficientDataError(
+                f"SFT export needs at least 1 clean outcome (success) whose session read 2+ entries and wrote a "
+                f"decision{scope}; found {len(outcomes)} outcomes, {len(clean)} clean traces, {len(with_reads)} of "
+                f"them with 2+ entries read, {len(with_write)} of those with a write. {hint}"
+            )
+        clean, failed = self._traces_by_entity(history, entity_path)
+        only_clean = sorted(set(clean) - set(failed))[:5]
+        only_failed = sorted(set(failed) - set(clean))[:5]
+        return InsufficientDataError(
+            f"DPO export needs, for one entity, at least 1 clean (success) trace and 1 failed (incident) trace"
+            f"{scope}; no entity has both (entities with only clean traces: {only_clean or 'none'}; only failed: "
+            f"{only_failed or 'none'}). {hint}"
+        )
+
+
+def _chain(first: dict[str, Any], rest: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    yield first
+    yield from rest
+
+
+def _now() -> str:
+    return utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _versions(history: OutcomeHistory, items: list[TraceRead] | list[TraceWrite]) -> list[MemoryEntry]:
+    """The entry versions a trace saw or wrote, as they were at that moment (confidence then, not now)."""
+    found = [(history.version(i.entity_path, i.key, i.version), i.at) for i in items]
+    return [history.as_of(entry, at) for entry, at in found if entry is not None]
+
+
+def _latest(history: OutcomeHistory, entity_path: str, key: str) -> MemoryEntry | None:
+    versions = [e for (p, k, _), e in history.versions.items() if p == entity_path and k == key]
+    return max(versions, key=lambda e: e.version) if versions else None
+
+
+def _value_text(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return text if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS] + "…"
+
+
+def _describe(entry: MemoryEntry) -> str:
+    return (
+        f"{entry.entry_key} (v{entry.version}, {entry.memory_type.value}, confidence {entry.confidence:.2f}): "
+        f"{_value_text(entry.value)}"
+    )
+
+
+def _numbered(entries: list[MemoryEntry]) -> str:
+    return "\n".join(f"{i}. {_describe(e)}" for i, e in enumerate(entries, start=1))
+
+
+def _context_prompt(context: list[MemoryEntry], trace: DecisionTrace) -> str:
+    entities = ", ".join(sorted({d.entity_path for d in trace.decisions}))
+    return f"Memories read:\n{_numbered(context)}\n\nRecord your decision for {entities}."
+
+
+def _decision_text(decisions: list[MemoryEntry]) -> str:
+    writes = [
+        {"entity_path": d.entity_path, "key": d.key, "value": d.value, "memory_type": d.memory_type.value,
+         "confidence": d.confidence}
+        for d in decisions
+    ]
+    return json.dumps(writes[0] if len(writes) == 1 else writes, ensure_ascii=False, sort_keys=True)
+
+
+def _answer(history: OutcomeHistory, trace: DecisionTrace, context: list[MemoryEntry]) -> str:
+    relied = "\n".join(f"- {e.entry_key} (v{e.version})" for e in context) or "- none"
+    found = _versions(history, trace.decisions)
+    decided = _decision_text(found) if found else "No memory written."
+    return f"Relied on:\n{relied}\nDecision: {decided}"

@@ -1,0 +1,446 @@
+"""The learned retrieval ranker: gradient boosting (LightGBM) on the outcome history.
+
+Labels, as the product document defines them: an entry read before a clean outcome (SUCCESS) is a
+positive sample; an entry read before an incident is a negative one; entries never linked to any
+outcome are negatives too (a bounded, deterministic sample of at most half as many as the
+outcome-linked samples, so they cannot swamp the real signal). Each sample carries the entry's
+features as they were when the session saw it (`OutcomeHistory.as_of`) and the strategy ranks the
+retrieval gave it then.
+
+Once a model exists, `install` makes it the service's `learned_scorer`: the `learned` strategy then
+takes 30% of the RRF fusion. With no model the scorer stays unset and retrieval is exactly the fixed-
+weight fusion. Training below 20 outcome-linked samples is refused (`InsufficientDataError`) and
+leaves any existing model and the retrieval behaviour untouched.
+
+Models live in `model_dir` (AMFS_ML_MODEL_DIR) as LightGBM's text format, never pickle (loading a
+pickle can execute code): `ranker-global.txt` and `ranker-<entity slug>.txt`, each with a `.json` of
+its metrics and feature names beside it. Fitting runs in a worker thread with one LightGBM thread and
+OMP_WAIT_POLICY=PASSIVE, so it neither blocks the event loop nor spins the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before LightGBM's OpenMP runtime starts
+
+import asyncio
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..adapters.protocol import MemoryStore
+from ..core import validation as v
+from ..core.errors import InsufficientDataError, StoreError
+from ..core.models import EntryFilter, MemoryEntry, OutcomeType, utcnow
+from ..core.service import MemoryService
+from ._common import Progress, no_progress, resolve_service
+from .features import FEATURE_NAMES, feature_matrix, feature_row
+from .traces import OutcomeHistory, under
+
+logger = logging.getLogger("amfs_server.ml")
+
+MIN_OUTCOME_LINKED_SAMPLES = 20
+NEVER_LINKED_SHARE = 0.5
+HOLDOUT_SHARE = 0.2
+EARLY_STOPPING_ROUNDS = 20
+NEUTRAL_SCORE = 0.5
+"""Score for a candidate no model covers (a per-entity model exists, but not for its entity, and no global one)."""
+MODEL_FORMAT = 1
+DEFAULT_MODEL_DIR = Path(".amfs/ml")
+
+
+@dataclass(frozen=True)
+class RankerMetrics:
+    """What `train` returns: the document's shape, plus how the held-out split looked."""
+
+    num_samples: int
+    num_positive: int
+    num_negative: int
+    accuracy: float
+    """Held-out accuracy: a model fitted on the older 80% of outcome-linked samples, scored on the newest 20%."""
+    feature_importances: dict[str, float]
+    trained_at: str
+    entity_path: str | None = None
+    num_outcome_linked: int = 0
+    num_never_linked: int = 0
+    num_holdout: int = 0
+    holdout_baseline_accuracy: float = 0.0
+    """Accuracy of always predicting the training majority class on the same held-out samples."""
+    holdout_auc: float | None = None
+    num_boost_rounds: int = 0
+    """Chosen by early stopping on the newest part of the training samples."""
+    model_path: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RankerMetrics:
+        known = {name for name in cls.__dataclass_fields__}
+        return cls(**{name: value for name, value in data.items() if name in known})
+
+
+@dataclass
+class _Samples:
+    rows: list[list[float]] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)
+    linked_mask: list[bool] = field(default_factory=list)
+    """Outcome-linked samples come first, oldest first; never-linked negatives after them."""
+    outcomes: int = 0
+
+    def add(self, row: list[float], label: int, linked: bool) -> None:
+        self.rows.append(row)
+        self.labels.append(label)
+        self.linked_mask.append(linked)
+
+    @property
+    def linked(self) -> int:
+        return sum(self.linked_mask)
+
+    @property
+    def never_linked(self) -> int:
+        return len(self.linked_mask) - self.linked
+
+
+@dataclass
+class _Model:
+    booster: Any
+    metrics: RankerMetrics
+
+
+def model_slug(entity_path: str | None) -> str:
+    """File stem for a scope: `global`, or the entity path made file-safe plus a hash (so no two collide)."""
+    if entity_path is None:
+        return "global"
+    readable = re.sub(r"[^A-Za-z0-9_.-]+", "_", entity_path).strip("._")[:60] or "entity"
+    return f"{readable}-{hashlib.sha256(entity_path.encode()).hexdigest()[:10]}"
+
+
+class LearnedRanker:
+    """Trains, persists, loads and serves the learned retrieval strategy.
+
+    `service_or_store`: a MemoryService (then `train` also installs the new model into it) or a bare
+    MemoryStore (read-only use: train, save, score).
+    """
+
+    def __init__(
+        self,
+        service_or_store: MemoryService | MemoryStore,
+        model_dir: Path | str = DEFAULT_MODEL_DIR,
+        *,
+        min_samples: int = MIN_OUTCOME_LINKED_SAMPLES,
+        num_boost_round: int = 150,
+        seed: int = 0,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.service, self._owns_service = resolve_service(service_or_store)
+        self.store = self.service.store
+        self.model_dir = Path(model_dir)
+        self.min_samples = min_samples
+        self.num_boost_round = num_boost_round
+        self.seed = seed
+        self.clock = clock
+        self._models: dict[str | None, _Model] = {}
+        self._train_lock = asyncio.Lock()
+
+    # -- serving ------------------------------------------------------------------------------
+
+    @property
+    def trained(self) -> bool:
+        return bool(self._models)
+
+    def metrics(self, entity_path: str | None = None) -> RankerMetrics | None:
+        model = self._models.get(entity_path)
+        return model.metrics if model else None
+
+    def install(self, service: MemoryService | None = None) -> bool:
+        """Make this ranker the service's learned strategy when a model exists; unset it otherwise."""
+        target = service or (self.service if self._owns_service else None)
+        if target is None:
+            raise ValueError("install() needs a MemoryService: this ranker was built on a bare store.")
+        target.learned_scorer = self.score if self._models else None
+        return target.learned_scorer is not None
+
+    def score(self, entries: Sequence[MemoryEntry], ranks: Mapping[str, Mapping[str, int]]) -> list[float]:
+        """P(useful) per entry, from the most specific model covering its entity (the `LearnedScorer`)."""
+        models = self._models  # one read: training may swap the dict meanwhile
+        scores = [NEUTRAL_SCORE] * len(entries)
+        if not entries or not models:
+            return scores
+        now = self.clock()
+        groups: dict[str | None, list[int]] = {}
+        for index, entry in enumerate(entries):
+            scope = self._scope_for(entry.entity_path, models)
+            if scope is not _NO_MODEL:
+                groups.setdefault(scope, []).append(index)  # type: ignore[arg-type]
+        for scope, indexes in groups.items():
+            matrix = feature_matrix(
+                [entries[i] for i in indexes], [ranks.get(entries[i].entry_key) for i in indexes], now
+            )
+            for i, p in zip(indexes, models[scope].booster.predict(matrix, num_threads=1)):
+                scores[i] = float(p)
+        return scores
+
+    @staticmethod
+    def _scope_for(entity_path: str, models: Mapping[str | None, _Model]) -> str | None | object:
+        specific = [scope for scope in models if scope is not None and under(entity_path, scope)]
+        if specific:
+            return max(specific, key=len)
+        return None if None in models else _NO_MODEL
+
+    # -- persistence --------------------------------------------------------------------------
+
+    def load(self) -> list[RankerMetrics]:
+        """Load every persisted model in model_dir (replacing those in memory); returns their metrics."""
+        import lightgbm as lgb
+
+        loaded: dict[str | None, _Model] = {}
+        if self.model_dir.is_dir():
+            for model_path in sorted(self.model_dir.glob("ranker-*.txt")):
+                meta_path = model_path.with_suffix(".json")
+                try:
+                    meta = json.loads(meta_path.read_text())
+                except (OSError, ValueError) as error:
+                    logger.warning("Skipping %s: no readable metrics beside it (%s); run amfs_retrain", model_path, error)
+                    continue
+                if meta.get("format") != MODEL_FORMAT or tuple(meta.get("feature_names", ())) != FEATURE_NAMES:
+                    logger.warning("Skipping %s: trained on other features; run amfs_retrain to replace it", model_path)
+                    continue
+                metrics = RankerMetrics.from_dict(meta["metrics"])
+                loaded[metrics.entity_path] = _Model(lgb.Booster(model_file=str(model_path)), metrics)
+        self._models = loaded
+        return [model.metrics for model in loaded.values()]
+
+    def _save(self, booster: Any, metrics: RankerMetrics) -> RankerMetrics:
+        self.model_dir.mkdir(parents=True, exist_ok=True)
+        stem = self.model_dir / f"ranker-{model_slug(metrics.entity_path)}"
+        model_path, meta_path = stem.with_suffix(".txt"), stem.with_suffix(".json")
+        metrics = RankerMetrics(**{**metrics.to_dict(), "model_path": str(model_path)})
+        try:
+            booster.save_model(str(model_path) + ".tmp")
+            os.replace(str(model_path) + ".tmp", model_path)
+            meta = {"format": MODEL_FORMAT, "feature_names": list(FEATURE_NAMES), "metrics": metrics.to_dict()}
+            meta_path.with_suffix(".json.tmp").write_text(json.dumps(meta, indent=2))
+            os.replace(meta_path.with_suffix(".json.tmp"), meta_path)
+        except OSError as error:
+            raise StoreError(f"Cannot write the ranker model to {self.model_dir}: {error}. Check AMFS_ML_MODEL_DIR.") from error
+        return metrics
+
+    # -- training -----------------------------------------------------------------------------
+
+    async def train(self, entity_path: str | None = None, progress: Progress | None = None) -> RankerMetrics:
+        """Fit a model on the outcome history (of `entity_path`, or all), persist it and serve it."""
+        entity_path = v.validate_entity_prefix(entity_path)
+        report = progress or no_progress
+        total = 3 + 2 * self.num_boost_round
+        async with self._train_lock:
+            report(0, total, "reading the outcome history")
+            history = await OutcomeHistory.load(self.store, entity_path)
+            current = await self.store.find_current(EntryFilter(entity_path=entity_path), self.clock(), "recency", None)
+            report(1, total, "building samples")
+            samples = await asyncio.to_thread(self._samples, history, current, entity_path)
+            self._check_enough(samples, entity_path)
+            booster, metrics = await asyncio.to_thread(self._fit, samples, entity_path, report, total)
+            metrics = await asyncio.to_thread(self._save, booster, metrics)
+            self._models = {**self._models, entity_path: _Model(booster, metrics)}
+            if self._owns_service:
+                self.install()
+            report(total, total, "trained")
+            return metrics
+
+    def _samples(self, history: OutcomeHistory, current: list[MemoryEntry], entity_path: str | None) -> _Samples:
+        samples = _Samples()
+        linked: list[tuple[float, list[float], int]] = []
+        counted_outcomes = set()
+        for record in history.outcomes:
+            label = int(record.outcome_type is OutcomeType.SUCCESS)
+            for effect in record.effects:
+                if not under(effect.entity_path, entity_path):
+                    continue
+                seen = history.read_event_for(record.session_id, effect, record.committed_at)
+                version = seen.version if seen else (effect.version_read or effect.version_updated)
+                at = seen.at if seen else record.committed_at
+                stored = history.version(effect.entity_path, effect.key, version)
+                if stored is None:  # forgotten since
+                    continue
+                then = self.service.with_current_tier(history.as_of(stored, at), at)
+                linked.append((at.timestamp(), feature_row(then, seen.ranks if seen else None, at), label))
+                counted_outcomes.add(record.outcome_ref)
+        linked.sort(key=lambda item: item[0])
+        for _, row, label in linked:
+            samples.add(row, label, linked=True)
+        samples.outcomes = len(counted_outcomes)
+
+        never = [e for e in current if e.entry_key not in history.effects_by_entry]
+        never.sort(key=lambda e: hashlib.sha256(f"{self.seed}:{e.entry_key}".encode()).digest())
+        now = self.clock()
+        for entry in never[: int(len(linked) * NEVER_LINKED_SHARE)]:
+            seen = history.last_retrieve_of(entry.entity_path, entry.key)
+            stored = history.version(entry.entity_path, entry.key, seen.version) if seen else None
+            if seen is not None and stored is not None:
+                then = self.service.with_current_tier(history.as_of(stored, seen.at), seen.at)
+                row = feature_row(then, seen.ranks, seen.at)
+            else:
+                row = feature_row(self.service.with_current_tier(entry, now), None, now)
+            samples.add(row, 0, linked=False)
+        return samples
+
+    def _check_enough(self, samples: _Samples, entity_path: str | None) -> None:
+        scope = f" under '{entity_path}'" if entity_path else ""
+        if samples.linked < self.min_samples:
+            raise InsufficientDataError(
+                f"Learned ranking needs at least {self.min_samples} outcome-linked samples (an entry read before a "
+                f"committed outcome){scope}; found {samples.linked} from {samples.outcomes} outcomes. Retrieval keeps "
+                "its confidence-based fusion (no learned strategy) until then. Commit outcomes with "
+                "amfs_commit_outcome after sessions that read or retrieve entries (100+ with mixed results is "
+                "better), then call amfs_retrain again."
+            )
+        positives = sum(samples.labels)
+        if positives == 0 or positives == len(samples.labels):
+            missing = "clean (success)" if positives == 0 else "incident (failure) or never-linked"
+            raise InsufficientDataError(
+                f"Learned ranking needs both clean and incident outcomes{scope}: all {len(samples.labels)} samples are "
+                f"{'negative' if positives == 0 else 'positive'}, none {missing}. Commit outcomes of the missing "
+                "kind, then call amfs_retrain again."
+            )
+
+    def _params(self, rows: int) -> dict[str, Any]:
+        return {
+            "objective": "binary",
+            "learning_rate": 0.05,
+            "num_leaves": 7,
+            "min_data_in_leaf": max(3, min(50, rows // 20)),
+            "feature_fraction": 0.9,
+            "lambda_l2": 1.0,
+            "num_threads": 1,
+            "deterministic": True,
+            "force_row_wise": True,
+            "seed": self.seed,
+            "verbose": -1,
+        }
+
+    def _fit(
+        self, samples: _Samples, entity_path: str | None, report: Progress, total: int
+    ) -> tuple[Any, RankerMetrics]:
+        """Hold out the newest 20%; pick the number of boosting rounds by early stopping on the newest 20% of
+        the rest; report accuracy on the held-out part; then fit the served model on everything."""
+        x = np.asarray(samples.rows, dtype=np.float64).reshape(len(samples.rows), len(FEATURE_NAMES))
+        y = np.asarray(samples.labels, dtype=np.float64)
+        linked = np.asarray(samples.linked_mask, dtype=bool)
+        held = _newest(linked, np.ones(len(y), dtype=bool))
+        fit_part = ~held
+        valid = _newest(linked, fit_part)
+        inner = fit_part & ~valid
+        rounds = self.num_boost_round
+        evaluated = _both_classes(y[inner]) and valid.any() and held.any()
+        accuracy = baseline = 0.0
+        auc = None
+        if evaluated:
+            evaluator = self._boost(
+                x[inner], y[inner], rounds, lambda i: report(2 + i, total, "held-out evaluation"), (x[valid], y[valid])
+            )
+            rounds = max(10, evaluator.best_iteration or rounds)
+            predicted = evaluator.predict(x[held], num_iteration=rounds, num_threads=1)
+            accuracy = float(np.mean((predicted >= 0.5) == (y[held] == 1)))
+            majority = float(y[inner].mean() >= 0.5)
+            baseline = float(np.mean(y[held] == majority))
+            auc = _auc(y[held], predicted)
+        report(2 + self.num_boost_round, total, "fitting the model on all samples")
+        booster = self._boost(
+            x, y, rounds, lambda i: report(2 + self.num_boost_round + i, total, "fitting the model on all samples")
+        )
+        if not evaluated:  # too little data to hold any out: training accuracy, flagged by num_holdout=0
+            accuracy = float(np.mean((booster.predict(x, num_threads=1) >= 0.5) == (y == 1)))
+            baseline = float(max(y.mean(), 1 - y.mean()))
+        gains = booster.feature_importance(importance_type="gain")
+        total_gain = float(np.sum(gains)) or 1.0
+        importances = {
+            name: round(float(gain) / total_gain, 4)
+            for name, gain in sorted(zip(FEATURE_NAMES, gains), key=lambda item: -item[1])
+            if gain > 0
+        }
+        metrics = RankerMetrics(
+            num_samples=len(y), num_positive=int(y.sum()), num_negative=int(len(y) - y.sum()),
+            accuracy=round(accuracy, 4), feature_importances=importances,
+            trained_at=self.clock().strftime("%Y-%m-%dT%H:%M:%SZ"), entity_path=entity_path,
+            num_outcome_linked=samples.linked, num_never_linked=samples.never_linked,
+            num_holdout=int(held.sum()) if evaluated else 0,
+            holdout_baseline_accuracy=round(baseline, 4),
+            holdout_auc=None if auc is None else round(auc, 4),
+            num_boost_rounds=rounds,
+        )
+        return booster, metrics
+
+    def _boost(
+        self, x: np.ndarray, y: np.ndarray, rounds: int, on_iteration: Any,
+        valid: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> Any:
+        import lightgbm as lgb
+
+        def progress(env: Any) -> None:
+            if (env.iteration + 1) % 25 == 0:
+                on_iteration(env.iteration + 1)
+
+        params = self._params(len(y))
+        dataset = lgb.Dataset(x, label=y, feature_name=list(FEATURE_NAMES), params={"verbose": -1})
+        callbacks = [progress]
+        valid_sets = None
+        if valid is not None:
+            valid_sets = [lgb.Dataset(valid[0], label=valid[1], reference=dataset, params={"verbose": -1})]
+            callbacks.append(lgb.early_stopping(EARLY_STOPPING_ROUNDS, verbose=False))
+        booster = lgb.train(params, dataset, num_boost_round=rounds, valid_sets=valid_sets, callbacks=callbacks)
+        if tuple(booster.feature_name()) != FEATURE_NAMES:
+            raise RuntimeError(
+                "LightGBM lost the feature names: the C++ runtime's locale was clobbered (see adapters/_cxx_runtime)."
+            )
+        return booster
+
+
+def _newest(linked: np.ndarray, among: np.ndarray) -> np.ndarray:
+    """The newest HOLDOUT_SHARE of the outcome-linked samples in `among` (they are in time order), and
+    every 1/HOLDOUT_SHARE-th never-linked one (those have no common clock)."""
+    chosen = np.zeros(len(linked), dtype=bool)
+    linked_idx = np.flatnonzero(linked & among)
+    if len(linked_idx) >= 5:
+        chosen[linked_idx[len(linked_idx) - max(1, round(len(linked_idx) * HOLDOUT_SHARE)):]] = True
+        never_idx = np.flatnonzero(~linked & among)
+        chosen[never_idx[:: round(1 / HOLDOUT_SHARE)]] = True
+    return chosen
+
+
+def _both_classes(y: np.ndarray) -> bool:
+    return len(y) > 0 and 0 < y.sum() < len(y)
+
+
+_NO_MODEL = object()
+
+
+def _auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
+    """Rank-based ROC AUC (ties count half); None when only one class is present."""
+    positives, negatives = scores[labels == 1], scores[labels == 0]
+    if len(positives) == 0 or len(negatives) == 0:
+        return None
+    wins = (positives[:, None] > negatives[None, :]).sum() + 0.5 * (positives[:, None] == negatives[None, :]).sum()
+    return float(wins / (len(positives) * len(negatives)))
+
+
+def load_installed_models(service: MemoryService, model_dir: Path | str) -> LearnedRanker:
+    """At start-up: load the persisted models from `model_dir` and install them into `service`.
+
+    Returns the ranker, which the ML tools keep using so `amfs_retrain` replaces what retrieval serves.
+    """
+    ranker = LearnedRanker(service, model_dir)
+    loaded = ranker.load()
+    ranker.install()
+    if loaded:
+        logger.info("Loaded %d learned ranker model(s) from %s", len(loaded), model_dir)
+    return ranker

@@ -1,0 +1,72 @@
+"""MLService: the one object the ML front ends (MCP tools, CLI) call; each method is one ML operation.
+
+The composition root builds it next to the MemoryService and calls `start()` once at start-up, which
+loads the persisted ranker models and installs them into retrieval. Exports asked for by file name
+land under `export_dir` (default `<model_dir>/exports`): a caller over MCP names a file, never a path
+elsewhere on the server.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePath
+
+from ..core.errors import ValidationError
+from ..core.service import MemoryService
+from ._common import Progress
+from .calibrator import CalibrationReport, ConfidenceCalibrator
+from .export import ExportFormat, ExportResult, TrainingDataExporter
+from .ranker import DEFAULT_MODEL_DIR, LearnedRanker, RankerMetrics
+
+DEFAULT_EXPORT_LIMIT = 100
+
+
+class MLService:
+    def __init__(
+        self, service: MemoryService, model_dir: Path | str = DEFAULT_MODEL_DIR, export_dir: Path | str | None = None
+    ) -> None:
+        self.service = service
+        self.model_dir = Path(model_dir)
+        self.export_dir = Path(export_dir) if export_dir is not None else self.model_dir / "exports"
+        self.ranker = LearnedRanker(service, self.model_dir)
+        self.calibrator = ConfidenceCalibrator(service)
+        self.exporter = TrainingDataExporter(service)
+
+    def start(self) -> list[RankerMetrics]:
+        """Load the persisted ranker models and serve them (the learned strategy stays off without one)."""
+        loaded = self.ranker.load()
+        self.ranker.install()
+        return loaded
+
+    async def retrain(self, entity_path: str | None = None, progress: Progress | None = None) -> RankerMetrics:
+        return await self.ranker.train(entity_path, progress=progress)
+
+    async def calibrate(
+        self, per_entity: bool = False, apply: bool = False, progress: Progress | None = None
+    ) -> CalibrationReport:
+        return await self.calibrator.calibrate(per_entity=per_entity, apply=apply, progress=progress)
+
+    async def revert_calibration(self) -> dict[str, float]:
+        return await self.calibrator.revert()
+
+    async def export_training_data(
+        self,
+        format: ExportFormat | str,
+        entity_path: str | None = None,
+        limit: int | None = DEFAULT_EXPORT_LIMIT,
+        output_path: str | None = None,
+        progress: Progress | None = None,
+    ) -> ExportResult:
+        """The examples themselves, or, with `output_path`, JSONL streamed to that file under export_dir."""
+        if output_path is None:
+            return await self.exporter.export(format, entity_path, limit)
+        return await self.exporter.write_jsonl(self.output_file(output_path), format, entity_path, limit, progress)
+
+    def output_file(self, output_path: str) -> Path:
+        """`output_path` resolved inside export_dir; absolute paths and `..` are refused."""
+        relative = PurePath(output_path)
+        if not output_path.strip() or relative.is_absolute() or ".." in relative.parts:
+            raise ValidationError(
+                f"output_path {output_path!r} must be a relative file name such as 'sft/train.jsonl'; exports are "
+                f"written under {self.export_dir}."
+            )
+        return self.export_dir / relative

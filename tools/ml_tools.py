@@ -1,0 +1,175 @@
+"""ML over MCP: amfs_retrain, amfs_calibrate, amfs_export_training_data.
+
+`register_ml_tools(mcp, ml, actors)` registers them; each is one `MLService` call, registered through
+`ToolRegistry` so domain errors (not enough data: `InsufficientDataError`) become tool errors carrying
+what is missing. The work runs off the event loop and reports MCP progress notifications as it goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from typing import Annotated, Any, Literal
+
+from fastmcp import Context, FastMCP
+from pydantic import BaseModel, Field
+
+from ..ml.export import ExportFormat
+from ..ml.service import DEFAULT_EXPORT_LIMIT, MLService
+from ._params import EntityFilter
+from ._registry import ActorResolver, ToolRegistry, writes
+
+logger = logging.getLogger("amfs_server.tools")
+
+ML_TOOLS = frozenset({"amfs_retrain", "amfs_calibrate", "amfs_export_training_data"})
+PROGRESS_DRAIN_TIMEOUT_S = 5.0
+
+
+class RetrainResult(BaseModel):
+    num_samples: int
+    num_positive: int
+    num_negative: int
+    accuracy: float = Field(description="On held-out samples (the newest 20%).")
+    feature_importances: dict[str, float]
+    trained_at: str
+    entity_path: str | None = None
+    num_outcome_linked: int
+    num_never_linked: int
+    num_holdout: int
+    holdout_baseline_accuracy: float
+    holdout_auc: float | None = None
+    num_boost_rounds: int
+    learned_weight: float = Field(description="Share of retrieval fusion the learned strategy now has.")
+
+
+class TypeSignalView(BaseModel):
+    outcome_type: str
+    num_outcomes: int
+    num_links: int
+    later_incident_rate: float | None = None
+    signal_strength: float | None = None
+    scale: float
+    multiplier: float
+    calibrated: bool
+    note: str | None = None
+
+
+class MultiplierSetView(BaseModel):
+    entity_path: str | None = None
+    multipliers: dict[str, float]
+    decay_half_life_days: float | None = None
+    num_outcomes_analyzed: int
+    signals: dict[str, TypeSignalView]
+
+
+class CalibrateResult(BaseModel):
+    global_multipliers: MultiplierSetView | None = Field(None, description="None after revert=true.")
+    entity_multipliers: list[MultiplierSetView] = Field(default_factory=list)
+    total_outcomes: int | None = None
+    total_entries: int | None = None
+    applied: bool = Field(description="True when the global multipliers now drive amfs_commit_outcome.")
+    reverted: bool = False
+    multipliers_in_force: dict[str, float]
+    calibrated_at: str | None = None
+
+
+class ExportResultView(BaseModel):
+    format: Literal["sft", "dpo", "reward_model"]
+    num_examples: int
+    examples: list[dict[str, Any]] = Field(description="Empty when written to output_path.")
+    exported_at: str
+    output_path: str | None = None
+
+
+class _Progress:
+    """`progress(done, total, message)` callable from the event loop or a worker thread; `drain()` waits
+    (bounded) until every notification it scheduled was sent, so none trails the tool's result."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+        self._loop = asyncio.get_running_loop()
+        self._pending: list[concurrent.futures.Future[None]] = []
+
+    def __call__(self, done: float, total: float | None = None, message: str | None = None) -> None:
+        self._pending.append(
+            asyncio.run_coroutine_threadsafe(self._ctx.report_progress(done, total, message), self._loop)
+        )
+
+    async def drain(self) -> None:
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        done, not_done = await asyncio.wait(
+            [asyncio.wrap_future(f) for f in pending], timeout=PROGRESS_DRAIN_TIMEOUT_S
+        )
+        failed = [f.exception() for f in done if f.exception() is not None]
+        if failed or not_done:
+            logger.warning("%d progress notifications failed, %d unsent", len(failed), len(not_done))
+
+
+def register_ml_tools(mcp: FastMCP, ml: MLService, actors: ActorResolver) -> None:
+    tools = ToolRegistry[MLService](mcp, ml, actors)
+
+    @tools.tool(writes("Retrain ranker"))
+    async def amfs_retrain(ctx: Context, entity_path: EntityFilter = None) -> RetrainResult:
+        """Train the learned retrieval ranker on outcome history (entries read before clean outcomes vs
+        incidents); it then takes 30% of amfs_retrieve's fusion. Needs 20+ outcome-linked reads; says
+        what is missing otherwise. entity_path trains a model just for that entity."""
+        progress = _Progress(ctx)
+        try:
+            metrics = await ml.retrain(entity_path, progress=progress)
+        finally:
+            await progress.drain()
+        data = metrics.to_dict()
+        data.pop("model_path", None)  # a server path: nothing the caller can use
+        return RetrainResult(**data, learned_weight=ml.service.retrieval_weights()["learned"])
+
+    @tools.tool(writes("Calibrate confidence"))
+    async def amfs_calibrate(
+        ctx: Context,
+        per_entity: Annotated[bool, Field(description="Add overrides for entities with 5+ outcomes of a type.")] = False,
+        apply: Annotated[bool, Field(description="Make the calibrated multipliers the ones outcomes use.")] = False,
+        revert: Annotated[bool, Field(description="Undo an earlier apply: back to the configured multipliers.")] = False,
+    ) -> CalibrateResult:
+        """Learn outcome multipliers from outcome history: how often entries behind each outcome type
+        later end up in incidents. Reports only, unless apply=true; revert=true undoes an apply. Needs
+        5+ outcomes per type; says what is missing otherwise."""
+        if revert:
+            in_force = await ml.revert_calibration()
+            return CalibrateResult(applied=False, reverted=True, multipliers_in_force=in_force)
+        progress = _Progress(ctx)
+        try:
+            report = await ml.calibrate(per_entity=per_entity, apply=apply, progress=progress)
+        finally:
+            await progress.drain()
+        return CalibrateResult.model_validate(report.to_dict())
+
+    @tools.tool(writes("Export training data"))
+    async def amfs_export_training_data(
+        ctx: Context,
+        format: Annotated[
+            Literal["sft", "dpo", "reward_model"],
+            Field(description="sft: chat examples; dpo: chosen/rejected pairs; reward_model: labelled entries."),
+        ] = "sft",
+        entity_path: EntityFilter = None,
+        limit: Annotated[int, Field(ge=1, le=100_000)] = DEFAULT_EXPORT_LIMIT,
+        output_path: Annotated[
+            str | None,
+            Field(min_length=1, max_length=500, description="Write JSONL to this file (relative, under the server's export dir)."),
+        ] = None,
+    ) -> ExportResultView:
+        """Export decision traces as fine-tuning data (JSONL-ready): SFT (clean traces), DPO (clean vs
+        failed per entity) or reward-model labels. Returns the examples, or writes them to output_path.
+        Says which data is missing when there is nothing to export."""
+        progress = _Progress(ctx)
+        try:
+            result = await ml.export_training_data(
+                ExportFormat(format), entity_path, limit, output_path, progress=progress
+            )
+        finally:
+            await progress.drain()
+        return ExportResultView.model_validate(result.to_dict())
+
+
+__all__ = ["ML_TOOLS", "register_ml_tools"]
