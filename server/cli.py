@@ -263,6 +263,28 @@ def config_show() -> None:
     click.echo(yaml.safe_dump(shown, sort_keys=False).rstrip())
 
 
+@cli.group()
+def bench() -> None:
+    """Benchmarks the project ships (slow; not part of the test suite). Options follow each command's --help."""
+
+
+_PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
+
+
+def _bench_command(name: str, module: str, summary: str) -> None:
+    @bench.command(name, context_settings=_PASS_THROUGH, help=summary, add_help_option=False)
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    def run(args: tuple[str, ...]) -> None:
+        import importlib
+
+        importlib.import_module(f"amfs_server.session_bench.{module}").main(list(args))
+
+
+_bench_command("retrieval", "retrieval_bench", "Retrieval quality (`quality`) or latency/ingest at scale (`scale`).")
+_bench_command("ml", "ml_bench", "Outcome simulator: learned vs fixed fusion, calibrator recovery.")
+_bench_command("mcp-latency", "mcp_latency", "Round-trip latency of amfs_write / amfs_retrieve over stdio and HTTP.")
+
+
 def main(argv: list[str] | None = None) -> Any:
     return cli.main(args=argv, prog_name="amfs-server")
 

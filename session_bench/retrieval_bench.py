@@ -349,7 +349,7 @@ def plot_scale(report: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="amfs-server bench retrieval", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     quality = sub.add_parser("quality", help="recall@k / MRR per strategy and for the fusion")
     quality.add_argument("--stores", default="sqlite")
