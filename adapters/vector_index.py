@@ -34,20 +34,21 @@ __all__ = ["VectorIndex", "VectorIndexError"]
 
 log = logging.getLogger(__name__)
 
-# HNSW parameters, measured on this 2-core box (see the report in the PR):
-# * 20k real MiniLM vectors (docstring paragraphs), connectivity 16: search k=50
-#   with expansion_search 64 -> recall@10 0.985 at ~0.5 ms; 128 -> 0.995 / 0.990
-#   recall@50 at ~1.2 ms; 256 -> 0.998 at ~2.2 ms. Exact scan: ~2.6 ms.
-#   connectivity 32 builds ~30% slower for no measurable recall gain.
-# * Uniformly random 384-d unit vectors (no structure, the worst case) need a
-#   beam of ~2048 for recall@10 0.95 at 100k, slower than an exact scan; real
-#   embeddings are far easier, which is what these defaults are tuned for.
-DEFAULT_CONNECTIVITY = 16
+# HNSW parameters, measured on this (shared, 2-core) box; search k=50, 200 queries:
+# * 20k real MiniLM vectors (docstring paragraphs), connectivity 32: expansion_search
+#   64 -> recall@10 0.991 at ~0.5 ms; 128 -> recall@10 0.996 / recall@50 0.992 at
+#   ~1 ms; 256 -> 0.999 at ~2.4 ms. Exact scan ~1.8 ms. Connectivity 16 is a little
+#   worse (0.985 / 0.995 at 64 / 128).
+# * Uniformly random 384-d unit vectors (no structure: the worst case) at 100k need
+#   expansion_search ~2048 with connectivity 32 for recall@10 0.95 (~0.79 with
+#   connectivity 16), several times slower than an exact scan. Real embeddings
+#   are far easier; the defaults are tuned for them.
+DEFAULT_CONNECTIVITY = 32
 DEFAULT_EXPANSION_ADD = 128
 DEFAULT_EXPANSION_SEARCH = 128
 # Up to this many vectors, search scans every stored vector exactly (usearch's
-# SIMD brute force: ~1.3 ms per query at 10k x 384, perfect recall); above it,
-# the HNSW graph (always maintained) is walked instead.
+# SIMD brute force: ~1 ms per query at 10k x 384, 1.8-2.6 ms at 20k; perfect
+# recall); above it, the HNSW graph (always maintained) is walked instead.
 DEFAULT_EXACT_THRESHOLD = 10_000
 
 _OVERSAMPLE = 4

@@ -159,6 +159,7 @@ class MiniLMEmbedder:
         device: str | None = None,
         model_dir: str | os.PathLike[str] | None = None,
         package: str = _MINILM_PACKAGE,
+        num_threads: int | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
@@ -169,7 +170,14 @@ class MiniLMEmbedder:
         self._device_pref = device
         self._model_dir_override = Path(model_dir) if model_dir is not None else None
         self._package = package
+        # torch's intra-op thread count is process-wide; None leaves it alone.
+        # On an oversubscribed CPU, 1 thread is far faster than several (the
+        # OpenMP workers spin waiting for each other's time slices).
+        self.num_threads = num_threads
         self._lock = threading.Lock()
+        # HF fast tokenizers are not safe to call concurrently with padding /
+        # truncation ("RuntimeError: Already borrowed"); the forward pass is.
+        self._tokenizer_lock = threading.Lock()
         self._tokenizer: Any = None
         self._model: Any = None
         self._torch: Any = None
@@ -211,6 +219,8 @@ class MiniLMEmbedder:
                     f"torch/transformers could not be imported ({exc}). "
                     f"Install with: {INSTALL_HINT}"
                 ) from exc
+            if self.num_threads is not None:
+                torch.set_num_threads(max(1, int(self.num_threads)))
             device = self._device_pref or ("cuda" if torch.cuda.is_available() else "cpu")
             try:
                 with _quiet_transformers():
@@ -257,13 +267,14 @@ class MiniLMEmbedder:
 
     def _embed_batch(self, batch: list[str]) -> np.ndarray:
         torch = self._torch
-        enc = self._tokenizer(
-            batch,
-            padding=True,
-            truncation=True,
-            max_length=self.max_length,
-            return_tensors="pt",
-        )
+        with self._tokenizer_lock:
+            enc = self._tokenizer(
+                batch,
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                return_tensors="pt",
+            )
         enc = {k: v.to(self.device) for k, v in enc.items()}
         with torch.inference_mode():
             hidden = self._model(**enc).last_hidden_state  # (b, t, 384)

@@ -20,10 +20,17 @@ from amfs_server.core.embedding import (
 
 
 @pytest.fixture(scope="module")
-def minilm() -> MiniLMEmbedder:
+def minilm():
+    # One torch thread for this module: on a shared, oversubscribed CPU a
+    # multi-threaded forward pass is ~50x slower (spinning OpenMP workers).
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     embedder = load_embedder()
     assert isinstance(embedder, MiniLMEmbedder)
-    return embedder.load()
+    yield embedder.load()
+    torch.set_num_threads(threads)
 
 
 def cos(a: np.ndarray, b: np.ndarray) -> float:
@@ -63,7 +70,7 @@ def test_paraphrase_closer_than_unrelated(minilm: MiniLMEmbedder) -> None:
 def test_order_preserved_with_mixed_lengths(minilm: MiniLMEmbedder) -> None:
     texts = [
         "short",
-        "a considerably longer sentence about database connection pooling and timeouts " * 3,
+        "a considerably longer sentence about database connection pooling, timeouts and retries",
         "mid length text about retries",
         "",
         "x",
@@ -165,3 +172,13 @@ def test_embedding_text_is_capped() -> None:
     text = embedding_text("a", "b", "word " * 5000)
     assert len(text) <= emb_mod.MAX_EMBEDDING_TEXT_CHARS
     assert text.startswith("a b: word")
+
+
+def test_concurrent_embed_calls(minilm: MiniLMEmbedder) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts = [f"note number {i} about caching layer {i % 3}" for i in range(12)]
+    expected = minilm.embed(texts)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda i: minilm.embed(texts[i : i + 3]), range(0, 12, 3)))
+    np.testing.assert_allclose(np.concatenate(results), expected, atol=1e-4)
