@@ -31,6 +31,8 @@ from typing import Any, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from .errors import StoreError
+
 __all__ = [
     "Embedder",
     "EmbedderUnavailableError",
@@ -51,8 +53,11 @@ DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
 MAX_EMBEDDING_TEXT_CHARS = 2000
 
 
-class EmbedderUnavailableError(Exception):
-    """The embedding model (or torch/transformers) is not installed or not loadable."""
+class EmbedderUnavailableError(StoreError):
+    """The embedding model (or torch/transformers) is not installed or not loadable.
+
+    A domain error, so MCP clients get its install hint as a tool error instead of an internal error.
+    """
 
 
 @runtime_checkable
