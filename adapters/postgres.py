@@ -644,6 +644,24 @@ class PostgresStore:
         rows = await self._read(lambda conn: conn.fetch(sql, *params.values))
         return [(_row_to_entry(row, with_embedding=False), float(row["score"])) for row in rows]
 
+    async def common_terms(self, terms: list[str], max_matches: int) -> set[str]:
+        async def count(conn: Any) -> set[str]:
+            common = set()
+            for term in terms:
+                query_text = _tsquery_text([term])
+                if not query_text:
+                    continue
+                matches = await conn.fetchval(
+                    "SELECT count(*) FROM (SELECT 1 FROM entries WHERE is_current "
+                    "AND search_tsv @@ to_tsquery('english'::regconfig, $1) LIMIT $2) AS bounded",
+                    query_text, max_matches + 1,
+                )
+                if matches > max_matches:
+                    common.add(term)
+            return common
+
+        return await self._read(count)
+
     async def semantic_candidates(
         self, vector: list[float], flt: EntryFilter, now: datetime, limit: int
     ) -> list[tuple[MemoryEntry, float]]:

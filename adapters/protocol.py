@@ -116,6 +116,10 @@ class MemoryStore(Protocol):
         """
         ...
 
+    async def common_terms(self, terms: list[str], max_matches: int) -> set[str]:
+        """The terms that match more than `max_matches` current entries (counted with a bound, so it stays cheap)."""
+        ...
+
     async def semantic_candidates(
         self, vector: list[float], flt: EntryFilter, now: datetime, limit: int
     ) -> list[tuple[MemoryEntry, float]]:

@@ -548,6 +548,22 @@ class SQLiteStore:
 
         return await self._run(fetch)
 
+    async def common_terms(self, terms: list[str], max_matches: int) -> set[str]:
+        def count() -> set[str]:
+            conn = self._connection()
+            common = set()
+            for term in terms:
+                # LIMIT lets FTS5 stop walking the term's doclist early: cost is bounded by max_matches.
+                matches = conn.execute(
+                    "SELECT count(*) FROM (SELECT 1 FROM entries_fts WHERE entries_fts MATCH ? LIMIT ?)",
+                    ('"' + term.replace('"', "") + '"', max_matches + 1),
+                ).fetchone()[0]
+                if matches > max_matches:
+                    common.add(term)
+            return common
+
+        return await self._run(count)
+
     async def semantic_candidates(
         self, vector: list[float], flt: EntryFilter, now: datetime, limit: int
     ) -> list[tuple[MemoryEntry, float]]:

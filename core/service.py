@@ -66,6 +66,10 @@ class ServiceConfig:
     # Keyword hits scoring below this fraction of the best hit match only incidental words of the
     # question; they are dropped so they cannot outvote the semantic ranking.
     keyword_min_relative_score: float = 0.7
+    # A word found in more entries than this says little about any one of them (its IDF is near zero), and
+    # scoring every entry it matches is what makes keyword search slow at scale: such words are left to
+    # semantic search.
+    keyword_max_term_matches: int = 1000
 
 
 class MemoryService:
@@ -304,7 +308,7 @@ class MemoryService:
         # Both searches always run: together they form the pool that every strategy ranks.
         semantic, keyword = await asyncio.gather(
             self._semantic_candidates(query, flt, now, pool_size),
-            self.store.keyword_candidates(keyword_terms(query), flt, now, pool_size),
+            self._keyword_candidates(query, flt, now, pool_size),
         )
         if keyword:
             cutoff = keyword[0][1] * self.config.keyword_min_relative_score
@@ -330,6 +334,16 @@ class MemoryService:
             results.append(RetrievedEntry(entry, score, rank, hits if explain else None))
         await self._track(actor, "retrieve", returned, now, details)
         return results
+
+    async def _keyword_candidates(
+        self, query: str, flt: EntryFilter, now: datetime, pool_size: int
+    ) -> list[tuple[MemoryEntry, float]]:
+        terms = keyword_terms(query)
+        if not terms:
+            return []
+        common = await self.store.common_terms(terms, self.config.keyword_max_term_matches)
+        distinctive = [term for term in terms if term not in common]
+        return await self.store.keyword_candidates(distinctive, flt, now, pool_size) if distinctive else []
 
     async def _semantic_candidates(
         self, query: str, flt: EntryFilter, now: datetime, pool_size: int

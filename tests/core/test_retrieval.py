@@ -180,3 +180,14 @@ async def test_expired_entries_never_come_back(rsvc: MemoryService, actor: Actor
     real_now = service_module.utcnow
     monkeypatch.setattr(service_module, "utcnow", lambda: real_now() + timedelta(minutes=5))
     assert await rsvc.retrieve(actor, "deploy freeze") == []
+
+
+async def test_words_common_to_most_entries_are_left_to_semantic_search(store, actor: Actor) -> None:
+    svc = MemoryService(store, ServiceConfig(keyword_max_term_matches=3))
+    await svc.open()
+    for n in range(5):
+        await svc.write(actor, WriteRequest("svc", f"note-{n}", f"the service handles request type {n}"))
+    await svc.write(actor, WriteRequest("svc", "rare", "the service rejects ERR_QUOTA_7 requests"))
+    assert await store.common_terms(["service", "err_quota_7"], 3) == {"service"}
+    results = await svc.retrieve(actor, "service ERR_QUOTA_7", explain=True)
+    assert [r.entry.key for r in results if "keyword" in r.strategies] == ["rare"]
