@@ -8,18 +8,14 @@ behind a lock so the event loop never blocks on disk.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sqlite3
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from ..core.errors import StoreError, ValidationError
+from ..core.errors import ValidationError
 from ..core.models import (
     Actor,
     EntryFilter,
@@ -36,11 +32,9 @@ from ..core.models import (
     TraceKind,
 )
 from .protocol import OutcomeTarget, StoreSnapshot, TierUpdate
+from .sqlite_base import SQLiteDatabase, _dt, _ts
 from .vector_index import VectorIndex
 
-T = TypeVar("T")
-
-BUSY_TIMEOUT_MS = 60_000
 
 # Each entry is one migration step; the schema version is its 1-based position.
 MIGRATIONS: list[str] = [
@@ -123,14 +117,6 @@ _SORT_SQL: dict[str, str] = {
 }
 
 
-def _ts(moment: datetime | None) -> float | None:
-    return None if moment is None else moment.timestamp()
-
-
-def _dt(seconds: float | None) -> datetime | None:
-    return None if seconds is None else datetime.fromtimestamp(seconds, tz=timezone.utc)
-
-
 def encode_embedding(embedding: list[float] | None) -> bytes | None:
     if embedding is None:
         return None
@@ -180,86 +166,20 @@ def _row_to_entry(row: sqlite3.Row, with_embedding: bool = True) -> MemoryEntry:
     )
 
 
-class SQLiteStore:
+class SQLiteStore(SQLiteDatabase):
     """MemoryStore on one SQLite file (`<data_dir>/amfs.db`)."""
 
     name = "sqlite"
+    MIGRATIONS = MIGRATIONS
+    DESCRIPTION = "SQLite store"
+    LOCATION_HINT = "set AMFS_DATA_DIR"
 
     def __init__(self, path: Path | str) -> None:
-        self.path = Path(path)
-        self._conn: sqlite3.Connection | None = None
-        self._lock = threading.RLock()
+        super().__init__(path)
         self._vectors = VectorSync(self.path.with_suffix(".vectors.usearch"))
 
-    # -- plumbing ---------------------------------------------------------------------------
-
-    async def open(self) -> None:
-        await asyncio.to_thread(self._open_sync)
-
-    def _open_sync(self) -> None:
-        if self._conn is not None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
-            conn.row_factory = sqlite3.Row
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
-            conn.execute("PRAGMA foreign_keys = ON")
-            self._conn = conn
-            self._migrate()
-        except sqlite3.DatabaseError as error:
-            self._conn = None
-            raise StoreError(f"Cannot open the SQLite store at {self.path}: {error}. Check the file or set AMFS_DATA_DIR.") from error
-
-    def _migrate(self) -> None:
-        with self._transaction() as conn:
-            current = conn.execute("PRAGMA user_version").fetchone()[0]
-            if current > len(MIGRATIONS):
-                raise StoreError(
-                    f"The store at {self.path} has schema version {current}, newer than this amfs-server "
-                    f"({len(MIGRATIONS)}). Upgrade amfs-server."
-                )
-            for number, script in enumerate(MIGRATIONS[current:], start=current + 1):
-                for statement in script.split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
-                conn.execute(f"PRAGMA user_version = {number}")
-
-    async def close(self) -> None:
-        def close_sync() -> None:
-            with self._lock:
-                if self._conn is not None:
-                    self._vectors.save()
-                    self._conn.close()
-                    self._conn = None
-
-        await asyncio.to_thread(close_sync)
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        conn = self._connection()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        else:
-            conn.execute("COMMIT")
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            raise StoreError("The SQLite store is not open; call `await store.open()` first.")
-        return self._conn
-
-    async def _run(self, fn: Callable[[], T]) -> T:
-        def locked() -> T:
-            with self._lock:
-                return fn()
-
-        return await asyncio.to_thread(locked)
+    def _before_close(self) -> None:
+        self._vectors.save()
 
     # -- entries ----------------------------------------------------------------------------
 

@@ -6,21 +6,15 @@ around every change, one connection used from worker threads behind a lock, `use
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sqlite3
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import datetime
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from ..core.errors import StoreError, ValidationError
+from ..core.errors import ValidationError
 from ..core.learning import Interaction, LearningSnapshot, Pattern, Preference, PreferenceChange
-from .sqlite import BUSY_TIMEOUT_MS, _dt, _ts
+from .sqlite_base import SQLiteDatabase, _dt, _ts
 
-T = TypeVar("T")
 
 MIGRATIONS: list[str] = [
     """
@@ -130,88 +124,14 @@ def _with_times(row: tuple[Any, ...], *indexes: int) -> tuple[Any, ...]:
     return tuple(_ts(value) if index in indexes else value for index, value in enumerate(row))
 
 
-class SQLiteLearningStore:
+class SQLiteLearningStore(SQLiteDatabase):
     """LearningStore on one SQLite file."""
 
     name = "sqlite"
+    MIGRATIONS = MIGRATIONS
+    DESCRIPTION = "SQLite learning store"
+    LOCATION_HINT = "set learning.storage.path (AMFS_LEARNING_PATH)"
 
-    def __init__(self, path: Path | str) -> None:
-        self.path = Path(path)
-        self._conn: sqlite3.Connection | None = None
-        self._lock = threading.RLock()
-
-    # -- plumbing ---------------------------------------------------------------------------
-
-    async def open(self) -> None:
-        await asyncio.to_thread(self._open_sync)
-
-    def _open_sync(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                return
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
-                                       timeout=BUSY_TIMEOUT_MS / 1000)
-                conn.row_factory = sqlite3.Row
-                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-                conn.execute("PRAGMA journal_mode = WAL")
-                conn.execute("PRAGMA synchronous = NORMAL")
-                self._conn = conn
-                self._migrate()
-            except sqlite3.DatabaseError as error:
-                self._conn = None
-                raise StoreError(
-                    f"Cannot open the SQLite learning store at {self.path}: {error}. Check the file or set "
-                    "learning.storage.path (AMFS_LEARNING_PATH)."
-                ) from error
-
-    def _migrate(self) -> None:
-        with self._transaction() as conn:
-            current = conn.execute("PRAGMA user_version").fetchone()[0]
-            if current > len(MIGRATIONS):
-                raise StoreError(
-                    f"The learning store at {self.path} has schema version {current}, newer than this amfs-server "
-                    f"({len(MIGRATIONS)}). Upgrade amfs-server."
-                )
-            for number, script in enumerate(MIGRATIONS[current:], start=current + 1):
-                for statement in script.split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
-                conn.execute(f"PRAGMA user_version = {number}")
-
-    async def close(self) -> None:
-        def close_sync() -> None:
-            with self._lock:
-                if self._conn is not None:
-                    self._conn.close()
-                    self._conn = None
-
-        await asyncio.to_thread(close_sync)
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        conn = self._connection()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        else:
-            conn.execute("COMMIT")
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            raise StoreError("The SQLite learning store is not open; call `await store.open()` first.")
-        return self._conn
-
-    async def _run(self, fn: Callable[[], T]) -> T:
-        def locked() -> T:
-            with self._lock:
-                return fn()
-
-        return await asyncio.to_thread(locked)
 
     # -- interactions and preferences -------------------------------------------------------
 

@@ -1,0 +1,118 @@
+"""SQLite plumbing shared by the embedded stores: one file in WAL mode, `user_version` migrations,
+`BEGIN IMMEDIATE` transactions, and one connection used from worker threads behind a lock (so the
+event loop never blocks on disk and concurrent writers in other processes serialise)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TypeVar
+
+from ..core.errors import StoreError
+
+T = TypeVar("T")
+
+BUSY_TIMEOUT_MS = 60_000
+
+
+def _ts(moment: datetime | None) -> float | None:
+    return None if moment is None else moment.timestamp()
+
+
+def _dt(seconds: float | None) -> datetime | None:
+    return None if seconds is None else datetime.fromtimestamp(seconds, tz=timezone.utc)
+
+
+class SQLiteDatabase:
+    """Base of the SQLite stores. Subclasses set MIGRATIONS (each entry one schema step), DESCRIPTION
+    (what the file is, for messages) and LOCATION_HINT (which setting moves it)."""
+
+    MIGRATIONS: list[str] = []
+    DESCRIPTION = "SQLite store"
+    LOCATION_HINT = "set AMFS_DATA_DIR"
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.RLock()
+
+    async def open(self) -> None:
+        await asyncio.to_thread(self._open_sync)
+
+    def _open_sync(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                return
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                conn = sqlite3.connect(
+                    self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
+                )
+                conn.row_factory = sqlite3.Row
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = NORMAL")
+                conn.execute("PRAGMA foreign_keys = ON")
+                self._conn = conn
+                self._migrate()
+            except sqlite3.DatabaseError as error:
+                self._conn = None
+                raise StoreError(
+                    f"Cannot open the {self.DESCRIPTION} at {self.path}: {error}. Check the file or {self.LOCATION_HINT}."
+                ) from error
+
+    def _migrate(self) -> None:
+        with self._transaction() as conn:
+            current = conn.execute("PRAGMA user_version").fetchone()[0]
+            if current > len(self.MIGRATIONS):
+                raise StoreError(
+                    f"The {self.DESCRIPTION} at {self.path} has schema version {current}, newer than this "
+                    f"amfs-server ({len(self.MIGRATIONS)}). Upgrade amfs-server."
+                )
+            for number, script in enumerate(self.MIGRATIONS[current:], start=current + 1):
+                for statement in script.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {number}")
+
+    def _before_close(self) -> None:
+        """Hook: persist in-process state (called with the lock held, connection still open)."""
+
+    async def close(self) -> None:
+        def close_sync() -> None:
+            with self._lock:
+                if self._conn is not None:
+                    self._before_close()
+                    self._conn.close()
+                    self._conn = None
+
+        await asyncio.to_thread(close_sync)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        conn = self._connection()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        else:
+            conn.execute("COMMIT")
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError(f"The {self.DESCRIPTION} is not open; call `await store.open()` first.")
+        return self._conn
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        def locked() -> T:
+            with self._lock:
+                return fn()
+
+        return await asyncio.to_thread(locked)
