@@ -39,6 +39,7 @@ import math
 import random
 import re
 import shlex
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import Any, TypeVar
@@ -320,6 +321,19 @@ def _filter_sql(flt: EntryFilter, now: datetime, params: _Params) -> list[str]:
     return clauses
 
 
+TERM_STATS_TTL_S = 60.0
+_TERM_STATS_SQL = (
+    "SELECT e.lexeme, e.freq * c.reltuples AS matches FROM pg_stats s "
+    "JOIN pg_class c ON c.oid = to_regclass(quote_ident(s.schemaname) || '.entries') "
+    "CROSS JOIN LATERAL unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs) AS e(lexeme, freq) "
+    "WHERE s.schemaname = $1 AND s.tablename = 'entries' AND s.attname = 'search_tsv'"
+)
+# A one-word tsquery renders as 'lexeme' (quoted): strip the quotes to compare with most_common_elems.
+_LEXEME_SQL = (
+    "SELECT term, btrim(to_tsquery('english'::regconfig, term)::text, '''') AS lexeme FROM unnest($1::text[]) AS term"
+)
+
+
 class PostgresStore:
     """MemoryStore on PostgreSQL with pgvector; see the module docstring for the design."""
 
@@ -337,6 +351,7 @@ class PostgresStore:
         if int(embedding_dimension) < 1:
             raise StoreError(f"embedding_dimension must be >= 1, got {embedding_dimension}")
         self.dsn = dsn
+        self._term_stats: tuple[float, dict[str, float]] | None = None
         self.schema = schema
         self.embedding_dimension = int(embedding_dimension)
         self._pool: Any | None = None
@@ -645,22 +660,20 @@ class PostgresStore:
         return [(_row_to_entry(row, with_embedding=False), float(row["score"])) for row in rows]
 
     async def common_terms(self, terms: list[str], max_matches: int) -> set[str]:
-        async def count(conn: Any) -> set[str]:
-            common = set()
-            for term in terms:
-                query_text = _tsquery_text([term])
-                if not query_text:
-                    continue
-                matches = await conn.fetchval(
-                    "SELECT count(*) FROM (SELECT 1 FROM entries WHERE is_current "
-                    "AND search_tsv @@ to_tsquery('english'::regconfig, $1) LIMIT $2) AS bounded",
-                    query_text, max_matches + 1,
-                )
-                if matches > max_matches:
-                    common.add(term)
-            return common
-
-        return await self._read(count)
+        """From the planner's statistics (`pg_stats.most_common_elems` of `search_tsv`, kept by ANALYZE and
+        autovacuum), cached for a minute: counting matches per term would walk each term's whole GIN posting list."""
+        if self._term_stats is None or time.monotonic() - self._term_stats[0] > TERM_STATS_TTL_S:
+            rows = await self._read(lambda conn: conn.fetch(_TERM_STATS_SQL, self.schema))
+            if not rows:  # never analysed yet (a new or freshly loaded table): gather the statistics once
+                await self._read(lambda conn: conn.execute("ANALYZE entries"))
+                rows = await self._read(lambda conn: conn.fetch(_TERM_STATS_SQL, self.schema))
+            self._term_stats = (time.monotonic(), {row["lexeme"]: float(row["matches"]) for row in rows})
+        counts = self._term_stats[1]
+        searchable = [term for term in terms if _tsquery_text([term])]
+        if not counts or not searchable:
+            return set()
+        lexemes = await self._read(lambda conn: conn.fetch(_LEXEME_SQL, searchable))
+        return {row["term"] for row in lexemes if counts.get(row["lexeme"], 0.0) > max_matches}
 
     async def semantic_candidates(
         self, vector: list[float], flt: EntryFilter, now: datetime, limit: int
