@@ -10,4 +10,4 @@ if ! bash scripts/ensure_postgres.sh; then
   echo "!!! PostgreSQL with pgvector could not be made available: the [postgres] tests will be SKIPPED !!!" >&2
 fi
 export OMP_WAIT_POLICY=PASSIVE
-exec python -m pytest "$@"
+exec python -m pytest tests "$@"
