@@ -8,24 +8,12 @@ from __future__ import annotations
 
 import os
 import uuid
-from pathlib import Path
 from collections.abc import AsyncIterator
 
 import pytest
 
 from amfs_server.core.models import Actor
 from amfs_server.core.service import MemoryService, ServiceConfig
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    """The repository root is the `amfs_server` package itself (its __init__.py uses relative imports):
-    collect it as a plain directory, or pytest would import it under a name made from the checkout's folder."""
-    if path == REPO_ROOT:
-        return pytest.Dir.from_parent(parent, path=path)
-    return None
-
 
 POSTGRES_DSN = os.environ.get("AMFS_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 _postgres_problem: list[str] = []
