@@ -24,6 +24,8 @@ from ..core.service import MemoryService
 from ..tools import ActorResolver, register_tools
 from ..ml.service import MLService
 from ..tools.learning_tools import register_learning_tools
+from ..tools.answer_tools import register_answer_tools
+from ..session_bench.worker import LMWorker
 from ..tools.ml_tools import register_ml_tools
 from .auth import (
     ApiKey,
@@ -56,6 +58,7 @@ def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence
     keys = parse_api_keys(settings.api_keys) if api_keys is None else list(api_keys)
     learning = build_learning_service(settings) if settings.learning.enabled else None
     ml = MLService(service, settings.ml_model_dir)
+    worker = LMWorker(settings.lm_backbone) if settings.lm_backbone else None  # off unless configured; loads lazily
 
     @asynccontextmanager
     async def lifespan(_: FastMCP) -> AsyncIterator[dict[str, Any]]:
@@ -71,6 +74,8 @@ def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence
                 await warm_up  # never raises: warm() logs its own failure
             if learning is not None:
                 await learning.close()
+            if worker is not None:
+                await asyncio.to_thread(worker.close)  # waits for an answer in progress
             await service.close()
 
     mcp = FastMCP(
@@ -88,6 +93,8 @@ def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence
     register_ml_tools(mcp, ml, actors)
     if learning is not None:
         register_learning_tools(mcp, learning, actors)
+    if worker is not None:
+        register_answer_tools(mcp, service, worker, actors)
     return mcp
 
 

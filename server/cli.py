@@ -41,11 +41,11 @@ def _run_with_service(fn: Callable[[MemoryService], Awaitable[T]], embedder: boo
         raise click.ClickException(str(error)) from None
 
 
-def _settings_with_learning(**flags: bool | None) -> tuple[Settings, Path | None]:
+def _settings_with_learning(lm_backbone: str | None = None, **flags: bool | None) -> tuple[Settings, Path | None]:
     """Settings in force: environment, the config file's `learning:` section, then `flags` (None: not given)."""
     try:
         learning, source = load_learning_settings(**flags)
-        return load_settings(learning=learning), source
+        return load_settings(learning=learning, lm_backbone=lm_backbone), source
     except AmfsError as error:
         raise click.ClickException(str(error)) from None
 
@@ -87,14 +87,17 @@ def cli(ctx: click.Context) -> None:
 @click.option("--no-learning", is_flag=True, help="Record no interactions and learn nothing (learning.enabled: false).")
 @click.option("--no-preference-learning", is_flag=True, help="Learn no preferences from tool calls.")
 @click.option("--no-pattern-detection", is_flag=True, help="Detect no usage patterns.")
+@click.option("--lm-backbone", default=None,
+              help="Serve amfs_answer with this local LM (smollm2, qwen2.5-1.5b, a model directory); AMFS_LM_BACKBONE.")
 def serve(
     transport: str, host: str, port: int, no_learning: bool = False, no_preference_learning: bool = False,
-    no_pattern_detection: bool = False,
+    no_pattern_detection: bool = False, lm_backbone: str | None = None,
 ) -> None:
     """Serve the amfs_* MCP tools over stdio, SSE (/sse) or streamable HTTP (/mcp)."""
     from .app import run_server
 
     settings, _ = _settings_with_learning(
+        lm_backbone=lm_backbone,
         enabled=False if no_learning else None,
         preference_learning=False if no_preference_learning else None,
         pattern_detection=False if no_pattern_detection else None,
@@ -283,6 +286,7 @@ def _bench_command(name: str, module: str, summary: str) -> None:
 _bench_command("retrieval", "retrieval_bench", "Retrieval quality (`quality`) or latency/ingest at scale (`scale`).")
 _bench_command("ml", "ml_bench", "Outcome simulator: learned vs fixed fusion, calibrator recovery.")
 _bench_command("mcp-latency", "mcp_latency", "Round-trip latency of amfs_write / amfs_retrieve over stdio and HTTP.")
+_bench_command("session", "session_bench", "Five-mode session benchmark: full history, RAG text, prefix injection.")
 
 
 def main(argv: list[str] | None = None) -> Any:

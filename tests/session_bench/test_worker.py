@@ -1,0 +1,140 @@
+"""The LM worker and amfs_answer: off unless configured, lazy, off the event loop, cached compiles, clear errors."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+from fastmcp import Client
+
+from amfs_server.core.models import Actor
+from amfs_server.core.service import WriteRequest
+from amfs_server.server.app import create_app
+from amfs_server.server.composition import build_service
+from amfs_server.server.settings import load_settings
+from amfs_server.session_bench.worker import BackboneError, LMWorker
+
+FACTS = [
+    ("user/profile", "code_editor", "The user's code editor is Neovim."),
+    ("user/profile", "dog_name", "The user's dog is named Biscuit."),
+    ("user/profile", "project_database", "The user's project database is PostgreSQL."),
+    ("team/infra", "cache", "The team's cache is Redis."),
+]
+ACTOR = Actor("test-agent", "test-session")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+async def service(tmp_path):
+    svc = build_service(load_settings({}, data_dir=tmp_path, embedder="none"))
+    await svc.open()
+    await svc.write_many(ACTOR, [WriteRequest(*fact) for fact in FACTS])
+    yield svc
+    await svc.close()
+
+
+@pytest.fixture
+def worker():
+    w = LMWorker("tiny-random-qwen2", device="cpu")
+    yield w
+    w.close()
+
+
+async def test_worker_loads_lazily_and_reuses_compiled_memories(service, worker):
+    assert not worker.loaded and worker.thread_id is None
+    first = await worker.answer(service, ACTOR, "What is the user's dog named?", "prefix", "user/profile", 3)
+    assert worker.loaded and first.load_ms > 0
+    assert first.memories and all(e.entity_path == "user/profile" for e in first.memories)
+    assert first.compiled_now == len(first.memories) and first.metrics.prefix_tokens > 0
+    again = await worker.answer(service, ACTOR, "What is the user's dog named?", "hybrid", "user/profile", 3)
+    assert again.load_ms == 0 and again.compiled_now == 0  # same entry versions: the compiled caches are reused
+    assert again.metrics.input_tokens > first.metrics.input_tokens  # hybrid adds the top memory as text
+    full = await worker.answer(service, ACTOR, "What is the user's dog named?", "full", "user/profile", 3)
+    assert {e.key for e in full.memories} == {"code_editor", "dog_name", "project_database"}
+    assert full.metrics.prefix_tokens == 0
+
+
+async def test_answer_runs_in_one_worker_thread_while_the_event_loop_keeps_ticking(service, worker):
+    await worker.load()
+    loop_thread = threading.get_ident()
+    ticked = threading.Event()
+    forward_threads: set[int] = set()
+    waits: list[bool] = []
+
+    def pre_forward(module, args):
+        forward_threads.add(threading.get_ident())
+        # Each forward pass waits (bounded) for the loop to tick: on the loop it would wait in vain.
+        waits.append(ticked.wait(timeout=10))
+
+    handle = worker.backbone.model.register_forward_pre_hook(pre_forward)
+    try:
+        task = asyncio.ensure_future(worker.answer(service, ACTOR, "What is the user's code editor?", "prefix",
+                                                   max_new_tokens=4))
+        ticks = 0
+        while not task.done():
+            ticks += 1
+            if ticks >= 3:
+                ticked.set()
+            await asyncio.sleep(0)
+        result = await task
+    finally:
+        handle.remove()
+    assert ticks >= 3 and waits and all(waits)
+    assert forward_threads == {worker.thread_id} and loop_thread not in forward_threads
+    assert result.metrics.new_tokens >= 1
+
+
+async def test_unknown_backbone_is_a_domain_error_naming_the_fix(service, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    worker = LMWorker("amfs-test/no-such-model", device="cpu")
+    try:
+        with pytest.raises(BackboneError, match="nothing is downloaded"):
+            await worker.answer(service, ACTOR, "What is the user's dog named?")
+        assert not worker.loaded
+    finally:
+        worker.close()
+
+
+async def test_amfs_answer_is_off_unless_a_backbone_is_configured(tmp_path):
+    settings = load_settings({}, data_dir=tmp_path, embedder="none")
+    async with Client(create_app(build_service(settings), settings)) as client:
+        assert "amfs_answer" not in {tool.name for tool in await client.list_tools()}
+
+
+async def test_amfs_answer_returns_the_answer_with_the_modes_metrics(tmp_path):
+    settings = load_settings({}, data_dir=tmp_path, embedder="none", lm_backbone="tiny-random-qwen2")
+    async with Client(create_app(build_service(settings), settings)) as client:
+        tools = {tool.name: tool for tool in await client.list_tools()}
+        assert tools["amfs_answer"].annotations.read_only_hint is True
+        for entity_path, key, value in FACTS:
+            await client.call_tool("amfs_write", {"entity_path": entity_path, "key": key, "value": value})
+        result = await client.call_tool("amfs_answer", {"query": "What is the user's project database?",
+                                                        "entity_path": "user/profile", "max_new_tokens": 3})
+        answer = result.structured_content
+        assert answer["mode"] == "prefix" and answer["backbone"].startswith("tiny-random-qwen2")
+        assert isinstance(answer["answer"], str)
+        assert answer["memories"][0]["rank"] == 1 and answer["memories"][0]["entry_key"].startswith("user/profile/")
+        metrics = answer["metrics"]
+        assert metrics["prefix_tokens"] > 0 and metrics["input_tokens"] > 0 and metrics["load_ms"] > 0
+        assert {"retrieve_ms", "compile_ms", "ttft_ms", "generate_ms", "new_tokens"} <= set(metrics)
+        text = (await client.call_tool("amfs_answer", {"query": "What is the user's project database?",
+                                                       "mode": "text", "max_new_tokens": 2})).structured_content
+        assert text["metrics"]["prefix_tokens"] == 0 and text["metrics"]["load_ms"] == 0
+
+
+async def test_amfs_answer_with_an_unknown_backbone_is_a_tool_error_with_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    settings = load_settings({}, data_dir=tmp_path, embedder="none", lm_backbone="amfs-test/no-such-model")
+    async with Client(create_app(build_service(settings), settings)) as client:
+        result = await client.call_tool("amfs_answer", {"query": "anything?"}, raise_on_error=False)
+    assert result.is_error
+    assert "nothing is downloaded" in result.content[0].text and "--lm-backbone smollm2" in result.content[0].text
