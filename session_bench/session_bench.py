@@ -373,8 +373,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
     p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help="memories given to the retrieval modes")
-    p.add_argument("--key-scale", type=float, default=1.0,
-                   help="prefix modes: multiply the keys of memories after the top-1 (below 1 trusts the top-1 more)")
+    p.add_argument("--key-scale", type=float, default=None,
+                   help="prefix modes: multiply the keys of memories after the top-1 (below 1 trusts the top-1 "
+                        "more; default 0.8, 1.0 = plain concatenation)")
     p.add_argument("--embedder", default=DEFAULT_EMBEDDER, help="all-MiniLM-L6-v2 (default) or none")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--out", type=Path, default=None, help="report directory (default reports/session/<backbone>-n<N>)")
@@ -408,7 +409,8 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Embedder | None]:
         from ..core.embedding import load_embedder
 
         embedder = load_embedder(args.embedder)
-    return backbone, MemoryCompiler(backbone, key_scale=args.key_scale), embedder
+    scale = {} if args.key_scale is None else {"key_scale": args.key_scale}
+    return backbone, MemoryCompiler(backbone, **scale), embedder
 
 
 def _warm_up(backbone: Any, compiler: Any) -> None:
