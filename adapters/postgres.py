@@ -321,10 +321,13 @@ def _filter_sql(flt: EntryFilter, now: datetime, params: _Params) -> list[str]:
     return clauses
 
 
-TERM_STATS_TTL_S = 60.0
+TERM_STATS_TTL_S = 10.0
+# Element frequencies come from the last ANALYZE; the row count from the live statistics, so a table that grew
+# since (a bulk load before autovacuum's next ANALYZE) is not under-counted.
 _TERM_STATS_SQL = (
-    "SELECT e.lexeme, e.freq * c.reltuples AS matches FROM pg_stats s "
+    "SELECT e.lexeme, e.freq * greatest(t.n_live_tup, c.reltuples) AS matches FROM pg_stats s "
     "JOIN pg_class c ON c.oid = to_regclass(quote_ident(s.schemaname) || '.entries') "
+    "JOIN pg_stat_user_tables t ON t.relid = c.oid "
     "CROSS JOIN LATERAL unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs) AS e(lexeme, freq) "
     "WHERE s.schemaname = $1 AND s.tablename = 'entries' AND s.attname = 'search_tsv'"
 )
@@ -661,7 +664,7 @@ class PostgresStore:
 
     async def common_terms(self, terms: list[str], max_matches: int) -> set[str]:
         """From the planner's statistics (`pg_stats.most_common_elems` of `search_tsv`, kept by ANALYZE and
-        autovacuum), cached for a minute: counting matches per term would walk each term's whole GIN posting list."""
+        autovacuum), cached for ten seconds: counting matches per term would walk each term's whole GIN posting list."""
         if self._term_stats is None or time.monotonic() - self._term_stats[0] > TERM_STATS_TTL_S:
             rows = await self._read(lambda conn: conn.fetch(_TERM_STATS_SQL, self.schema))
             if not rows:  # never analysed yet (a new or freshly loaded table): gather the statistics once
