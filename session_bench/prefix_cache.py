@@ -157,17 +157,21 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rerotate_keys(keys: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> torch.Tensor:
+def rerotate_keys(keys: torch.Tensor, delta: int | torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """Move RoPE-rotated keys ``delta`` positions along (negative moves back).
 
     RoPE rotates each (i, i + d/2) pair by ``position * inv_freq[i]``; rotations
     compose, so a key rotated for position p becomes the key for p + delta by
-    one more rotation of ``delta * inv_freq``. Computed in float32 and cast back.
-    ``keys``: [..., seq, head_dim].
+    one more rotation of ``delta * inv_freq``. ``keys``: [..., seq, head_dim];
+    ``delta``: one shift for all, or a [seq] tensor with one per token. A zero
+    shift leaves a key bit-for-bit unchanged (cos 0 = 1, sin 0 = 0). Computed
+    in float32 and cast back.
     """
-    if delta == 0:
-        return keys
-    freqs = float(delta) * inv_freq.to(device=keys.device, dtype=torch.float32)
+    if isinstance(delta, int):
+        if delta == 0:
+            return keys
+        delta = torch.full((keys.shape[-2],), delta)
+    freqs = delta.to(device=keys.device, dtype=torch.float32)[:, None] * inv_freq.to(keys.device, torch.float32)
     emb = torch.cat((freqs, freqs), dim=-1)
     k = keys.to(torch.float32)
     return (k * emb.cos() + _rotate_half(k) * emb.sin()).to(keys.dtype)
@@ -417,23 +421,30 @@ class MemoryCompiler:
         start = time.perf_counter()
         head = self.head
         segments = [(head.memory_id, 0, head.n_tokens)]
-        per_layer_k: list[list[torch.Tensor]] = [[k] for k in head.keys]
-        per_layer_v: list[list[torch.Tensor]] = [[v] for v in head.values]
         token_ids = list(head.token_ids)
+        deltas: list[int] = []
         position = head.n_tokens
-        for i, mem in enumerate(memories):
-            delta = position - mem.base_position
-            for layer, (k, v) in enumerate(zip(mem.keys, mem.values)):
-                k = rerotate_keys(k, delta, self._inv_freq)
-                if i > 0 and scale != 1.0:
-                    k = k * scale
-                per_layer_k[layer].append(k)
-                per_layer_v[layer].append(v)
+        for mem in memories:
+            deltas.extend([position - mem.base_position] * mem.n_tokens)
             segments.append((mem.memory_id, position, position + mem.n_tokens))
             token_ids.extend(mem.token_ids)
             position += mem.n_tokens
-        keys = [torch.cat(ks, dim=1)[None] for ks in per_layer_k]
-        values = [torch.cat(vs, dim=1)[None] for vs in per_layer_v]
+        keys, values = [], []
+        if memories:
+            # One rotation per layer over all memory tokens at once: the shifts
+            # are the same in every layer, and a call per memory per layer
+            # would cost more than the prefill it replaces.
+            delta = torch.tensor(deltas)
+            first = memories[0].n_tokens
+            for layer in range(len(head.keys)):
+                k = rerotate_keys(torch.cat([m.keys[layer] for m in memories], dim=1), delta, self._inv_freq)
+                if scale != 1.0 and len(memories) > 1:
+                    k = torch.cat((k[:, :first], k[:, first:] * scale), dim=1)
+                keys.append(torch.cat((head.keys[layer], k), dim=1)[None])
+                values.append(torch.cat([head.values[layer], *(m.values[layer] for m in memories)], dim=1)[None])
+        else:
+            keys = [k[None] for k in head.keys]
+            values = [v[None] for v in head.values]
         return Prefix(keys=keys, values=values, token_ids=token_ids, layout=self.layout, segments=segments,
                       build_ms=(time.perf_counter() - start) * 1000)
 
