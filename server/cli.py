@@ -120,11 +120,9 @@ def memory_show(entity_path: str | None, limit: int) -> None:
         entries = await service.list(entity_path)
         lines = [f"Memories ({len(entries)}):"]
         for entry in entries[:limit]:
-            value = json.dumps(entry.value, ensure_ascii=False)
-            value = value if len(value) <= 80 else value[:77] + "..."
             lines.append(
                 f"- {entry.entry_key} v{entry.version} confidence={entry.confidence:.4f} "
-                f"type={entry.memory_type.value} tier={int(entry.tier)}: {value}"
+                f"type={entry.memory_type.value} tier={int(entry.tier)}: {_preview(entry.value, 80)}"
             )
         if len(entries) > limit:
             lines.append(f"... {len(entries) - limit} more (use --limit)")
@@ -134,15 +132,19 @@ def memory_show(entity_path: str | None, limit: int) -> None:
         click.echo(line)
 
 
+def _preview(value: Any, width: int) -> str:
+    """A value as one line of JSON, cut to `width` characters."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 async def _learned_lines(learning: LearningService, limit: int) -> list[str]:
     preferences = await learning.get_preferences(None)
     preferences.sort(key=lambda p: (-p.confidence, p.user_id, p.name))
     lines = [f"Learned preferences ({len(preferences)}):"]
     for p in preferences[:limit]:
-        value = json.dumps(p.value, ensure_ascii=False)
-        value = value if len(value) <= 60 else value[:57] + "..."
         lines.append(
-            f"- {p.name}: {value} (confidence: {p.confidence:.2f}, action: {p.action}, samples: {p.sample_size}, "
+            f"- {p.name}: {_preview(p.value, 60)} (confidence: {p.confidence:.2f}, action: {p.action}, samples: {p.sample_size}, "
             f"user: {p.user_id})"
         )
     if len(preferences) > limit:

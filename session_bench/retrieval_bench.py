@@ -119,6 +119,7 @@ async def run_quality(stores: list[str], out_dir: Path) -> dict[str, Any]:
                 await service.open()
                 await service.import_snapshot(snapshot)
                 table: dict[str, dict[str, float]] = {}
+                halves: dict[str, dict[str, dict[str, float]]] = {}
                 by_kind: dict[str, dict[str, dict[str, float]]] = {}
                 for name, weights in configs.items():
                     totals: list[dict[str, float]] = []
@@ -131,10 +132,12 @@ async def run_quality(stores: list[str], out_dir: Path) -> dict[str, Any]:
                         scores = score_question([r.entry.entry_key for r in results], question["gold"])
                         totals.append(scores)
                         kinds.setdefault(question["kind"], []).append(scores)
-                    table[name] = {m: statistics.fmean(s[m] for s in totals) for m in ("recall@5", "recall@10", "mrr")}
+                    table[name] = _means(totals)
+                    # The pool settings were chosen on the even-numbered questions; the odd ones are held out.
+                    halves[name] = {"even (tuning)": _means(totals[0::2]), "odd (held out)": _means(totals[1::2])}
                     by_kind[name] = {k: {"mrr": statistics.fmean(s["mrr"] for s in v), "n": len(v)} for k, v in kinds.items()}
                     log(f"[quality/{kind}] {name}: " + ", ".join(f"{m}={v:.3f}" for m, v in table[name].items()))
-                report["stores"][kind] = {"overall": table, "mrr_by_question_kind": by_kind}
+                report["stores"][kind] = {"overall": table, "halves": halves, "mrr_by_question_kind": by_kind}
             finally:
                 await close_store(store)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -144,12 +147,20 @@ async def run_quality(stores: list[str], out_dir: Path) -> dict[str, Any]:
     return report
 
 
+def _means(scores: list[dict[str, float]]) -> dict[str, float]:
+    return {m: statistics.fmean(s[m] for s in scores) for m in ("recall@5", "recall@10", "mrr")}
+
+
 def quality_markdown(report: dict[str, Any]) -> str:
     lines = [f"Retrieval quality: {report['dataset']['memories']} memories, {report['dataset']['questions']} questions\n"]
     for kind, data in report["stores"].items():
         lines += [f"### {kind}\n", "| strategy | recall@5 | recall@10 | MRR |", "| --- | --- | --- | --- |"]
         for name, row in data["overall"].items():
             lines.append(f"| {name} | {row['recall@5']:.3f} | {row['recall@10']:.3f} | {row['mrr']:.3f} |")
+        lines += ["", "| strategy | half | recall@5 | recall@10 | MRR |", "| --- | --- | --- | --- | --- |"]
+        for name, per_half in data["halves"].items():
+            for half, row in per_half.items():
+                lines.append(f"| {name} | {half} | {row['recall@5']:.3f} | {row['recall@10']:.3f} | {row['mrr']:.3f} |")
         kinds = sorted(next(iter(data["mrr_by_question_kind"].values())))
         lines += ["", "MRR by question kind:", "", "| strategy | " + " | ".join(kinds) + " |",
                   "| --- |" + " --- |" * len(kinds)]
