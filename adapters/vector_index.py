@@ -269,7 +269,8 @@ class VectorIndex:
             n = len(self._index)
             if n == 0:
                 return []
-            small = n <= self.exact_threshold
+            # Asking for the whole index is an exact scan: the graph walk can miss a few, and costs more.
+            small = n <= self.exact_threshold or k >= n
             if allowed is None:
                 return self._run(q, min(k, n), exact=small)
             seen: dict[int, bool] = {}

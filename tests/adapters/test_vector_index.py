@@ -56,16 +56,30 @@ def test_exact_answers_on_axis_vectors(make_index) -> None:
     assert idx.search(np.ones(4, np.float32), k=0) == []
 
 
-def test_matches_brute_force_on_small_fixture(make_index, data) -> None:
+def assert_matches_exact(found: list[list[int]], truth: list[list[int]], approximate: bool) -> None:
+    """The exact scan returns brute force's lists; the HNSW graph (approximate by design, and random vectors are
+    its worst case) must keep mean recall high without matching order or every neighbour."""
+    if not approximate:
+        assert found == truth
+        return
+    recall = np.mean([len(set(f) & set(t)) / len(t) for f, t in zip(found, truth)])
+    assert recall >= 0.9, f"graph recall {recall:.3f}"
+
+
+def test_matches_brute_force_on_small_fixture(make_index, data, request) -> None:
     ids, vecs, queries = data
     idx = make_index(DIM, None)
     idx.add(ids, vecs)
+    by_id = dict(zip(ids.tolist(), vecs))
+    found, truth = [], []
     for q in queries:
         hits = idx.search(q, k=10)
-        assert [h[0] for h in hits] == exact_top(vecs, ids, q, 10)
+        found.append([h[0] for h in hits])
+        truth.append(exact_top(vecs, ids, q, 10))
         sims = [h[1] for h in hits]
         assert sims == sorted(sims, reverse=True)
-        np.testing.assert_allclose(sims, np.sort(vecs @ q)[::-1][:10], atol=1e-5)
+        np.testing.assert_allclose(sims, [float(by_id[i] @ q) for i in found[-1]], atol=1e-5)
+    assert_matches_exact(found, truth, approximate=request.node.callspec.params["make_index"] == "graph")
 
 
 def test_empty_index_and_validation(make_index) -> None:
@@ -192,7 +206,7 @@ def test_open_rejects_wrong_dimension_and_garbage(make_index, tmp_path, data) ->
     assert len(broken) == 0 and broken.load_error
 
 
-def test_sync_check_and_rebuild(make_index, data) -> None:
+def test_sync_check_and_rebuild(make_index, data, request) -> None:
     ids, vecs, queries = data
     idx = make_index(DIM, None)
     idx.add(ids[:200], vecs[:200])
@@ -202,8 +216,9 @@ def test_sync_check_and_rebuild(make_index, data) -> None:
     idx.rebuild(ids, vecs)
     assert idx.in_sync(reversed(store_ids))
     assert np.array_equal(idx.ids(), ids)
-    for q in queries[:5]:
-        assert [h[0] for h in idx.search(q, 5)] == exact_top(vecs, ids, q, 5)
+    found = [[h[0] for h in idx.search(q, 5)] for q in queries]
+    truth = [exact_top(vecs, ids, q, 5) for q in queries]
+    assert_matches_exact(found, truth, approximate=request.node.callspec.params["make_index"] == "graph")
     idx.rebuild([], np.empty((0, DIM), np.float32))
     assert len(idx) == 0 and idx.in_sync([])
 
