@@ -23,7 +23,8 @@ of `entries` (copy-on-write, `is_current` marks the newest, a partial unique ind
   same ref waits for the first, finds the conflict and returns the stored record (`already_applied`).
   Deadlocks and serialisation failures (which the lock order should prevent) are retried.
 * Search: `search_tsv` is a stored generated tsvector over `search_text` with a GIN index; keyword
-  queries OR their terms (`to_tsquery('english', 'a | b')`) ranked by `ts_rank_cd`. Embeddings are
+  queries OR their terms (`to_tsquery('english', 'a | b')`), ranked by the summed IDF of the terms an entry
+  matches (`ts_rank_cd` weighs every term alike, so common words outvoted rare ones). Embeddings are
   `vector(<dimension>)` with a partial HNSW cosine index on current rows; filtered searches raise
   `hnsw.ef_search` and use pgvector 0.8's `hnsw.iterative_scan = relaxed_order` (then re-sort exactly).
 * Values keep their exact JSON text (`value_json`): jsonb would reorder object keys.
@@ -86,6 +87,7 @@ _NUL_MESSAGE = (
 )
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 _WORD = re.compile(r"[^\W_]+")
+_TOKEN = re.compile(r"\w+")
 
 # Each entry is one migration step; the schema version is its 1-based position. `{dim}` is the
 # embedding dimension, `{hnsw}` the HNSW index statement (empty when the dimension is too wide).
@@ -159,6 +161,12 @@ MIGRATIONS: list[str] = [
     # 2: what a read / retrieve trace keeps (query, strategy ranks), as exact JSON text.
     """
     ALTER TABLE trace_events ADD COLUMN detail text;
+    """,
+    # 3: every read bumps recall_count, tier and priority_score, none of them indexed: free space on each page
+    # lets PostgreSQL update the row in place (a HOT update) instead of inserting it anew into every index,
+    # the HNSW graph included. Pages written before this keep filling up; they gain room as rows move off them.
+    """
+    ALTER TABLE entries SET (fillfactor = 80);
     """,
 ]
 
@@ -281,17 +289,25 @@ def _search_text(text: str) -> str:
     return text.replace("\x00", " ")
 
 
-def _tsquery_text(terms: Iterable[str]) -> str:
-    """`["retry policy", "auth-service"]` -> `retry | policy | auth | service` (word characters only)."""
-    words: list[str] = []
-    seen: set[str] = set()
+def _tsquery_pieces(terms: Iterable[str]) -> list[str]:
+    """`["Retry policy", "ERR_LEDGER_409"]` -> `["retry", "policy", "err <-> ledger <-> 409"]`.
+
+    Words are split as SQLite's FTS5 tokenizer splits them (underscores belong to the word); PostgreSQL's
+    parser splits an identifier at its underscores, so it is searched as the phrase of its parts: ORing the
+    parts would match every entry that mentions any one of them. Word characters only, so nothing a user
+    types can change the query's structure."""
+    pieces: list[str] = []
     for term in terms:
-        for word in _WORD.findall(term or ""):
-            lowered = word.lower()
-            if lowered not in seen:
-                seen.add(lowered)
-                words.append(lowered)
-    return " | ".join(words[:MAX_QUERY_WORDS])
+        for token in _TOKEN.findall(term or ""):
+            piece = " <-> ".join(word.lower() for word in _WORD.findall(token))
+            if piece and piece not in pieces:
+                pieces.append(piece)
+    return pieces[:MAX_QUERY_WORDS]
+
+
+def _tsquery_text(terms: Iterable[str]) -> str:
+    """The OR of `_tsquery_pieces(terms)`: `retry | policy | (err <-> ledger <-> 409)`."""
+    return " | ".join(f"({piece})" if " " in piece else piece for piece in _tsquery_pieces(terms))
 
 
 class _Params:
@@ -320,6 +336,32 @@ def _filter_sql(flt: EntryFilter, now: datetime, params: _Params) -> list[str]:
         clauses.append(f"confidence >= {params.add(float(flt.min_stored_confidence))}")
     return clauses
 
+
+# Keyword ranking (see `keyword_candidates`): `pieces` are the query's words and identifier phrases as tsqueries
+# (stop words give empty ones, which match nothing); `matched` is every entry the OR query matches; each matched
+# (entry, piece) pair scores that piece's IDF. N is the table's row estimate, at least the number matched.
+_KEYWORD_SQL = """
+WITH pieces AS (
+    SELECT DISTINCT to_tsquery('english'::regconfig, p) AS piece FROM unnest({pieces}::text[]) AS p
+), matched AS MATERIALIZED (
+    SELECT row_id, written_at, search_tsv FROM entries, to_tsquery('english'::regconfig, {query}) AS query
+    WHERE search_tsv @@ query AND {filters}
+), hits AS MATERIALIZED (
+    SELECT m.row_id, p.piece FROM matched m JOIN pieces p ON m.search_tsv @@ p.piece
+), total AS (
+    SELECT greatest(max(c.reltuples), (SELECT count(*) FROM matched), 1) AS n FROM pg_class c
+    WHERE c.oid = 'entries'::regclass
+), idf AS (
+    SELECT piece, ln(1 + ((SELECT n FROM total) - count(*) + 0.5) / (count(*) + 0.5)) AS weight
+    FROM hits GROUP BY piece
+), top AS (
+    SELECT m.row_id, m.written_at, sum(idf.weight) AS score FROM hits h JOIN idf USING (piece)
+    JOIN matched m USING (row_id) GROUP BY m.row_id, m.written_at
+    ORDER BY score DESC, m.written_at DESC, m.row_id DESC LIMIT {limit}
+)
+SELECT {columns}, top.score FROM top JOIN entries USING (row_id, written_at)
+ORDER BY top.score DESC, top.written_at DESC, top.row_id DESC
+"""
 
 TERM_STATS_TTL_S = 10.0
 # Element frequencies come from the last ANALYZE; the row count from the live statistics, so a table that grew
@@ -646,20 +688,26 @@ class PostgresStore:
     async def keyword_candidates(
         self, terms: list[str], flt: EntryFilter, now: datetime, limit: int
     ) -> list[tuple[MemoryEntry, float]]:
-        """Current live entries matching ANY term (an OR tsquery), best `ts_rank_cd` first."""
+        """Current live entries matching ANY term (an OR tsquery), best first by the summed IDF of the terms
+        they match, `ln(1 + (N - df + 0.5) / (df + 0.5))` as in BM25: an entry matching a rare word outranks
+        one matching several common ones. df counts the matching entries within the filter's scope."""
         query_text = _tsquery_text(terms)
         if not query_text or limit <= 0:
             return []
         params = _Params()
         q = params.add(query_text)
+        pieces = params.add(_tsquery_pieces(terms))
         clauses = _filter_sql(flt, now, params)
-        sql = (
-            f"SELECT {_BASE_COLUMNS}, ts_rank_cd(search_tsv, query) AS score "
-            f"FROM entries, to_tsquery('english'::regconfig, {q}) AS query "
-            f"WHERE search_tsv @@ query AND {' AND '.join(clauses)} "
-            f"ORDER BY score DESC, written_at DESC, row_id DESC LIMIT {params.add(int(limit))}"
+        sql = _KEYWORD_SQL.format(
+            query=q, pieces=pieces, filters=" AND ".join(clauses), columns=_BASE_COLUMNS, limit=params.add(int(limit))
         )
-        rows = await self._read(lambda conn: conn.fetch(sql, *params.values))
+
+        async def search(conn: Any) -> list[Any]:
+            # A piece made only of stop words becomes an empty tsquery (and would print a NOTICE): it matches nothing.
+            await conn.execute("SET LOCAL client_min_messages = warning")
+            return await conn.fetch(sql, *params.values)
+
+        rows = await self._tx(search, readonly=True)
         return [(_row_to_entry(row, with_embedding=False), float(row["score"])) for row in rows]
 
     async def common_terms(self, terms: list[str], max_matches: int) -> set[str]:
@@ -720,13 +768,26 @@ class PostgresStore:
         if not reads:
             return
 
+        counts: dict[tuple[str, str, int], int] = {}
+        latest: dict[tuple[str, str, int], TierUpdate] = {}
+        for read in reads:
+            where = (read.entity_path, read.key, read.version)
+            counts[where] = counts.get(where, 0) + 1
+            latest[where] = read
+        rows = sorted(counts)
+
         async def write(conn: Any) -> None:
-            for read in sorted(reads, key=lambda r: (r.entity_path, r.key, r.version)):
-                await conn.execute(
-                    "UPDATE entries SET recall_count = recall_count + 1, tier = $1, priority_score = $2 "
-                    "WHERE entity_path = $3 AND key = $4 AND version = $5",
-                    int(read.tier), read.priority_score, read.entity_path, read.key, read.version,
-                )
+            # Read bookkeeping, not data: it need not wait for the WAL flush. A PostgreSQL crash may lose the
+            # last fraction of a second of it; it never leaves the store inconsistent.
+            await conn.execute("SET LOCAL synchronous_commit = off")
+            await conn.execute(
+                "UPDATE entries AS e SET recall_count = e.recall_count + r.times, tier = r.tier, "
+                "priority_score = r.priority FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::smallint[], "
+                "$6::float8[]) AS r(entity_path, key, version, times, tier, priority) "
+                "WHERE e.entity_path = r.entity_path AND e.key = r.key AND e.version = r.version",
+                [w[0] for w in rows], [w[1] for w in rows], [w[2] for w in rows], [counts[w] for w in rows],
+                [int(latest[w].tier) for w in rows], [latest[w].priority_score for w in rows],
+            )
             await conn.executemany(
                 _INSERT_TRACE,
                 [

@@ -161,11 +161,12 @@ def test_passwords_stay_out_of_messages() -> None:
     )
 
 
-def test_tsquery_is_an_or_of_sanitised_words() -> None:
+def test_tsquery_is_an_or_of_sanitised_words_and_identifier_phrases() -> None:
     assert pg._tsquery_text(["Retry policy", "auth-service", "retry", "x'); DROP--", "  ", "a:b*c&d|e!f"]) == (
         "retry | policy | auth | service | x | drop | a | b | c | d | e | f"
     )
-    assert pg._tsquery_text(["!!!", ""]) == ""
+    assert pg._tsquery_text(["ERR_LEDGER_409", "_max_", "ledger"]) == "(err <-> ledger <-> 409) | max | ledger"
+    assert pg._tsquery_text(["!!!", "", "__"]) == ""
 
 
 class _FakeTransaction:
@@ -551,6 +552,8 @@ async def test_migrations_upgrade_an_older_schema(pg_dsn: str, monkeypatch: pyte
         assert [r["version"] for r in rows] == list(range(1, len(pg.MIGRATIONS) + 1))
         assert await store.get_meta("kept") == [1, 2]
         assert [(t.kind, t.detail) for t in await store.trace_events()] == [("read", None)]
+        options = await _fetch(pg_dsn, f"SELECT reloptions FROM pg_class WHERE oid = '\"{schema}\".entries'::regclass")
+        assert options[0]["reloptions"] == ["fillfactor=80"]  # room on each page for in-place read bookkeeping
         await store.insert_versions([draft("svc/a", "k")], ACTOR)
         with monkeypatch.context() as patch:  # a store newer than this code refuses to open
             patch.setattr(pg, "MIGRATIONS", pg.MIGRATIONS[:1])
@@ -559,6 +562,21 @@ async def test_migrations_upgrade_an_older_schema(pg_dsn: str, monkeypatch: pyte
     finally:
         await store.drop_schema()
         await store.close()
+
+
+@pytestmark_pg
+async def test_reads_bump_each_entry_once_per_read_in_one_statement(pg_store: PostgresStore) -> None:
+    from amfs_server.adapters.protocol import TierUpdate
+
+    await pg_store.insert_versions([draft("svc/a", "k"), draft("svc/b", "k")], ACTOR)
+    reads = [TierUpdate("svc/a", "k", 1, Tier.WARM, 0.4, None), TierUpdate("svc/b", "k", 1, Tier.HOT, 0.9, None),
+             TierUpdate("svc/a", "k", 1, Tier.HOT, 0.8, None)]
+    await pg_store.record_reads(ACTOR, "read", reads, utcnow())
+    a, b = await pg_store.get_current("svc/a", "k", utcnow()), await pg_store.get_current("svc/b", "k", utcnow())
+    assert a is not None and b is not None
+    assert (a.recall_count, a.tier, a.priority_score) == (2, Tier.HOT, 0.8)  # read twice; the last read's tier
+    assert (b.recall_count, b.tier, b.priority_score) == (1, Tier.HOT, 0.9)
+    assert [t.kind for t in await pg_store.trace_events(ACTOR.session_id)] == ["write", "write", "read", "read", "read"]
 
 
 @pytestmark_pg

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from amfs_server.core.errors import ValidationError
-from amfs_server.core.models import Actor
+from amfs_server.core.models import Actor, EntryFilter, utcnow
 from amfs_server.core.retrieval import RankedList, fuse, keyword_terms, resolve_weights
 from amfs_server.core.service import MemoryService, ServiceConfig, WriteRequest
 
@@ -85,6 +85,33 @@ async def test_keyword_strategy_matches_any_term_of_a_question(rsvc: MemoryServi
     results = await rsvc.retrieve(actor, "which incident was ERR_LEDGER_409 about?", weights=only_keyword, explain=True)
     assert results[0].entry.entry_key == "data/etl/task-summary-backfill"
     assert results[0].strategies["keyword"].rank == 1
+
+
+async def test_keyword_ranking_weighs_a_rare_word_over_common_ones(store, actor: Actor) -> None:
+    """Both stores rank by how distinctive the matched words are (bm25 / summed IDF), not by how many match."""
+    svc = MemoryService(store, ServiceConfig(), embedder=None)
+    await svc.open()
+    filler = [WriteRequest("svc", f"deploy-note-{i}", f"deploy checklist step {i}: check the dashboard") for i in range(12)]
+    await svc.write_many(actor, [
+        *filler,
+        WriteRequest("svc", "common-words", "deploy the dashboard, then check the deploy dashboard again"),
+        WriteRequest("svc", "rare-word", "the flamegraph showed lock contention"),
+    ])
+    hits = await store.keyword_candidates(["deploy", "dashboard", "flamegraph"], EntryFilter(), utcnow(), 20)
+    assert hits[0][0].key == "rare-word" and len(hits) == 14
+    assert hits[0][1] > max(score for _, score in hits[1:]) > 0
+
+
+async def test_an_identifier_matches_as_a_whole_not_by_its_parts(store, actor: Actor) -> None:
+    svc = MemoryService(store, ServiceConfig(), embedder=None)
+    await svc.open()
+    await svc.write_many(actor, [
+        WriteRequest("ledger", "error-code", "Postings rejected with ERR_LEDGER_409 are safe to retry."),
+        WriteRequest("ledger", "owner", "The ledger team owns error budgets; page them for 409 spikes."),
+    ])
+    only_keyword = {"semantic": 0.0, "keyword": 1.0, "temporal": 0.0, "confidence": 0.0}
+    results = await svc.retrieve(actor, "ERR_LEDGER_409", weights=only_keyword)
+    assert [r.entry.key for r in results] == ["error-code"]
 
 
 async def test_temporal_strategy_prefers_the_newest_of_the_pool(rsvc: MemoryService, actor: Actor) -> None:
