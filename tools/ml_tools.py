@@ -7,9 +7,6 @@ what is missing. The work runs off the event loop and reports MCP progress notif
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import logging
 from typing import Annotated, Any, Literal
 
 from fastmcp import Context, FastMCP
@@ -18,12 +15,10 @@ from pydantic import BaseModel, Field
 from ..ml.export import ExportFormat
 from ..ml.service import DEFAULT_EXPORT_LIMIT, MLService
 from ._params import EntityFilter
+from ._progress import ThreadProgress
 from ._registry import ActorResolver, ToolRegistry, writes
 
-logger = logging.getLogger("amfs_server.tools")
-
 ML_TOOLS = frozenset({"amfs_retrain", "amfs_calibrate", "amfs_export_training_data"})
-PROGRESS_DRAIN_TIMEOUT_S = 5.0
 
 
 class RetrainResult(BaseModel):
@@ -82,32 +77,6 @@ class ExportResultView(BaseModel):
     output_path: str | None = None
 
 
-class _Progress:
-    """`progress(done, total, message)` callable from the event loop or a worker thread; `drain()` waits
-    (bounded) until every notification it scheduled was sent, so none trails the tool's result."""
-
-    def __init__(self, ctx: Context) -> None:
-        self._ctx = ctx
-        self._loop = asyncio.get_running_loop()
-        self._pending: list[concurrent.futures.Future[None]] = []
-
-    def __call__(self, done: float, total: float | None = None, message: str | None = None) -> None:
-        self._pending.append(
-            asyncio.run_coroutine_threadsafe(self._ctx.report_progress(done, total, message), self._loop)
-        )
-
-    async def drain(self) -> None:
-        if not self._pending:
-            return
-        pending, self._pending = self._pending, []
-        done, not_done = await asyncio.wait(
-            [asyncio.wrap_future(f) for f in pending], timeout=PROGRESS_DRAIN_TIMEOUT_S
-        )
-        failed = [f.exception() for f in done if f.exception() is not None]
-        if failed or not_done:
-            logger.warning("%d progress notifications failed, %d unsent", len(failed), len(not_done))
-
-
 def register_ml_tools(mcp: FastMCP, ml: MLService, actors: ActorResolver) -> None:
     tools = ToolRegistry[MLService](mcp, ml, actors)
 
@@ -116,7 +85,7 @@ def register_ml_tools(mcp: FastMCP, ml: MLService, actors: ActorResolver) -> Non
         """Train the learned retrieval ranker on outcome history (entries read before clean outcomes vs
         incidents); it then takes 30% of amfs_retrieve's fusion. Needs 20+ outcome-linked reads; says
         what is missing otherwise. entity_path trains a model just for that entity."""
-        progress = _Progress(ctx)
+        progress = ThreadProgress(ctx)
         try:
             metrics = await ml.retrain(entity_path, progress=progress)
         finally:
@@ -138,7 +107,7 @@ def register_ml_tools(mcp: FastMCP, ml: MLService, actors: ActorResolver) -> Non
         if revert:
             in_force = await ml.revert_calibration()
             return CalibrateResult(applied=False, reverted=True, multipliers_in_force=in_force)
-        progress = _Progress(ctx)
+        progress = ThreadProgress(ctx)
         try:
             report = await ml.calibrate(per_entity=per_entity, apply=apply, progress=progress)
         finally:
@@ -162,7 +131,7 @@ def register_ml_tools(mcp: FastMCP, ml: MLService, actors: ActorResolver) -> Non
         """Export decision traces as fine-tuning data (JSONL-ready): SFT (clean traces), DPO (clean vs
         failed per entity) or reward-model labels. Returns the examples, or writes them to output_path.
         Says which data is missing when there is nothing to export."""
-        progress = _Progress(ctx)
+        progress = ThreadProgress(ctx)
         try:
             result = await ml.export_training_data(
                 ExportFormat(format), entity_path, limit, output_path, progress=progress

@@ -15,7 +15,7 @@ from amfs_server.server.composition import build_service
 from amfs_server.server.settings import Settings, load_settings
 from amfs_server.tools import ActorResolver
 from amfs_server.tools.ml_tools import ML_TOOLS
-from amfs_server.tools._progress import thread_progress
+from amfs_server.tools._progress import ThreadProgress
 from amfs_server.tools._registry import ToolRegistry, read_only
 from amfs_server.tools._views import LIST_VALUE_CHARS, LISTING_VALUE_CHARS
 
@@ -323,14 +323,14 @@ async def test_long_operations_can_send_progress_notifications_from_a_worker_thr
     @registry.tool(read_only("Slow"))
     async def amfs_slow(ctx: Context) -> dict:
         """Test tool."""
-        report = thread_progress(ctx)
+        report = ThreadProgress(ctx)
 
         def work() -> None:
             for step in range(1, 4):
                 report(step, 3, f"step {step}")
 
         await asyncio.to_thread(work)
-        await asyncio.sleep(0)  # let the loop deliver what the thread scheduled
+        await report.drain()  # every notification is sent before the result
         return {"done": True}
 
     seen: list[tuple[float, float | None, str | None]] = []
