@@ -554,6 +554,8 @@ async def test_migrations_upgrade_an_older_schema(pg_dsn: str, monkeypatch: pyte
         assert [(t.kind, t.detail) for t in await store.trace_events()] == [("read", None)]
         options = await _fetch(pg_dsn, f"SELECT reloptions FROM pg_class WHERE oid = '\"{schema}\".entries'::regclass")
         assert options[0]["reloptions"] == ["fillfactor=80"]  # room on each page for in-place read bookkeeping
+        gin = await _fetch(pg_dsn, f"SELECT reloptions FROM pg_class WHERE oid = '\"{schema}\".entries_search_tsv'::regclass")
+        assert gin[0]["reloptions"] == ["fastupdate=off"]  # no pending list for keyword queries to scan
         await store.insert_versions([draft("svc/a", "k")], ACTOR)
         with monkeypatch.context() as patch:  # a store newer than this code refuses to open
             patch.setattr(pg, "MIGRATIONS", pg.MIGRATIONS[:1])
@@ -562,6 +564,21 @@ async def test_migrations_upgrade_an_older_schema(pg_dsn: str, monkeypatch: pyte
     finally:
         await store.drop_schema()
         await store.close()
+
+
+@pytestmark_pg
+async def test_a_bulk_load_refreshes_the_planner_statistics(pg_store: PostgresStore, pg_dsn: str) -> None:
+    async def estimated_rows() -> float:
+        rows = await _fetch(pg_dsn, f"SELECT reltuples FROM pg_class WHERE oid = '\"{pg_store.schema}\".entries'::regclass")
+        return rows[0]["reltuples"]
+
+    assert await estimated_rows() <= 0  # never analysed
+    await pg_store.insert_versions([draft("svc/bulk", f"k{i}", search_text=f"note {i}") for i in range(10)], ACTOR)
+    assert pg_store._analyze_task is None  # a few rows: left to autovacuum
+    await pg_store.insert_versions([draft("svc/bulk", f"n{i}", search_text=f"note {i}") for i in range(1200)], ACTOR)
+    assert pg_store._analyze_task is not None
+    await pg_store._analyze_task
+    assert await estimated_rows() == 1210
 
 
 @pytestmark_pg
