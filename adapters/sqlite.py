@@ -103,11 +103,12 @@ MIGRATIONS: list[str] = [
     """,
 ]
 
-_ENTRY_COLUMNS = (
+_BASE_COLUMNS = (
     "row_id, entity_path, key, version, value_json, confidence, agent_id, session_id, written_at, "
     "outcome_count, recall_count, ttl_at, memory_type, tier, priority_score, importance_score, "
-    "importance_dimensions, embedding, amfs_version"
+    "importance_dimensions, amfs_version"
 )
+_ENTRY_COLUMNS = _BASE_COLUMNS + ", embedding"
 
 _SORT_SQL: dict[str, str] = {
     "confidence": "confidence DESC, written_at DESC",
@@ -500,13 +501,13 @@ class SQLiteStore(SQLiteDatabase):
                 return []
             # Stale ids (superseded, forgotten, filtered out) are dropped by SQL; widen the ANN pool until
             # enough survive or the pool covers the whole index.
-            pool = min(size, max(limit * 4, 64))
+            pool = min(size, max(limit + limit // 2, 64))
             while True:
                 hits = index.search(query, pool)
                 similarity = dict(hits)
                 marks = ",".join("?" * len(hits))
                 rows = conn.execute(
-                    f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE row_id IN ({marks}) AND {' AND '.join(clauses)}",
+                    f"SELECT {_BASE_COLUMNS} FROM entries WHERE row_id IN ({marks}) AND {' AND '.join(clauses)}",
                     [*similarity, *params],
                 ).fetchall()
                 if len(rows) >= limit or pool >= size:
@@ -684,7 +685,7 @@ def _already_applied(record: OutcomeRecord) -> OutcomeRecord:
 
 
 def _prefixed_columns(prefix: str) -> str:
-    return ", ".join(prefix + column.strip() for column in _ENTRY_COLUMNS.split(","))
+    return ", ".join(prefix + column.strip() for column in _BASE_COLUMNS.split(","))
 
 
 class VectorSync:
