@@ -1,6 +1,6 @@
 """Hybrid retrieval: strategies that rank candidates, and weighted Reciprocal Rank Fusion over them.
 
-semantic and keyword search the store for the query; temporal (recency of the current version),
+semantic and keyword search the store for the query; temporal (recency of the current version, to the hour),
 confidence (effective confidence after decay) and, once a ranker is trained, learned, order that
 same candidate pool: on their own they know nothing about the query. Fusion:
 `score = sum_s w_s / (k + rank_s)` with 1-based ranks.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from .errors import ValidationError
@@ -38,6 +39,19 @@ def keyword_terms(query: str) -> list[str]:
         if word not in _STOPWORDS and word not in terms and (len(word) > 1 or word.isdigit()):
             terms.append(word)
     return terms[:MAX_QUERY_TERMS]
+
+
+RECENCY_RESOLUTION_S = 3600
+
+
+def recency_bucket(written_at: datetime) -> float:
+    """The temporal strategy's score: when the version was written, to the hour (as a POSIX timestamp).
+
+    Entries written within the same clock hour tie (they share a rank): seconds apart within one session
+    say nothing about which is more relevant, and ranking them strictly let recency reorder facts a
+    conversation wrote one after another.
+    """
+    return written_at.timestamp() // RECENCY_RESOLUTION_S * RECENCY_RESOLUTION_S
 
 
 def resolve_weights(overrides: Mapping[str, float] | None, learned_available: bool) -> dict[str, float]:

@@ -30,7 +30,9 @@ from .models import (
     split_entry_key,
     utcnow,
 )
-from .retrieval import DEFAULT_RRF_K, LearnedScorer, RankedList, RetrievedEntry, fuse, keyword_terms, resolve_weights
+from .retrieval import (
+    DEFAULT_RRF_K, LearnedScorer, RankedList, RetrievedEntry, fuse, keyword_terms, recency_bucket, resolve_weights,
+)
 from .tiers import priority_score, tier_for
 
 MAX_QUERY_CHARS = 2000
@@ -367,7 +369,7 @@ class MemoryService:
         rankings = [
             RankedList.from_scored("semantic", [(e.entry_key, s) for e, s in semantic if e.entry_key in admitted]),
             RankedList.from_scored("keyword", [(e.entry_key, s) for e, s in keyword if e.entry_key in admitted]),
-            RankedList.from_scored("temporal", [(e.entry_key, e.provenance.written_at.timestamp()) for e in entries]),
+            RankedList.from_scored("temporal", [(e.entry_key, recency_bucket(e.provenance.written_at)) for e in entries]),
             RankedList.from_scored("confidence", [(e.entry_key, self.effective_confidence(e, now)) for e in entries]),
         ]
         if self.learned_scorer is not None and entries:

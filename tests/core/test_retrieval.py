@@ -114,12 +114,32 @@ async def test_an_identifier_matches_as_a_whole_not_by_its_parts(store, actor: A
     assert [r.entry.key for r in results] == ["error-code"]
 
 
-async def test_temporal_strategy_prefers_the_newest_of_the_pool(rsvc: MemoryService, actor: Actor) -> None:
+async def test_temporal_strategy_prefers_the_newest_of_the_pool(rsvc: MemoryService, actor: Actor, monkeypatch) -> None:
+    from amfs_server.core import service as service_module
+
+    real_now = service_module.utcnow
+    monkeypatch.setattr(service_module, "utcnow", lambda: real_now() - timedelta(hours=3))
     await rsvc.write(actor, WriteRequest("svc", "old-retry", "retry policy: 3 attempts"))
+    monkeypatch.setattr(service_module, "utcnow", real_now)
     await rsvc.write(actor, WriteRequest("svc", "new-retry", "retry policy: 7 attempts"))
     only_temporal = {"semantic": 0.0, "keyword": 0.0, "temporal": 1.0, "confidence": 0.0}
-    results = await rsvc.retrieve(actor, "retry policy", weights=only_temporal)
+    results = await rsvc.retrieve(actor, "retry policy", weights=only_temporal, explain=True)
     assert [r.entry.key for r in results[:2]] == ["new-retry", "old-retry"]
+    assert [r.strategies["temporal"].rank for r in results[:2]] == [1, 2]
+
+
+async def test_entries_written_within_the_same_hour_tie_on_recency(rsvc: MemoryService, actor: Actor) -> None:
+    """Seconds apart in one session say nothing about relevance: recency must not reorder such facts."""
+    await rsvc.write(actor, WriteRequest("team", "priya-fruit", "Priya's favourite fruit is apricot."))
+    await rsvc.write(actor, WriteRequest("team", "omar-fruit", "Omar's favourite fruit is melon."))
+    results = await rsvc.retrieve(actor, "What is Priya's favourite fruit?", explain=True)
+    assert results[0].entry.key == "priya-fruit"
+    ranks = {r.entry.key: r.strategies["temporal"].rank for r in results}
+    written = {r.entry.key: r.entry.provenance.written_at for r in results}
+    if written["priya-fruit"].replace(minute=0, second=0, microsecond=0) == written["omar-fruit"].replace(
+        minute=0, second=0, microsecond=0
+    ):  # not across a clock hour (the test may run at hh:59:59)
+        assert ranks["priya-fruit"] == ranks["omar-fruit"] == 1
 
 
 async def test_confidence_strategy_prefers_higher_effective_confidence(rsvc: MemoryService, actor: Actor) -> None:
