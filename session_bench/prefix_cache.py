@@ -33,7 +33,8 @@ the setting above 0.9 gives 61% and 0.8 gives 78%, but when the right memory
 is not first (placed at random) 0.8 drops to 27% where text gets 53% and plain
 concatenation 40%. It is a bet on the retriever's ranking. amfs's retrieval
 puts the right memory first often enough that 0.8 wins on the session benchmark
-(N=20: 90% vs 70% at 1.0; a 50-query generated session: 80% vs 34%), so 0.8 is
+(N=20: 90% vs 70% at 1.0; a 50-query generated session, with facts
+written in shuffled order as the generator then did: 80% vs 34%), so 0.8 is
 the default; `--key-scale 1.0` gives plain concatenation, and the benchmark
 reports the setting it ran with.
 """

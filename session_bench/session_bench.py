@@ -1,28 +1,38 @@
 """The five-mode session benchmark: does the prefix channel answer as well as text, for a fraction of the prompt?
 
-A session writes facts as memories (``AsyncAgentMemory`` over a temporary SQLite store, MiniLM
+A session writes facts as memories (one write per fact, over a temporary SQLite store, MiniLM
 embeddings), then asks targeted-recall questions; a hit is the expected keyword in the answer,
 case-insensitive (the protocol of the report this benchmark answers). Modes:
 
 =================  ==================================================================================
-D_full_history     every fact in the prompt, as text (the ceiling)
+D_full_history     every fact in the prompt, as text, in the order written (the ceiling on the report's set)
 B_flat_cos         plain cosine over MiniLM embeddings of the facts; the top-k as text
 B_ams_text         this product's ``retrieve()`` (semantic + keyword + recency + confidence, RRF); top-k as text
 A_ams_prefix       the same retrieved memories as compiled key/value caches; the prompt holds only the question
 C_ams_hybrid       the compiled caches plus the top-1 memory as text
+O_gold_text        reference, not a mode: only the gold fact, as text (the reader's ceiling under perfect
+                   retrieval; on the 60-fact sessions a 135M reader is far from it with every fact in the prompt)
 =================  ==================================================================================
 
 Every mode generates through ``worker.answer_from_memories`` (the ``amfs_answer`` tool's code), one
 greedy loop for all, so times compare. Queries run mode after mode for each question (interleaved), so
-a machine that gets busier mid-run slows every mode alike. Memories are compiled when written (a
-write-time cost, reported apart); a query's ``compile_ms`` is the cache lookup.
+a machine that gets busier mid-run slows every mode alike. In process, memories are compiled when
+written (a write-time cost, reported apart) and a query's ``compile_ms`` is the cache lookup.
+
+``--via-server`` runs the same session through the server instead: the facts are written with the
+``amfs_write`` tool and D/B_ams_text/A/C answered by ``amfs_answer`` (mode full/text/prefix/hybrid) of an
+app from ``server.app.create_app`` with the backbone configured, over an in-memory MCP client; metrics
+are the tool's. The server compiles memories on first use. B_flat_cos and the oracle have no server
+equivalent and run in process beside it; the report says which path served each mode.
 
     amfs-server bench session --backbone smollm2 --n-facts 20
+    amfs-server bench session --backbone smollm2 --n-facts 20 --via-server
     amfs-server bench session --backbone smollm2 --large --seeds 0,1,2
     python -m amfs_server.session_bench.session_bench --backbone tiny-random-qwen2 --max-new-tokens 4
 
 Writes ``report.json``, ``report.md`` and ``report.png`` to ``--out`` (default
-``reports/session/<backbone>-n<N>/``, ``-large`` for the generated sessions); progress goes to stderr.
+``reports/session/<backbone>-n<N>/``, ``-large`` for the generated sessions, ``-server`` appended
+with ``--via-server``); progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -43,20 +53,29 @@ from typing import Any, Literal
 import numpy as np
 
 from ..core.embedding import Embedder
-from .session_data import Session, generated_session, report_session
-from .worker import AnswerMode, MemoryText, answer_from_memories
+from .session_data import Fact, Session, generated_session, report_session
+from .worker import DEFAULT_MEMORIES, AnswerMode, Generated, MemoryText, answer_from_memories, memory_text
 
-ModeName = Literal["D_full_history", "B_flat_cos", "B_ams_text", "A_ams_prefix", "C_ams_hybrid"]
+ModeName = Literal["D_full_history", "B_flat_cos", "B_ams_text", "A_ams_prefix", "C_ams_hybrid", "O_gold_text"]
 MODES: tuple[ModeName, ...] = ("D_full_history", "B_flat_cos", "B_ams_text", "A_ams_prefix", "C_ams_hybrid")
+# The reader's ceiling under perfect retrieval: only the gold fact, as text. A reference reported beside
+# the five modes (each mode's hit-rate is also shown relative to it), never one of them: no system can
+# know the gold fact.
+ORACLE: ModeName = "O_gold_text"
+ALL_MODES: tuple[ModeName, ...] = (*MODES, ORACLE)
 # How each benchmark mode is served: which generation mode, and where its memories come from.
 GENERATION_MODE: dict[ModeName, AnswerMode] = {
     "D_full_history": "full", "B_flat_cos": "text", "B_ams_text": "text", "A_ams_prefix": "prefix",
-    "C_ams_hybrid": "hybrid",
+    "C_ams_hybrid": "hybrid", "O_gold_text": "text",
 }
 RETRIEVAL: dict[ModeName, str] = {
     "D_full_history": "none", "B_flat_cos": "flat_cos", "B_ams_text": "ams", "A_ams_prefix": "ams",
-    "C_ams_hybrid": "ams",
+    "C_ams_hybrid": "ams", "O_gold_text": "gold",
 }
+# --via-server: the modes amfs_answer serves (D as mode="full", the others with the server's retrieval);
+# B_flat_cos and the oracle have no server equivalent and run in process beside it.
+SERVER_MODES: frozenset[ModeName] = frozenset({"D_full_history", "B_ams_text", "A_ams_prefix", "C_ams_hybrid"})
+ServedBy = Literal["in-process", "server"]
 DEFAULT_TOP_K = 3
 DEFAULT_MAX_NEW_TOKENS = 30  # the report's mt=30
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
@@ -107,7 +126,8 @@ class QueryResult:
     expected: str
     answer: str
     hit: bool
-    gold_retrieved: bool | None  # the answering fact among the memories given (None for D: it gets all)
+    gold_retrieved: bool | None  # the answering fact among the memories given (None for D and the oracle)
+    gold_rank: int | None  # its place among them, 1 = first (None where not given, or for D and the oracle)
     memories: list[str]
     input_tokens: int
     prefix_tokens: int
@@ -116,6 +136,8 @@ class QueryResult:
     compile_ms: float
     ttft_ms: float
     generate_ms: float
+    total_ms: float = 0.0  # the whole answer as the caller sees it: retrieval, compile, generation (+ MCP call)
+    served_by: ServedBy = "in-process"
 
 
 @dataclass
@@ -126,6 +148,8 @@ class SessionRun:
     write_ms: float
     compile_ms_total: float
     memories_compiled: int
+    served_by: str = "in-process"
+    backbone_load_ms: float = 0.0  # --via-server: the server worker's load, on its first (warm-up) call
     results: list[QueryResult] = field(default_factory=list)
 
 
@@ -142,16 +166,139 @@ class FlatCosine:
         return [int(i) for i in np.argsort(-scores, kind="stable")[:k]]
 
 
-async def _open_memory(data_dir: Path, embedder: Embedder | None) -> Any:
-    """An AsyncAgentMemory over a fresh SQLite store with ``embedder`` (an object, so tests can pass a double)."""
-    from ..adapters import create_store
-    from ..core.service import MemoryService, ServiceConfig
-    from ..sdk import AsyncAgentMemory
+@dataclass
+class _Answered:
+    """One mode's answer to one question, from whichever path served it."""
 
-    store = create_store(data_dir / "amfs.db", None, embedding_dimension=embedder.dimension if embedder else 384)
-    service = MemoryService(store, ServiceConfig(), embedder=embedder)
-    await service.open()  # AsyncAgentMemory takes a given service as open, and closes it
-    return AsyncAgentMemory(agent_id="session-bench", service=service)
+    answer: str
+    memories: list[str]  # entry paths, best first
+    input_tokens: int
+    prefix_tokens: int
+    new_tokens: int
+    retrieve_ms: float
+    compile_ms: float
+    ttft_ms: float
+    generate_ms: float
+
+
+def _answered(gen: Generated, memories: list[str], retrieve_ms: float) -> _Answered:
+    m = gen.metrics
+    return _Answered(gen.answer, memories, m.input_tokens, m.prefix_tokens, m.new_tokens, retrieve_ms,
+                     gen.compile_ms, m.ttft_ms, m.generate_ms)
+
+
+class _InProcess:
+    """The session's memories in an ``AsyncAgentMemory`` in this process; answers with the benchmark's backbone."""
+
+    served_by: ServedBy = "in-process"
+
+    def __init__(self, data_dir: Path, embedder: Embedder | None, backbone: Any, compiler: Any) -> None:
+        self.data_dir, self.embedder, self.backbone, self.compiler = data_dir, embedder, backbone, compiler
+        self.memory: Any = None
+        self.load_ms = 0.0
+
+    async def __aenter__(self) -> _InProcess:
+        from ..adapters import create_store
+        from ..core.service import MemoryService, ServiceConfig
+        from ..sdk import AsyncAgentMemory
+
+        store = create_store(self.data_dir / "amfs.db", None,
+                             embedding_dimension=self.embedder.dimension if self.embedder else 384)
+        service = MemoryService(store, ServiceConfig(), embedder=self.embedder)
+        await service.open()  # AsyncAgentMemory takes a given service as open, and closes it
+        self.memory = AsyncAgentMemory(agent_id="session-bench", service=service)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.memory.close()
+
+    async def write(self, facts: Sequence[Fact]) -> list[MemoryText]:
+        # One write per fact, in the session's order, as a conversation writes them (and as the server
+        # path must: amfs_write takes one memory), so recency ranks the same on both paths.
+        texts = []
+        for f in facts:
+            entry = await self.memory.write(f.entity_path, f.key, f.text)
+            texts.append(MemoryText.of(entry))
+        return texts
+
+    async def answer(self, mode: ModeName, question: str, texts: Sequence[MemoryText], top_k: int,
+                     max_new_tokens: int) -> _Answered:
+        retrieve_ms = 0.0
+        if RETRIEVAL[mode] == "none":
+            given = list(texts)
+        else:
+            started = time.perf_counter()
+            retrieved = await self.memory.retrieve(question, limit=top_k)
+            retrieve_ms = (time.perf_counter() - started) * 1000
+            given = [MemoryText.of(hit.entry) for hit in retrieved]
+        gen = answer_from_memories(self.backbone, self.compiler, question, GENERATION_MODE[mode], given,
+                                   max_new_tokens)
+        return _answered(gen, [_entry_path(g.memory_id) for g in given], retrieve_ms)
+
+
+class _ViaServer:
+    """The session through the real MCP tools: an app from ``create_app`` with the backbone configured,
+    its own store, called over an in-memory ``fastmcp.Client``. Metrics come from ``amfs_answer``'s result."""
+
+    served_by: ServedBy = "server"
+
+    def __init__(self, data_dir: Path, backbone_spec: str, embedder_spec: str) -> None:
+        from ..server.app import create_app
+        from ..server.composition import build_service
+        from ..server.settings import load_settings
+
+        # No environment: the benchmark's settings are its arguments, and nothing persisted elsewhere
+        # (a learned ranker under ./.amfs/ml) joins retrieval.
+        settings = load_settings({}, data_dir=data_dir, ml_model_dir=data_dir / "ml", embedder=embedder_spec,
+                                 lm_backbone=backbone_spec)
+        self.app = create_app(build_service(settings), settings)
+        self.client: Any = None
+        self.load_ms = 0.0
+
+    async def __aenter__(self) -> _ViaServer:
+        from fastmcp import Client
+
+        self.client = Client(self.app)
+        await self.client.__aenter__()
+        tools = {t.name for t in await self.client.list_tools()}
+        if "amfs_answer" not in tools:
+            raise SystemExit("session bench --via-server: the server registered no amfs_answer tool")
+        # Warm-up on the empty store: the worker loads the backbone now, and every generation mode runs
+        # once untimed, so first-call costs land nowhere.
+        for mode in ("full", "text", "prefix", "hybrid"):
+            result = await self._call("amfs_answer", {"query": "What colour is the sky?", "mode": mode,
+                                                      "max_new_tokens": 4})
+            self.load_ms += result["metrics"]["load_ms"]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.__aexit__(*exc)
+
+    async def _call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        result = await self.client.call_tool(tool, arguments, raise_on_error=False)
+        if result.is_error:
+            raise SystemExit(f"session bench --via-server: {tool} failed: {result.content[0].text}")
+        return result.structured_content
+
+    async def write(self, facts: Sequence[Fact]) -> list[MemoryText]:
+        texts = []
+        for f in facts:
+            written = await self._call("amfs_write", {"entity_path": f.entity_path, "key": f.key, "value": f.text})
+            texts.append(MemoryText(f"{written['entry_key']}@v{written['version']}", memory_text(f.text)))
+        return texts
+
+    async def answer(self, mode: ModeName, question: str, texts: Sequence[MemoryText], top_k: int,
+                     max_new_tokens: int) -> _Answered:
+        result = await self._call("amfs_answer", {"query": question, "mode": GENERATION_MODE[mode],
+                                                  "max_new_tokens": max_new_tokens})
+        m = result["metrics"]
+        return _Answered(result["answer"], [u["entry_key"] for u in result["memories"]], m["input_tokens"],
+                         m["prefix_tokens"], m["new_tokens"], m["retrieve_ms"] if mode != "D_full_history" else 0.0,
+                         m["compile_ms"], m["ttft_ms"], m["generate_ms"])
+
+
+def _entry_path(memory_id: str) -> str:
+    return memory_id.rsplit("@v", 1)[0]
 
 
 def _progress(line: str) -> None:
@@ -159,25 +306,30 @@ def _progress(line: str) -> None:
 
 
 async def run_session(session: Session, backbone: Any, compiler: Any, embedder: Embedder | None,
-                      modes: Sequence[ModeName], top_k: int, max_new_tokens: int) -> SessionRun:
-    """Write the session's facts as memories, then ask every question in every mode (interleaved)."""
-    from ..core.service import WriteRequest
+                      modes: Sequence[ModeName], top_k: int, max_new_tokens: int, *,
+                      server: tuple[str, str] | None = None) -> SessionRun:
+    """Write the session's facts as memories, then ask every question in every mode (interleaved).
 
+    ``server`` = (backbone spec, embedder spec): write and answer D/B_ams_text/A/C through the MCP tools
+    of a server built with them; B_flat_cos and the oracle run here, on the facts the tools wrote.
+    """
     with tempfile.TemporaryDirectory(prefix="amfs-session-bench-") as tmp:
-        memory = await _open_memory(Path(tmp), embedder)
-        try:
+        store: _InProcess | _ViaServer = (_ViaServer(Path(tmp), *server) if server is not None
+                                          else _InProcess(Path(tmp), embedder, backbone, compiler))
+        async with store:
             started = time.perf_counter()
-            entries = await memory.write_many([WriteRequest(f.entity_path, f.key, f.text) for f in session.facts])
+            texts = await store.write(session.facts)
             write_ms = (time.perf_counter() - started) * 1000
-            texts = [MemoryText.of(e) for e in entries]
-            path_of = {t.memory_id: f"{e.entity_path}/{e.key}" for t, e in zip(texts, entries)}
+            by_path = {_entry_path(t.memory_id): t for t in texts}
             before = compiler.stats.compiled
             started = time.perf_counter()
-            if {"A_ams_prefix", "C_ams_hybrid"} & set(modes):
+            if server is None and {"A_ams_prefix", "C_ams_hybrid"} & set(modes):
                 for t in texts:  # what the product does when a memory is written or first used
                     compiler.compile(t.memory_id, t.text)
+            # Via the server, memories compile on first use inside the worker (each query's compile_ms).
             run = SessionRun(session.name, len(session.facts), len(session.queries), write_ms,
-                             (time.perf_counter() - started) * 1000, compiler.stats.compiled - before)
+                             (time.perf_counter() - started) * 1000, compiler.stats.compiled - before,
+                             served_by=store.served_by, backbone_load_ms=store.load_ms)
             flat = None
             if "B_flat_cos" in modes:
                 if embedder is None:
@@ -189,33 +341,36 @@ async def run_session(session: Session, backbone: Any, compiler: Any, embedder: 
                 for mode in modes:
                     started = time.perf_counter()
                     kind = RETRIEVAL[mode]
-                    if kind == "none":
-                        given = texts
-                    elif kind == "flat_cos":
-                        assert flat is not None
-                        given = [texts[i] for i in flat.top(query.question, top_k)]
-                    else:
-                        retrieved = await memory.retrieve(query.question, limit=top_k)
-                        given = [MemoryText.of(hit.entry) for hit in retrieved]
-                    retrieve_ms = (time.perf_counter() - started) * 1000 if kind != "none" else 0.0
-                    gen = answer_from_memories(backbone, compiler, query.question, GENERATION_MODE[mode], given,
-                                               max_new_tokens)
-                    paths = [path_of.get(g.memory_id, g.memory_id) for g in given]
-                    hit = query.hit(gen.answer)
+                    served_by: ServedBy = "in-process"
+                    if mode in SERVER_MODES:  # D and the retrieval modes: the store's path (here, or the server)
+                        got = await store.answer(mode, query.question, texts, top_k, max_new_tokens)
+                        served_by = store.served_by
+                    else:  # B_flat_cos and the oracle: in process on either path
+                        if kind == "flat_cos":
+                            assert flat is not None
+                            given = [texts[i] for i in flat.top(query.question, top_k)]
+                        else:
+                            given = [by_path[query.fact_path]]
+                        retrieve_ms = (time.perf_counter() - started) * 1000 if kind == "flat_cos" else 0.0
+                        gen = answer_from_memories(backbone, compiler, query.question, GENERATION_MODE[mode], given,
+                                                   max_new_tokens)
+                        got = _answered(gen, [_entry_path(g.memory_id) for g in given], retrieve_ms)
+                    total_ms = (time.perf_counter() - started) * 1000
+                    hit = query.hit(got.answer)
                     hits[mode] += hit
-                    m = gen.metrics
                     run.results.append(QueryResult(
                         mode=mode, session=session.name, question=query.question, expected=query.expected,
-                        answer=gen.answer, hit=hit, gold_retrieved=None if kind == "none" else query.fact_path in paths,
-                        memories=paths, input_tokens=m.input_tokens, prefix_tokens=m.prefix_tokens,
-                        new_tokens=m.new_tokens, retrieve_ms=retrieve_ms, compile_ms=gen.compile_ms,
-                        ttft_ms=m.ttft_ms, generate_ms=m.generate_ms,
+                        answer=got.answer, hit=hit,
+                        gold_retrieved=None if kind in ("none", "gold") else query.fact_path in got.memories,
+                        gold_rank=(got.memories.index(query.fact_path) + 1
+                                   if kind not in ("none", "gold") and query.fact_path in got.memories else None),
+                        memories=got.memories, input_tokens=got.input_tokens, prefix_tokens=got.prefix_tokens,
+                        new_tokens=got.new_tokens, retrieve_ms=got.retrieve_ms, compile_ms=got.compile_ms,
+                        ttft_ms=got.ttft_ms, generate_ms=got.generate_ms, total_ms=total_ms, served_by=served_by,
                     ))
                     _progress(f"[{session.name}] {mode:<15} query {qi}/{len(session.queries)} "
                               f"{'hit ' if hit else 'miss'} running hit-rate {hits[mode]}/{qi} "
-                              f"({hits[mode] / qi:.0%}) gen {m.generate_ms:.0f} ms  {gen.answer[:60]!r}")
-        finally:
-            await memory.close()
+                              f"({hits[mode] / qi:.0%}) gen {got.generate_ms:.0f} ms  {got.answer[:60]!r}")
     return run
 
 
@@ -223,21 +378,44 @@ async def run_session(session: Session, backbone: Any, compiler: Any, embedder: 
 # Aggregation and reports
 # ---------------------------------------------------------------------------
 
+def paired_difference_interval(a: Sequence[bool], b: Sequence[bool], seed: int = 0) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of mean(a - b) over paired questions (both modes saw each one)."""
+    diff = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    if diff.size == 0:
+        return (float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    means = diff[rng.integers(0, diff.size, size=(BOOTSTRAP_RESAMPLES, diff.size))].mean(axis=1)
+    return (float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5)))
+
+
+def _hits_by_question(results: Sequence[QueryResult], mode: str) -> dict[tuple[str, str], bool]:
+    return {(r.session, r.question): r.hit for r in results if r.mode == mode}
+
+
 def summarize(results: Sequence[QueryResult], modes: Sequence[ModeName]) -> dict[str, dict[str, Any]]:
     summary: dict[str, dict[str, Any]] = {}
+    oracle = _hits_by_question(results, ORACLE) if ORACLE in modes else None
+    oracle_rate = (sum(oracle.values()) / len(oracle)) if oracle else None
     for i, mode in enumerate(modes):
         rows = [r for r in results if r.mode == mode]
         n = len(rows)
         hits = sum(r.hit for r in rows)
         gold = [r.gold_retrieved for r in rows if r.gold_retrieved is not None]
+        first = [r for r in rows if r.gold_rank == 1]
 
         def mean(attr: str) -> float:
             return float(np.mean([getattr(r, attr) for r in rows])) if rows else float("nan")
 
         summary[mode] = {
+            "reference": mode == ORACLE,
+            "served_by": sorted({r.served_by for r in rows}),
             "n": n, "hits": hits, "hit_rate": hits / n if n else float("nan"),
             "hit_rate_ci95": list(wilson_interval(hits, n)),
             "retrieval_recall": (sum(gold) / len(gold)) if gold else None,
+            # The prefix channel bets on the top-1 (key scale): how often retrieval put the gold fact first,
+            # and the hit-rate on those questions.
+            "gold_first_rate": (len(first) / len(gold)) if gold else None,
+            "hit_rate_gold_first": (sum(r.hit for r in first) / len(first)) if first else None,
             "avg_input_tokens": mean("input_tokens"), "avg_prefix_tokens": mean("prefix_tokens"),
             "avg_new_tokens": mean("new_tokens"),
             "avg_retrieve_ms": mean("retrieve_ms"),
@@ -245,18 +423,31 @@ def summarize(results: Sequence[QueryResult], modes: Sequence[ModeName]) -> dict
             "avg_compile_ms": mean("compile_ms"), "avg_ttft_ms": mean("ttft_ms"),
             "avg_generate_ms": mean("generate_ms"),
             "avg_generate_ms_ci95": list(bootstrap_mean_interval([r.generate_ms for r in rows], seed=100 + i)),
+            "avg_total_ms": mean("total_ms"),
             "avg_ms_per_new_token": (sum(r.generate_ms for r in rows) / max(1, sum(r.new_tokens for r in rows))),
         }
+        if oracle is not None:
+            # Against the reader's ceiling: the rate as a fraction of the oracle's, and the rate on the
+            # questions the reader answers when handed the gold fact alone.
+            on_oracle_hits = [r.hit for r in rows if oracle.get((r.session, r.question))]
+            summary[mode]["hit_rate_vs_oracle"] = (summary[mode]["hit_rate"] / oracle_rate) if oracle_rate else None
+            summary[mode]["hit_rate_on_oracle_hits"] = (sum(on_oracle_hits) / len(on_oracle_hits)
+                                                        if on_oracle_hits else None)
     return summary
 
 
-def targets(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def targets(summary: dict[str, dict[str, Any]], results: Sequence[QueryResult] = ()) -> dict[str, Any]:
     """The issue's bar, where the modes it compares were run."""
     out: dict[str, Any] = {}
     a, b, c, d = (summary.get(m) for m in ("A_ams_prefix", "B_ams_text", "C_ams_hybrid", "D_full_history"))
     if a and b:
         out["A_hit_rate_minus_B_ams_text"] = a["hit_rate"] - b["hit_rate"]
         out["A_hit_rate_at_least_B_ams_text"] = a["hit_rate"] >= b["hit_rate"]
+        a_hits, b_hits = _hits_by_question(results, "A_ams_prefix"), _hits_by_question(results, "B_ams_text")
+        paired = [q for q in a_hits if q in b_hits]
+        if paired:
+            out["A_minus_B_ams_text_paired_ci95"] = list(paired_difference_interval(
+                [a_hits[q] for q in paired], [b_hits[q] for q in paired]))
         out["A_generate_ms_vs_B_ams_text"] = a["avg_generate_ms"] / b["avg_generate_ms"]
         out["A_generate_within_1.1x"] = out["A_generate_ms_vs_B_ams_text"] <= TARGET_GENERATE_RATIO
     if c and b:
@@ -268,40 +459,75 @@ def targets(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def _mode_label(mode: str) -> str:
+    return f"{mode} (reference: gold fact only)" if mode == ORACLE else mode
 
 
 def markdown(report: dict[str, Any]) -> str:
     cfg = report["config"]
     sessions = ", ".join(f"{s['session']} ({s['n_facts']} facts, {s['n_queries']} queries)" for s in report["sessions"])
+    has_oracle = ORACLE in report["summary"]
+    via_server = cfg.get("path") == "server"
     lines = [
         f"# Session benchmark: {cfg['backbone']}, {report['title']}",
         "",
         f"Backbone `{cfg['backbone']}` ({cfg['device']}, {cfg['dtype']}); embedder `{cfg['embedder']}`; "
-        f"top-k {cfg['top_k']}; max new tokens {cfg['max_new_tokens']}; greedy; torch threads {cfg['torch_threads']}. "
-        f"Sessions: {sessions}. "
-        "Hit = expected keyword in the answer (case-insensitive). 95% CIs: Wilson for hit-rates, "
-        "percentile bootstrap of the mean for times.",
+        f"top-k {cfg['top_k']}; max new tokens {cfg['max_new_tokens']}; greedy; key scale {cfg.get('key_scale')}; "
+        f"torch threads {cfg['torch_threads']}. Sessions: {sessions}. "
+        "Hit = expected keyword in the answer (case-insensitive). 95% CIs: Wilson for hit-rates (queries of "
+        "all sessions pooled), percentile bootstrap of the mean for times.",
         "",
-        "| Mode | Hit-rate (95% CI) | Gold in top-k | avg input tokens (prefilled) | avg reused prefix tokens "
-        "| avg retrieve ms | avg generate ms (95% CI) | avg TTFT ms | avg new tokens |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        f"Path: **{cfg.get('path_description', 'in process')}**.",
+        "",
     ]
+    if has_oracle:
+        lines += [
+            f"`{ORACLE}` is a reference, not one of the five modes: the reader given only the gold fact as "
+            "text, its ceiling under perfect retrieval. *vs O* is a mode's hit-rate divided by the oracle's; "
+            "*on O's hits* is its hit-rate on the questions the oracle answers.",
+            "",
+        ]
+    oracle_cols = " vs O | on O's hits |" if has_oracle else ""
+    served_col = " served by |" if via_server else ""
+    header = (f"| Mode |{served_col} Hit-rate (95% CI) |{oracle_cols} Gold in top-k | Gold first (hit-rate then) "
+              "| avg input tokens (prefilled) "
+              "| avg reused prefix tokens | avg retrieve ms | avg generate ms (95% CI) | avg TTFT ms "
+              "| avg new tokens |")
+    lines += [header, "|" + "---|" * (header.count("|") - 1)]
     for mode, s in report["summary"].items():
         lo, hi = s["hit_rate_ci95"]
         glo, ghi = s["avg_generate_ms_ci95"]
         recall = "-" if s["retrieval_recall"] is None else _pct(s["retrieval_recall"])
+        first = "-" if s["gold_first_rate"] is None else (
+            f"{_pct(s['gold_first_rate'])} ({_pct(s['hit_rate_gold_first'])})")
+        served = f" {', '.join(s['served_by'])} |" if via_server else ""
+        vs_oracle = (f" {_pct(s['hit_rate_vs_oracle'])} | {_pct(s['hit_rate_on_oracle_hits'])} |"
+                     if has_oracle and mode != ORACLE else (" - | - |" if has_oracle else ""))
         lines.append(
-            f"| {mode} | {_pct(s['hit_rate'])} ({s['hits']}/{s['n']}; {_pct(lo)}-{_pct(hi)}) | {recall} "
-            f"| {s['avg_input_tokens']:.0f} | {s['avg_prefix_tokens']:.0f} | {s['avg_retrieve_ms']:.1f} "
-            f"| {s['avg_generate_ms']:.0f} ({glo:.0f}-{ghi:.0f}) | {s['avg_ttft_ms']:.0f} | {s['avg_new_tokens']:.1f} |"
+            f"| {_mode_label(mode)} |{served} {_pct(s['hit_rate'])} ({s['hits']}/{s['n']}; {_pct(lo)}-{_pct(hi)}) |"
+            f"{vs_oracle} {recall} | {first} | {s['avg_input_tokens']:.0f} | {s['avg_prefix_tokens']:.0f} "
+            f"| {s['avg_retrieve_ms']:.1f} | {s['avg_generate_ms']:.0f} ({glo:.0f}-{ghi:.0f}) | {s['avg_ttft_ms']:.0f} "
+            f"| {s['avg_new_tokens']:.1f} |"
         )
+    per_session = report.get("per_session", {})
+    if len(per_session) > 1:
+        modes = list(report["summary"])
+        lines += ["", "## Per session (seed)", "", "| Session | " + " | ".join(modes) + " |",
+                  "|---|" + "---|" * len(modes)]
+        for name, summary in per_session.items():
+            lines.append(f"| {name} | " + " | ".join(
+                f"{_pct(summary[m]['hit_rate'])} ({summary[m]['hits']}/{summary[m]['n']})" for m in modes) + " |")
     t = report["targets"]
     lines += ["", "## Targets", ""]
     if "A_hit_rate_at_least_B_ams_text" in t:
+        paired = t.get("A_minus_B_ams_text_paired_ci95")
+        ci = f"; paired bootstrap 95% CI {100 * paired[0]:+.0f} to {100 * paired[1]:+.0f}" if paired else ""
         lines.append(f"- A hit-rate >= B_ams_text: **{'met' if t['A_hit_rate_at_least_B_ams_text'] else 'not met'}** "
-                     f"(A - B = {100 * t['A_hit_rate_minus_B_ams_text']:+.0f} points)")
+                     f"(A - B = {100 * t['A_hit_rate_minus_B_ams_text']:+.0f} points{ci})")
     if "A_input_tokens_vs_D" in t:
         lines.append(f"- A input tokens <= 15% of D: **{'met' if t['A_input_tokens_within_15pct'] else 'not met'}** "
                      f"({_pct(t['A_input_tokens_vs_D'])} of D)")
@@ -310,10 +536,15 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"- {m} generate ms <= 1.1x B_ams_text: "
                          f"**{'met' if t[f'{m}_generate_within_1.1x'] else 'not met'}** "
                          f"({t[f'{m}_generate_ms_vs_B_ams_text']:.2f}x)")
-    lines += ["", "Write-time costs: " + "; ".join(
-        f"{s['session']}: write {s['write_ms']:.0f} ms, compiled {s['memories_compiled']} memories in "
-        f"{s['compile_ms_total']:.0f} ms" for s in report["sessions"]) + ".", "",
-        f"Command: `{report['command']}`", ""]
+    costs = []
+    for s in report["sessions"]:
+        cost = f"{s['session']}: write {s['write_ms']:.0f} ms"
+        if s.get("served_by") == "server":
+            cost += f" (through amfs_write), backbone loaded by the server in {s['backbone_load_ms']:.0f} ms"
+        else:
+            cost += f", compiled {s['memories_compiled']} memories in {s['compile_ms_total']:.0f} ms"
+        costs.append(cost)
+    lines += ["", "Write-time costs: " + "; ".join(costs) + ".", "", f"Command: `{report['command']}`", ""]
     if cfg.get("is_random_backbone"):
         lines.insert(2, "**The backbone is randomly initialised (a test model): its answers are noise.**\n")
     return "\n".join(lines)
@@ -328,28 +559,32 @@ def chart(report: dict[str, Any], path: Path) -> None:
     summary = report["summary"]
     modes = list(summary)
     x = np.arange(len(modes))
-    colors = ["#7f7f7f", "#9ecae1", "#3182bd", "#e6550d", "#fd8d3c"][: len(modes)]
+    palette = {"D_full_history": "#7f7f7f", "B_flat_cos": "#9ecae1", "B_ams_text": "#3182bd",
+               "A_ams_prefix": "#e6550d", "C_ams_hybrid": "#fd8d3c", ORACLE: "#ffffff"}
+    colors = [palette[m] for m in modes]
+    hatches = ["xx" if m == ORACLE else "" for m in modes]  # the reference, not a mode
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
     rates = [summary[m]["hit_rate"] * 100 for m in modes]
     # Clipped at 0: at 0/n or n/n the Wilson bound equals the rate up to rounding.
     err = np.clip(np.array([[r - summary[m]["hit_rate_ci95"][0] * 100, summary[m]["hit_rate_ci95"][1] * 100 - r]
                             for m, r in zip(modes, rates)]).T, 0, None)
-    axes[0].bar(x, rates, color=colors, yerr=err, capsize=4)
+    axes[0].bar(x, rates, color=colors, yerr=err, capsize=4, hatch=hatches, edgecolor="#555555")
     axes[0].set_ylim(0, 105)
     axes[0].set_title("hit-rate % (95% Wilson CI)")
     prefilled = [summary[m]["avg_input_tokens"] for m in modes]
     reused = [summary[m]["avg_prefix_tokens"] for m in modes]
-    axes[1].bar(x, prefilled, color=colors, label="prefilled")
+    axes[1].bar(x, prefilled, color=colors, label="prefilled", hatch=hatches, edgecolor="#555555")
     axes[1].bar(x, reused, bottom=prefilled, color="none", edgecolor="#555555", hatch="//", label="reused prefix")
     axes[1].set_title("avg input tokens (prefilled; hatched: reused)")
     axes[1].legend(loc="upper right", fontsize=8)
     gen = [summary[m]["avg_generate_ms"] for m in modes]
     gerr = np.clip(np.array([[g - summary[m]["avg_generate_ms_ci95"][0], summary[m]["avg_generate_ms_ci95"][1] - g]
                              for m, g in zip(modes, gen)]).T, 0, None)
-    axes[2].bar(x, gen, color=colors, yerr=gerr, capsize=4)
+    axes[2].bar(x, gen, color=colors, yerr=gerr, capsize=4, hatch=hatches, edgecolor="#555555")
     axes[2].set_title("avg generate ms (95% bootstrap CI)")
     for ax in axes:
-        ax.set_xticks(x, [m.replace("_", "\n", 1) for m in modes], fontsize=8)
+        ax.set_xticks(x, [("O_gold_text\n(reference)" if m == ORACLE else m.replace("_", "\n", 1)) for m in modes],
+                      fontsize=8)
     fig.suptitle(f"{report['config']['backbone']}: {report['title']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -371,22 +606,38 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--large-queries", type=int, default=None, help="queries per generated session (default: all)")
     p.add_argument("--seeds", default="0", help="comma-separated seeds for --large")
     p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
+    p.add_argument("--modes", default=",".join(ALL_MODES),
+                   help="comma-separated subset of " + ", ".join(ALL_MODES) + f" (default: all; {ORACLE} is the "
+                        "reference: the gold fact alone as text)")
     p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help="memories given to the retrieval modes")
     p.add_argument("--key-scale", type=float, default=None,
                    help="prefix modes: multiply the keys of memories after the top-1 (below 1 trusts the top-1 "
                         "more; default 0.8, 1.0 = plain concatenation)")
+    p.add_argument("--via-server", action="store_true",
+                   help="write the facts and answer D, B_ams_text, A and C through the MCP tools (amfs_write, "
+                        "amfs_answer) of a server app with the backbone configured (placed by the server: CUDA "
+                        "when available); B_flat_cos and the oracle, which have no server equivalent, run in process")
     p.add_argument("--embedder", default=DEFAULT_EMBEDDER, help="all-MiniLM-L6-v2 (default) or none")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    p.add_argument("--out", type=Path, default=None, help="report directory (default reports/session/<backbone>-n<N>)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="report directory (default reports/session/<backbone>-n<N>, -large, +-server)")
     args = p.parse_args(argv)
     args.mode_list = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in args.mode_list if m not in MODES]
+    unknown = [m for m in args.mode_list if m not in ALL_MODES]
     if unknown or not args.mode_list:
-        p.error(f"unknown modes {unknown}; choose from {', '.join(MODES)}")
-    args.mode_list = [m for m in MODES if m in args.mode_list]  # canonical order
+        p.error(f"unknown modes {unknown}; choose from {', '.join(ALL_MODES)}")
+    args.mode_list = [m for m in ALL_MODES if m in args.mode_list]  # canonical order, the reference last
     if args.top_k < 1:
         p.error("--top-k must be >= 1")
+    if args.via_server:
+        from .prefix_cache import DEFAULT_KEY_SCALE
+
+        # amfs_answer gives the model DEFAULT_MEMORIES memories, and the server's compiler its default key
+        # scale; a benchmark that claims the server's answers must run with what the server does.
+        if args.top_k != DEFAULT_MEMORIES:
+            p.error(f"--via-server answers with the server's {DEFAULT_MEMORIES} memories; leave --top-k out")
+        if args.key_scale is not None and args.key_scale != DEFAULT_KEY_SCALE:
+            p.error(f"--via-server uses the server's key scale ({DEFAULT_KEY_SCALE}); leave --key-scale out")
     args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()]
     args.argv = None if argv is None else list(argv)
     return args
@@ -438,12 +689,23 @@ def run_benchmark(args: argparse.Namespace, *, embedder: Embedder | None = None,
         sessions = [report_session(args.n_facts)]
         title = f"report session N={args.n_facts} ({args.n_facts} facts, {len(sessions[0].queries)} queries)"
         default_out = f"{_slug(args.backbone)}-n{args.n_facts}"
+    if args.via_server:
+        default_out += "-server"
+        title += ", through the server"
     out = args.out or Path("reports") / "session" / default_out
+    server = (args.backbone, args.embedder) if args.via_server else None
+    path_description = (
+        "through the server: facts written with amfs_write, D/B_ams_text/A/C answered by amfs_answer "
+        "(mode full/text/prefix/hybrid) of a create_app server with the backbone configured, over an in-memory "
+        "MCP client; metrics from the tool's result. B_flat_cos and O_gold_text have no server equivalent "
+        "and run in process" if args.via_server else "in process (AsyncAgentMemory and the worker's answer code)")
     _progress(f"session bench: {backbone.name} on {backbone.device} ({backbone.dtype}), loaded in "
-              f"{backbone.load_seconds:.1f}s; {title}; modes {', '.join(args.mode_list)}; top-k {args.top_k}")
+              f"{backbone.load_seconds:.1f}s; {title}; modes {', '.join(args.mode_list)}; top-k {args.top_k}; "
+              f"path: {'server' if args.via_server else 'in-process'}")
     _warm_up(backbone, compiler)
     started = time.perf_counter()
-    runs = [asyncio.run(run_session(s, backbone, compiler, embedder, args.mode_list, args.top_k, args.max_new_tokens))
+    runs = [asyncio.run(run_session(s, backbone, compiler, embedder, args.mode_list, args.top_k, args.max_new_tokens,
+                                    server=server))
             for s in sessions]
     results = [r for run in runs for r in run.results]
     summary = summarize(results, args.mode_list)
@@ -456,12 +718,17 @@ def run_benchmark(args: argparse.Namespace, *, embedder: Embedder | None = None,
             "dtype": str(backbone.dtype).replace("torch.", ""),
             "embedder": getattr(embedder, "name", "none") if embedder is not None else "none",
             "top_k": args.top_k, "max_new_tokens": args.max_new_tokens, "modes": args.mode_list,
+            "reference_modes": [ORACLE] if ORACLE in args.mode_list else [],
+            "path": "server" if args.via_server else "in-process", "path_description": path_description,
             "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
             "torch": torch.__version__, "machine": platform.machine(), "order": "interleaved per query",
             "key_scale": compiler.key_scale,
         },
         "summary": summary,
-        "targets": targets(summary),
+        "targets": targets(summary, results),
+        "per_session": {run.session: summarize(run.results, args.mode_list) for run in runs},
+        "per_session_targets": {run.session: targets(summarize(run.results, args.mode_list), run.results)
+                                for run in runs},
         "sessions": [{k: v for k, v in asdict(run).items() if k != "results"} for run in runs],
         "wall_s": time.perf_counter() - started,
         "queries": [asdict(r) for r in results],

@@ -14,14 +14,17 @@ Two kinds of session:
 * ``generated_session(seed)``: a larger session (60 facts, 60 queries by
   default) about several people, generated from attribute templates, so that
   every query has distractors of the same attribute for other people and
-  differences between modes are not one query wide.
+  differences between modes are not one query wide. Facts are written one
+  person at a time.
 
 Designed for a weak reader (SmolLM2-135M): short facts phrased like their
 questions ("The user's code editor is Neovim." / "What is the user's code
 editor?"), single-word answers that no other fact or answer contains, and a
 system prompt asking for a few words from the notes. With all ten facts in the
 prompt (mode D) SmolLM2 answers 10/10 at N=10 and N=20, so the ceiling is real
-and every other mode is judged against it.
+and every other mode is judged against it. On the generated 60-fact sessions it
+is not (32% over three seeds): there the benchmark's reference, the gold fact
+alone as text (89%), is the reader's ceiling.
 """
 
 from __future__ import annotations
@@ -186,7 +189,8 @@ def generated_session(seed: int, n_people: int = 6, n_facts: int = 60, n_queries
     the session and no value is a substring of another value, a name or a
     question, so a hit can only come from the right fact. ``n_queries``
     (default: all facts) queries are drawn without replacement, in random order.
-    Facts are returned in a shuffled "write" order.
+    Facts are returned in write order: grouped by person, people and each
+    person's attributes in random order.
     """
     attrs = list(_ATTRIBUTES)
     if not 1 <= n_people <= len(_PEOPLE):
@@ -208,6 +212,14 @@ def generated_session(seed: int, n_people: int = 6, n_facts: int = 60, n_queries
         pool = _port_pool(rng, count) if key == "api_port" else rng.sample(_ATTRIBUTES[key][2], count)
         per_attr[key] = pool
 
+    # Written one person at a time (people in random order, each one's attributes in random order), as a
+    # conversation that turns from one person to the next. A weak reader with all 60 facts in its prompt
+    # (mode D) finds a person's facts far better together than scattered: in a check on the earlier,
+    # fully shuffled sessions, SmolLM2-135M answered 4/20 (seed 0) and 3/30 (seed 1) of the questions
+    # with the facts shuffled and 8/20 and 14/30 with the same facts sorted by person.
+    turn = {p: i for i, p in enumerate(rng.sample(people, len(people)))}
+    pairs.sort(key=lambda pair: turn[pair[0]])  # stable: each person's attributes keep their random order
+
     facts, queries = [], []
     for person, key in pairs:
         fact_tpl, q_tpl, _ = _ATTRIBUTES[key]
@@ -216,7 +228,6 @@ def generated_session(seed: int, n_people: int = 6, n_facts: int = 60, n_queries
         facts.append(fact)
         queries.append(Query(q_tpl.format(p=person), value, fact.path))
     _check_unambiguous(queries)
-    rng.shuffle(facts)
     rng.shuffle(queries)
     n_queries = len(queries) if n_queries is None else n_queries
     return Session(name=f"generated_s{seed}_n{n_facts}", facts=tuple(facts), queries=tuple(queries[:n_queries]))

@@ -224,7 +224,8 @@ class LMWorker:
 
         ``text``/``prefix``/``hybrid`` use the top ``memories`` entries of ``service.retrieve`` (which
         counts them as read by ``actor``'s session); ``full`` uses every current entry under
-        ``entity_path`` (not tracked as reads: it reads everything, so it says nothing about any one).
+        ``entity_path``, oldest first (not tracked as reads: it reads everything, so it says nothing
+        about any one).
         """
         if mode not in ANSWER_MODES:
             raise ValidationError(f"mode must be one of {list(ANSWER_MODES)}, got {mode!r}.")
@@ -234,6 +235,8 @@ class LMWorker:
             raise ValidationError(f"memories must be an integer in 1..50, got {memories!r}.")
         if not isinstance(query, str) or not query.strip():
             raise ValidationError("query must be a non-empty question, e.g. 'which database does the project use?'.")
+        if not self.loaded:
+            await _wait_for_embedder(service)
         started = time.perf_counter()
         if mode == "full":
             entries = await service.list(entity_path, limit=MAX_FULL_ENTRIES + 1)
@@ -242,6 +245,9 @@ class LMWorker:
                     f"mode='full' reads every entry under entity_path, and there are more than {MAX_FULL_ENTRIES}. "
                     "Narrow entity_path, or use mode='prefix' (retrieved memories only)."
                 )
+            # Oldest first: the memories as the session wrote them, a conversation's history (ties, as in
+            # one write_many, keep list()'s path-and-key order).
+            entries.sort(key=lambda e: e.provenance.written_at)
         else:
             entries = [hit.entry for hit in
                        await service.retrieve(actor, query, entity_path=entity_path, limit=memories)]
@@ -266,6 +272,19 @@ class LMWorker:
             executor.shutdown(wait=True, cancel_futures=True)
         self._backbone = None
         self._compiler = None
+
+
+async def _wait_for_embedder(service: MemoryService) -> None:
+    """Let the service's embedder finish loading before the backbone loads.
+
+    Loading two transformers models at once, in two threads, is not safe: seen here, SmolLM2 loaded
+    in the worker while the server's start-up warm-up loaded MiniLM came out with its tied ``lm_head``
+    on the meta device ("Cannot copy out of meta tensor"). The embedder's ``load`` is idempotent and
+    locked, so this waits for a warm-up in progress, or loads it now (retrieval needs it anyway).
+    """
+    load = getattr(service.embedder, "load", None)
+    if load is not None:
+        await asyncio.to_thread(load)
 
 
 __all__ = [

@@ -58,7 +58,8 @@ def register_answer_tools(mcp: FastMCP, service: MemoryService, worker: LMWorker
         mode: Annotated[
             Literal["prefix", "hybrid", "text", "full"],
             Field(description="prefix: retrieved memories as compiled caches; hybrid: plus the top one as text; "
-                              "text: retrieved memories in the prompt; full: every memory under entity_path."),
+                              "text: retrieved memories in the prompt; "
+                              "full: every memory under entity_path, oldest first."),
         ] = "prefix",
         entity_path: EntityFilter = None,
         max_new_tokens: Annotated[int, Field(ge=1, le=1024)] = 64,

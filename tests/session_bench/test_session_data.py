@@ -40,6 +40,14 @@ def test_generated_session_is_reproducible_and_unambiguous(seed):
     assert generated_session(seed + 100) != s
 
 
+def test_generated_session_writes_one_person_at_a_time():
+    s = generated_session(0)
+    people = [f.entity_path for f in s.facts]
+    turns = [p for i, p in enumerate(people) if i == 0 or p != people[i - 1]]
+    assert len(turns) == len(set(turns)) == 6  # each person's facts are contiguous
+    assert [f.key for f in s.facts[:10]] != sorted(f.key for f in s.facts[:10])  # attributes in random order
+
+
 def test_generated_session_sizes():
     s = generated_session(5, n_people=8, n_facts=80, n_queries=50)
     assert len(s.facts) == 80 and len(s.queries) == 50

@@ -138,3 +138,36 @@ async def test_amfs_answer_with_an_unknown_backbone_is_a_tool_error_with_the_fix
         result = await client.call_tool("amfs_answer", {"query": "anything?"}, raise_on_error=False)
     assert result.is_error
     assert "nothing is downloaded" in result.content[0].text and "--lm-backbone smollm2" in result.content[0].text
+
+
+async def test_the_backbone_loads_only_after_the_services_embedder_has_loaded(service, worker, monkeypatch):
+    # Two transformers models loading at once in two threads can leave one on the meta device; the server
+    # warms its embedder up in a thread at start, so the worker waits for that load before its own.
+    from amfs_server.session_bench import backbone as backbone_mod
+
+    order: list[str] = []
+    embedder_loaded = threading.Event()
+
+    class SlowLoadingEmbedder:
+        def load(self):
+            embedder_loaded.wait(timeout=10)  # as if a warm-up were still loading it
+            order.append("embedder")
+
+    real_load = backbone_mod.load_backbone
+
+    def recording_load(*args, **kwargs):
+        order.append("backbone")
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(service, "embedder", SlowLoadingEmbedder())
+    monkeypatch.setattr(backbone_mod, "load_backbone", recording_load)
+    task = asyncio.ensure_future(worker.answer(service, ACTOR, "What is the user's dog named?", "full",
+                                               "user/profile", 2))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert order == [] and not task.done()
+    embedder_loaded.set()
+    await task
+    assert order == ["embedder", "backbone"]
+    again = await worker.answer(service, ACTOR, "What is the user's dog named?", "full", "user/profile", 2)
+    assert again.load_ms == 0 and order == ["embedder", "backbone"]  # loaded once; no second wait
