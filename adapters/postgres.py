@@ -319,7 +319,11 @@ def _tsquery_pieces(terms: Iterable[str]) -> list[str]:
 
 def _tsquery_text(terms: Iterable[str]) -> str:
     """The OR of `_tsquery_pieces(terms)`: `retry | policy | (err <-> ledger <-> 409)`."""
-    return " | ".join(f"({piece})" if " " in piece else piece for piece in _tsquery_pieces(terms))
+    return _or_query(_tsquery_pieces(terms))
+
+
+def _or_query(pieces: list[str]) -> str:
+    return " | ".join(f"({piece})" if " " in piece else piece for piece in pieces)
 
 
 class _Params:
@@ -375,6 +379,8 @@ SELECT {columns}, top.score FROM top JOIN entries USING (row_id, written_at)
 ORDER BY top.score DESC, top.written_at DESC, top.row_id DESC
 """
 
+# The planner's row count for `entries` (-1 before its first ANALYZE).
+_ROW_ESTIMATE_SQL = "SELECT reltuples FROM pg_class WHERE oid = 'entries'::regclass"
 TERM_STATS_TTL_S = 10.0
 # Element frequencies come from the last ANALYZE; the row count from the live statistics, so a table that grew
 # since (a bulk load before autovacuum's next ANALYZE) is not under-counted.
@@ -486,9 +492,7 @@ class PostgresStore:
             await conn.execute(f"SET LOCAL search_path TO {self._search_path}")
             await self._migrate(conn)
             self._lock_namespace = await conn.fetchval("SELECT hashtext($1)", self.schema)
-            self._rows_at_analyze = max(0.0, float(await conn.fetchval(
-                "SELECT reltuples FROM pg_class WHERE oid = 'entries'::regclass"
-            )))
+            self._rows_at_analyze = max(0.0, float(await conn.fetchval(_ROW_ESTIMATE_SQL)))
             typmod = await conn.fetchval(
                 "SELECT a.atttypmod FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attname = 'embedding'",
                 f"{quote_ident(self.schema)}.entries",
@@ -569,7 +573,7 @@ class PostgresStore:
         try:
             async def analyze(conn: Any) -> float:
                 await conn.execute("ANALYZE entries")
-                return float(await conn.fetchval("SELECT reltuples FROM pg_class WHERE oid = 'entries'::regclass"))
+                return float(await conn.fetchval(_ROW_ESTIMATE_SQL))
 
             self._rows_at_analyze = max(0.0, await self._read(analyze))
             self._term_stats = None  # the keyword statistics come from the same ANALYZE
@@ -736,12 +740,12 @@ class PostgresStore:
         """Current live entries matching ANY term (an OR tsquery), best first by the summed IDF of the terms
         they match, `ln(1 + (N - df + 0.5) / (df + 0.5))` as in BM25: an entry matching a rare word outranks
         one matching several common ones. df counts the matching entries within the filter's scope."""
-        query_text = _tsquery_text(terms)
-        if not query_text or limit <= 0:
+        words = _tsquery_pieces(terms)
+        if not words or limit <= 0:
             return []
         params = _Params()
-        q = params.add(query_text)
-        pieces = params.add(_tsquery_pieces(terms))
+        q = params.add(_or_query(words))
+        pieces = params.add(words)
         clauses = _filter_sql(flt, now, params)
         sql = _KEYWORD_SQL.format(
             query=q, pieces=pieces, filters=" AND ".join(clauses), columns=_BASE_COLUMNS, limit=params.add(int(limit))

@@ -358,15 +358,13 @@ async def run_session(session: Session, backbone: Any, compiler: Any, embedder: 
                     total_ms = (time.perf_counter() - started) * 1000
                     hit = query.hit(got.answer)
                     hits[mode] += hit
+                    retrieved = kind not in ("none", "gold")
                     run.results.append(QueryResult(
-                        mode=mode, session=session.name, question=query.question, expected=query.expected,
-                        answer=got.answer, hit=hit,
-                        gold_retrieved=None if kind in ("none", "gold") else query.fact_path in got.memories,
+                        mode=mode, session=session.name, question=query.question, expected=query.expected, hit=hit,
+                        gold_retrieved=query.fact_path in got.memories if retrieved else None,
                         gold_rank=(got.memories.index(query.fact_path) + 1
-                                   if kind not in ("none", "gold") and query.fact_path in got.memories else None),
-                        memories=got.memories, input_tokens=got.input_tokens, prefix_tokens=got.prefix_tokens,
-                        new_tokens=got.new_tokens, retrieve_ms=got.retrieve_ms, compile_ms=got.compile_ms,
-                        ttft_ms=got.ttft_ms, generate_ms=got.generate_ms, total_ms=total_ms, served_by=served_by,
+                                   if retrieved and query.fact_path in got.memories else None),
+                        total_ms=total_ms, served_by=served_by, **asdict(got),
                     ))
                     _progress(f"[{session.name}] {mode:<15} query {qi}/{len(session.queries)} "
                               f"{'hit ' if hit else 'miss'} running hit-rate {hits[mode]}/{qi} "
