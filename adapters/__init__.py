@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .protocol import MemoryStore
+from ..core.ports import MemoryStore
 
 
 def create_store(sqlite_path: Path, postgres_dsn: str | None = None, embedding_dimension: int = 384) -> MemoryStore:

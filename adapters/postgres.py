@@ -64,7 +64,7 @@ from ..core.models import (
     TraceEvent,
     TraceKind,
 )
-from .protocol import OutcomeTarget, StoreSnapshot, TierUpdate
+from ..core.ports import OutcomeTarget, StoreSnapshot, TierUpdate
 
 T = TypeVar("T")
 logger = logging.getLogger("amfs_server.adapters.postgres")

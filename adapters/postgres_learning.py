@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from ..core.errors import ConflictError, StoreError
-from ..core.learning import Interaction, LearningSnapshot, Pattern, Preference, PreferenceChange
+from ..core.learning_records import Interaction, LearningSnapshot, Pattern, Preference, PreferenceChange
 from .postgres import DEFAULT_SCHEMA, MIGRATION_LOCK_KEY, quote_ident, redact_dsn, schema_from_dsn
 from .sqlite_learning import (
     _INTERACTION_COLUMNS,

@@ -31,7 +31,7 @@ from ..core.models import (
     TraceEvent,
     TraceKind,
 )
-from .protocol import OutcomeTarget, StoreSnapshot, TierUpdate
+from ..core.ports import OutcomeTarget, StoreSnapshot, TierUpdate
 from .sqlite_base import SQLiteDatabase, _dt, _ts
 from .vector_index import VectorIndex
 

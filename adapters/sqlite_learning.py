@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from ..core.errors import ValidationError
-from ..core.learning import Interaction, LearningSnapshot, Pattern, Preference, PreferenceChange
+from ..core.learning_records import Interaction, LearningSnapshot, Pattern, Preference, PreferenceChange
 from .sqlite_base import SQLiteDatabase, _dt, _ts
 
 

@@ -27,11 +27,12 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Any, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from .errors import StoreError
+from .ports import Embedder
 
 __all__ = [
     "Embedder",
@@ -58,19 +59,6 @@ class EmbedderUnavailableError(StoreError):
 
     A domain error, so MCP clients get its install hint as a tool error instead of an internal error.
     """
-
-
-@runtime_checkable
-class Embedder(Protocol):
-    """Anything that maps texts to L2-normalised float32 vectors."""
-
-    name: str
-    dimension: int
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Return a float32 array of shape (len(texts), dimension), unit-norm rows,
-        row i corresponding to texts[i]."""
-        ...
 
 
 # --------------------------------------------------------------------------- #

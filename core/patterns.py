@@ -25,13 +25,12 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
+from .learning_records import Interaction, canonical_json
 from .redaction import contains_redaction
 
-if TYPE_CHECKING:
-    from .learning import Interaction
 
 PatternType = Literal["recurring_parameter", "workflow", "time_of_day", "insight"]
 PATTERN_TYPES: tuple[str, ...] = ("recurring_parameter", "workflow", "time_of_day", "insight")
@@ -75,10 +74,6 @@ def wilson_lower_bound(successes: int, trials: int, z: float = WILSON_Z) -> floa
     centre = p + z * z / (2 * trials)
     margin = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials))
     return max(0.0, (centre - margin) / denominator)
-
-
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 def pattern_id(user_id: str, pattern_type: str, signature: str) -> str:

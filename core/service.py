@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ..adapters.protocol import MemoryStore, OutcomeTarget, StoreSnapshot, TierUpdate
+from .ports import MemoryStore, OutcomeTarget, StoreSnapshot, TierUpdate
 from . import validation as v
 from .confidence import DEFAULT_MULTIPLIERS, effective_confidence, validate_multipliers
 from .errors import NotFoundError, ValidationError

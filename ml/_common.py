@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..adapters.protocol import MemoryStore
+from ..core.ports import MemoryStore
 from ..core.service import MemoryService
 
 Progress = Callable[[float, "float | None", "str | None"], None]

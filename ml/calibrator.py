@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..adapters.protocol import MemoryStore
+from ..core.ports import MemoryStore
 from ..core.errors import InsufficientDataError, ValidationError
 from ..core.models import OutcomeRecord, OutcomeType, utcnow
 from ..core.service import MemoryService

@@ -29,7 +29,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from ..adapters.protocol import MemoryStore
+from ..core.ports import MemoryStore
 from ..core import validation as v
 from ..core.errors import InsufficientDataError, StoreError, ValidationError
 from ..core.models import MemoryEntry, OutcomeType, utcnow

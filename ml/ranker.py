@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ..adapters.protocol import MemoryStore
+from ..core.ports import MemoryStore
 from ..core import validation as v
 from ..core.errors import InsufficientDataError, StoreError
 from ..core.models import EntryFilter, MemoryEntry, OutcomeType, utcnow

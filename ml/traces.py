@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ..adapters.protocol import MemoryStore
+from ..core.ports import MemoryStore
 from ..core.models import MemoryEntry, OutcomeEffect, OutcomeRecord, OutcomeType, TraceEvent, entry_key
 
 INCIDENT_TYPES: tuple[OutcomeType, ...] = (

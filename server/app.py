@@ -25,7 +25,7 @@ from ..tools import ActorResolver, register_tools
 from ..ml.service import MLService
 from ..tools.learning_tools import register_learning_tools
 from ..tools.answer_tools import register_answer_tools
-from ..session_bench.worker import LMWorker
+from ..ml.answer.worker import LMWorker
 from ..tools.ml_tools import register_ml_tools
 from .auth import (
     ApiKey,

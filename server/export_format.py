@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..adapters.protocol import StoreSnapshot
+from ..core.ports import StoreSnapshot
 from ..core.models import MemoryEntry, MemoryType, OutcomeRecord, OutcomeType, TraceEvent
 
 EXPORT_FORMAT = "amfs-export"

@@ -29,7 +29,8 @@ from ..core.embedding import embedding_text, load_embedder
 from ..core.models import Actor, MemoryEntry, MemoryType, NewEntry, Provenance, utcnow
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
 from ..core.tiers import priority_score, tier_for
-from ..adapters.protocol import StoreSnapshot
+from ..core.ports import StoreSnapshot
+from . import pyplot
 
 DATASET = Path(__file__).parent / "data" / "retrieval_eval.json"
 SINGLE_STRATEGIES = ("semantic", "keyword", "temporal", "confidence")
@@ -343,10 +344,7 @@ def scale_markdown(report: dict[str, Any]) -> str:
 
 
 def plot_scale(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for kind, rows in report["stores"].items():

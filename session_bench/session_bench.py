@@ -52,9 +52,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..core.embedding import Embedder
+from ..core.ports import Embedder
+from . import pyplot
 from .session_data import Fact, Session, generated_session, report_session
-from .worker import DEFAULT_MEMORIES, AnswerMode, Generated, MemoryText, answer_from_memories, memory_text
+from ..ml.answer.worker import DEFAULT_MEMORIES, AnswerMode, Generated, MemoryText, answer_from_memories, memory_text
 
 ModeName = Literal["D_full_history", "B_flat_cos", "B_ams_text", "A_ams_prefix", "C_ams_hybrid", "O_gold_text"]
 MODES: tuple[ModeName, ...] = ("D_full_history", "B_flat_cos", "B_ams_text", "A_ams_prefix", "C_ams_hybrid")
@@ -549,10 +550,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def chart(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     summary = report["summary"]
     modes = list(summary)
@@ -628,7 +626,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.top_k < 1:
         p.error("--top-k must be >= 1")
     if args.via_server:
-        from .prefix_cache import DEFAULT_KEY_SCALE
+        from ..ml.answer.prefix_cache import DEFAULT_KEY_SCALE
 
         # amfs_answer gives the model DEFAULT_MEMORIES memories, and the server's compiler its default key
         # scale; a benchmark that claims the server's answers must run with what the server does.
@@ -646,8 +644,8 @@ def _slug(spec: str) -> str:
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any, Embedder | None]:
-    from .backbone import BackboneUnavailable, load_backbone
-    from .prefix_cache import MemoryCompiler
+    from ..ml.answer.backbone import BackboneUnavailable, load_backbone
+    from ..ml.answer.prefix_cache import MemoryCompiler
 
     try:
         backbone = load_backbone(args.backbone, device=args.device)

@@ -32,8 +32,6 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-SYSTEM_PROMPT = "You answer questions using only the notes. Reply with the answer in a few words."
-USER_TEMPLATE = "Notes:\n{notes}\nQuestion: {question}"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from fastmcp import Context, FastMCP
 from pydantic import BaseModel, Field
 
 from ..core.service import MAX_QUERY_CHARS, MemoryService
-from ..session_bench.worker import DEFAULT_MEMORIES, LMWorker
+from ..ml.answer.worker import DEFAULT_MEMORIES, LMWorker
 from ._params import EntityFilter
 from ._registry import ActorResolver, ToolRegistry, read_only
 

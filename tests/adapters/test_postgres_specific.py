@@ -20,7 +20,7 @@ import pytest
 
 from amfs_server.adapters import postgres as pg
 from amfs_server.adapters.postgres import PostgresStore, schema_from_dsn
-from amfs_server.adapters.protocol import MemoryStore, OutcomeTarget
+from amfs_server.core.ports import MemoryStore, OutcomeTarget
 from amfs_server.core.errors import StoreError, ValidationError
 from amfs_server.core.models import (
     Actor,
@@ -583,7 +583,7 @@ async def test_a_bulk_load_refreshes_the_planner_statistics(pg_store: PostgresSt
 
 @pytestmark_pg
 async def test_reads_bump_each_entry_once_per_read_in_one_statement(pg_store: PostgresStore) -> None:
-    from amfs_server.adapters.protocol import TierUpdate
+    from amfs_server.core.ports import TierUpdate
 
     await pg_store.insert_versions([draft("svc/a", "k"), draft("svc/b", "k")], ACTOR)
     reads = [TierUpdate("svc/a", "k", 1, Tier.WARM, 0.4, None), TierUpdate("svc/b", "k", 1, Tier.HOT, 0.9, None),
@@ -598,7 +598,7 @@ async def test_reads_bump_each_entry_once_per_read_in_one_statement(pg_store: Po
 
 @pytestmark_pg
 async def test_trace_detail_round_trips(pg_store: PostgresStore) -> None:
-    from amfs_server.adapters.protocol import TierUpdate
+    from amfs_server.core.ports import TierUpdate
 
     [entry] = await pg_store.insert_versions([draft("svc/a", "k")], ACTOR)
     detail = {"query": "why retries?", "rank": 1, "ranks": {"semantic": 2, "keyword": 1}}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from amfs_server.adapters.protocol import StoreSnapshot
+from amfs_server.core.ports import StoreSnapshot
 from amfs_server.adapters.sqlite import SQLiteStore
 from amfs_server.core.models import (
     MemoryEntry,

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from amfs_server.adapters.protocol import StoreSnapshot
+from amfs_server.core.ports import StoreSnapshot
 from amfs_server.adapters.sqlite import SQLiteStore
 from amfs_server.core.confidence import DEFAULT_MULTIPLIERS
 from amfs_server.core.errors import InsufficientDataError

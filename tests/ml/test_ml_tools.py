@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from fastmcp import Client, FastMCP
 
-from amfs_server.adapters.protocol import StoreSnapshot
+from amfs_server.core.ports import StoreSnapshot
 from amfs_server.core.confidence import DEFAULT_MULTIPLIERS
 from amfs_server.core.service import MemoryService
 from amfs_server.ml import MLService

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from amfs_server.adapters.protocol import StoreSnapshot
+from amfs_server.core.ports import StoreSnapshot
 from amfs_server.core.errors import InsufficientDataError
 from amfs_server.core.models import Actor
 from amfs_server.core.retrieval import LEARNED_WEIGHT

@@ -7,8 +7,8 @@ import importlib.util
 import pytest
 import torch
 
-from amfs_server.session_bench import backbone as backbone_mod
-from amfs_server.session_bench.backbone import BackboneUnavailable, byte_level_tokenizer, load_backbone
+from amfs_server.ml.answer import backbone as backbone_mod
+from amfs_server.ml.answer.backbone import BackboneUnavailable, byte_level_tokenizer, load_backbone
 
 
 def test_tiny_random_is_labelled_and_on_cpu_in_float32():

@@ -27,11 +27,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..core.errors import AmfsError, ValidationError
-from ..core.models import Actor, MemoryEntry
+from ...core.errors import AmfsError, ValidationError
+from ...core.models import Actor, MemoryEntry
 
 if TYPE_CHECKING:
-    from ..core.service import MemoryService
+    from ...core.service import MemoryService
     from .backbone import Backbone
     from .prefix_cache import GenerationMetrics, MemoryCompiler
 

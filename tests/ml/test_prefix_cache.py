@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from amfs_server.session_bench.backbone import load_backbone
-from amfs_server.session_bench.prefix_cache import (
+from amfs_server.ml.answer.backbone import load_backbone
+from amfs_server.ml.answer.prefix_cache import (
     MemoryCompiler,
     encode,
     generate_text,

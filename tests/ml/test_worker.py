@@ -14,7 +14,7 @@ from amfs_server.core.service import WriteRequest
 from amfs_server.server.app import create_app
 from amfs_server.server.composition import build_service
 from amfs_server.server.settings import load_settings
-from amfs_server.session_bench.worker import BackboneError, LMWorker
+from amfs_server.ml.answer.worker import BackboneError, LMWorker
 
 FACTS = [
     ("user/profile", "code_editor", "The user's code editor is Neovim."),
@@ -143,7 +143,7 @@ async def test_amfs_answer_with_an_unknown_backbone_is_a_tool_error_with_the_fix
 async def test_the_backbone_loads_only_after_the_services_embedder_has_loaded(service, worker, monkeypatch):
     # Two transformers models loading at once in two threads can leave one on the meta device; the server
     # warms its embedder up in a thread at start, so the worker waits for that load before its own.
-    from amfs_server.session_bench import backbone as backbone_mod
+    from amfs_server.ml.answer import backbone as backbone_mod
 
     order: list[str] = []
     embedder_loaded = threading.Event()

@@ -56,7 +56,7 @@ from safetensors.torch import load_file, save_file
 from transformers import DynamicCache
 
 from .backbone import Backbone
-from .session_data import SYSTEM_PROMPT, USER_TEMPLATE
+from .prompts import SYSTEM_PROMPT, USER_TEMPLATE
 
 # Sentinels cut the rendered chat template into head / notes / suffix. They
 # contain no characters a template would escape or strip.

@@ -1,12 +1,21 @@
-"""The store Protocol every adapter satisfies, proven by the shared contract suite (tests/adapters)."""
+"""The ports: what the domain needs from the outside, as `typing.Protocol`s.
+
+`MemoryStore` and `LearningStore` are satisfied by the SQLite and PostgreSQL adapters (proven by the contract
+suites in tests/adapters), `Embedder` by the embedding runtime, `Clock` by `utcnow` or a test's clock.
+core imports no other room; the adapters import these.
+"""
+
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ..core.models import (
+import numpy as np
+
+from .models import (
     Actor,
     EntryFilter,
     MemoryEntry,
@@ -18,6 +27,7 @@ from ..core.models import (
     TraceEvent,
     TraceKind,
 )
+from .learning_records import Interaction, LearningSnapshot, Pattern, Preference, PreferenceChange
 
 
 @dataclass(frozen=True)
@@ -150,3 +160,78 @@ class MemoryStore(Protocol):
     async def get_meta(self, name: str) -> Any | None: ...
 
     async def set_meta(self, name: str, value: Any | None) -> None: ...
+
+
+class Clock(Protocol):
+    """Now, timezone-aware UTC. One is injected wherever time matters, so tests can move it."""
+
+    def __call__(self) -> datetime: ...
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Anything that maps texts to L2-normalised float32 vectors."""
+
+    name: str
+    dimension: int
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Return a float32 array of shape (len(texts), dimension), unit-norm rows, row i for texts[i]."""
+        ...
+
+
+@runtime_checkable
+class LearningStore(Protocol):
+    """Persistence for interactions, preferences and patterns (SQLite and PostgreSQL adapters).
+
+    Kept apart from `MemoryStore` so that the entry stores stay untouched and learning can live in
+    its own file or schema. Writes are atomic; user ids arrive already pseudonymised when that is on.
+    """
+
+    name: str
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def record(self, interaction: Interaction | None, changes: Sequence[PreferenceChange]) -> list[Preference]:
+        """Insert the interaction (if any) and apply each change to its preference, in one transaction."""
+        ...
+
+    async def interactions(self, user_id: str | None = None, limit: int | None = None) -> list[Interaction]:
+        """Interactions oldest first; with `limit`, only the newest `limit` of them."""
+        ...
+
+    async def interaction_stats(self, user_id: str) -> tuple[int, datetime | None]:
+        """How many interactions the user has, and when the newest happened."""
+        ...
+
+    async def users(self) -> list[str]:
+        """Every user with interactions or patterns, sorted."""
+        ...
+
+    async def purge_interactions(self, before: datetime) -> int: ...
+
+    async def preferences(self, user_id: str | None = None, category: str | None = None) -> list[Preference]:
+        """Sorted by user, category, key."""
+        ...
+
+    async def delete_preference(self, user_id: str | None, category: str, key: str) -> int:
+        """Delete (category, key) for one user, or for every user with None; returns how many went."""
+        ...
+
+    async def patterns(self, user_id: str | None = None) -> list[Pattern]: ...
+
+    async def replace_patterns(self, user_id: str, patterns: Sequence[Pattern]) -> None:
+        """Make `patterns` the user's patterns: the others of that user are deleted."""
+        ...
+
+    async def clear(self) -> None: ...
+
+    async def export_snapshot(self) -> LearningSnapshot: ...
+
+    async def import_snapshot(self, snapshot: LearningSnapshot, check_only: bool = False) -> None:
+        """Write the snapshot in one transaction. Refuses (writing nothing) when an interaction id or a
+        (user, category, key) preference already exists; patterns with a stored id are replaced.
+        `check_only` runs the refusal checks and writes nothing."""
+        ...
