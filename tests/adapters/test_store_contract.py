@@ -262,6 +262,7 @@ async def test_find_current_sorts_by_each_sort_key_best_first(store: MemoryStore
         assert keys(await store.find_current(EntryFilter(), at(10), sort_by, None)) == order, sort_by  # type: ignore[arg-type]
         assert keys(await store.find_current(EntryFilter(), at(10), sort_by, 2)) == order[:2], sort_by  # type: ignore[arg-type]
         assert await store.find_current(EntryFilter(), at(10), sort_by, 0) == []  # type: ignore[arg-type]
+        assert await store.find_current(EntryFilter(), at(10), sort_by, -1) == []  # type: ignore[arg-type]
 
 
 async def test_find_current_breaks_ties_newest_write_first_the_same_way_on_every_store(store: MemoryStore) -> None:
@@ -463,6 +464,7 @@ async def test_keyword_candidates_match_any_term_best_first(store: MemoryStore) 
     assert await store.keyword_candidates(['"quoted"', "&|!():*'"], EntryFilter(), NOW, 10) == []
     assert len(await store.keyword_candidates(["svc"], EntryFilter(), NOW, 2)) == 2
     assert await store.keyword_candidates(["svc"], EntryFilter(), NOW, 0) == []
+    assert await store.keyword_candidates(["svc"], EntryFilter(), NOW, -1) == []
 
 
 async def test_keyword_candidates_rank_a_rare_word_above_a_common_one(store: MemoryStore) -> None:
@@ -517,6 +519,7 @@ async def test_semantic_candidates_are_nearest_first_by_cosine(store: MemoryStor
         assert entry.embedding is None
     assert keys(await store.semantic_candidates(direction(50), EntryFilter(), NOW, 2)) == ["mid", "near"]
     assert await store.semantic_candidates(direction(0), EntryFilter(), NOW, 0) == []
+    assert await store.semantic_candidates(direction(0), EntryFilter(), NOW, -1) == []
 
 
 async def test_semantic_candidates_use_only_current_live_versions(store: MemoryStore) -> None:
