@@ -397,12 +397,12 @@ async def test_an_outcome_ref_applies_once_and_a_repeat_returns_the_stored_recor
     await write(store, draft("svc/a", "k", confidence=0.5), draft("svc/b", "k", confidence=0.5))
     first = await store.apply_outcome("INC-7", OutcomeType.FAILURE, 1.1, ACTOR, at(1), [OutcomeTarget("svc/a", "k", None)])
     again = await store.apply_outcome(
-        "INC-7", OutcomeType.SUCCESS, 0.5, OTHER, at(2), [OutcomeTarget("svc/a", "k", None), OutcomeTarget("svc/b", "k", None)]
+        "INC-7", OutcomeType.SUCCESS, 0.5, ACTOR, at(2), [OutcomeTarget("svc/a", "k", None), OutcomeTarget("svc/b", "k", None)]
     )
     assert again.already_applied and not first.already_applied
-    assert (again.outcome_type, again.multiplier, again.committed_at, again.agent_id, again.effects) == (
-        OutcomeType.FAILURE, 1.1, at(1), ACTOR.agent_id, first.effects
-    )
+    assert (again.outcome_type, again.multiplier, again.committed_at, again.effects) == (
+        OutcomeType.FAILURE, 1.1, at(1), first.effects
+    )  # the stored record, whatever the repeat asked for
     assert ((await current(store, "svc/a", "k")).confidence, (await current(store, "svc/a", "k")).outcome_count) == (
         pytest.approx(0.55), 1
     )
