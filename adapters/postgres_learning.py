@@ -257,7 +257,7 @@ class PostgresLearningStore:
         where, args = ("WHERE user_id = $1", [user_id]) if user_id is not None else ("", [])
         sql = f"SELECT {_INTERACTION_COLUMNS} FROM learning_interactions {where} ORDER BY at DESC, seq DESC"
         if limit is not None:
-            sql += f" LIMIT {int(limit)}"
+            sql += f" LIMIT {max(0, int(limit))}"  # a negative LIMIT is none to SQLite, an error to PostgreSQL
         rows = await self._fetch(sql, *args)
         return [row_to_interaction(row, row["at"]) for row in reversed(rows)]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 from datetime import datetime
 from pathlib import Path
@@ -110,12 +111,23 @@ _BASE_COLUMNS = (
 )
 _ENTRY_COLUMNS = _BASE_COLUMNS + ", embedding"
 
+# Ties go to the newer write: written_at, then row_id (a batch shares one written_at). Same order as PostgreSQL.
 _SORT_SQL: dict[str, str] = {
-    "confidence": "confidence DESC, written_at DESC",
-    "recency": "written_at DESC",
-    "recall_count": "recall_count DESC, written_at DESC",
-    "priority": "priority_score DESC, written_at DESC",
+    "confidence": "confidence DESC, written_at DESC, row_id DESC",
+    "recency": "written_at DESC, row_id DESC",
+    "recall_count": "recall_count DESC, written_at DESC, row_id DESC",
+    "priority": "priority_score DESC, written_at DESC, row_id DESC",
 }
+_TOKEN = re.compile(r"\w+")
+
+
+def match_any(terms: list[str]) -> str:
+    """An FTS5 query matching any word of any term: `["retry policy", "ERR_42"]` -> `"retry" OR "policy" OR "ERR_42"`.
+
+    Words are `\\w+` runs, as the tokenizer (`tokenchars '_'`) and PostgreSQL's adapter split them; quoting
+    each one keeps FTS5 operators in user text inert. Empty when the terms hold no word."""
+    words = dict.fromkeys(word for term in terms for word in _TOKEN.findall(term or ""))
+    return " OR ".join(f'"{word}"' for word in words)
 
 
 def encode_embedding(embedding: list[float] | None) -> bytes | None:
@@ -188,9 +200,13 @@ class SQLiteStore(SQLiteDatabase):
         return await self._run(lambda: self._insert_versions_sync(drafts, actor))
 
     def _insert_versions_sync(self, drafts: list[NewEntry], actor: Actor) -> list[MemoryEntry]:
-        stored: list[MemoryEntry] = []
+        # Rows go in in key order (a stable sort keeps repeated keys in draft order), as PostgreSQL stores them:
+        # a batch shares one written_at, so row order is what breaks its ties. Results go back in draft order.
+        order = sorted(range(len(drafts)), key=lambda i: (drafts[i].entity_path, drafts[i].key))
+        stored: list[MemoryEntry | None] = [None] * len(drafts)
         with self._transaction() as conn:
-            for draft in drafts:
+            for index in order:
+                draft = drafts[index]
                 previous = conn.execute(
                     "SELECT row_id, version FROM entries WHERE entity_path = ? AND key = ? AND is_current = 1",
                     (draft.entity_path, draft.key),
@@ -221,9 +237,9 @@ class SQLiteStore(SQLiteDatabase):
                     (actor.session_id, actor.agent_id, draft.entity_path, draft.key, version, _ts(draft.written_at)),
                 )
                 row = conn.execute(f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE row_id = ?", (row_id,)).fetchone()
-                stored.append(_row_to_entry(row))
+                stored[index] = _row_to_entry(row)
         self._vectors.dirty = True
-        return stored
+        return stored  # type: ignore[return-value]
 
     async def get_current(self, entity_path: str, key: str, now: datetime) -> MemoryEntry | None:
         def fetch() -> MemoryEntry | None:
@@ -262,7 +278,7 @@ class SQLiteStore(SQLiteDatabase):
         clauses, params = self._filter_sql(flt, now)
         sql = f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE {' AND '.join(clauses)} ORDER BY {_SORT_SQL[sort_by]}"
         if limit is not None:
-            sql += f" LIMIT {int(limit)}"
+            sql += f" LIMIT {max(0, int(limit))}"  # SQLite reads a negative LIMIT as none
 
         def fetch() -> list[MemoryEntry]:
             return [_row_to_entry(row, with_embedding=False) for row in self._connection().execute(sql, params)]
@@ -452,15 +468,15 @@ class SQLiteStore(SQLiteDatabase):
     async def keyword_candidates(
         self, terms: list[str], flt: EntryFilter, now: datetime, limit: int
     ) -> list[tuple[MemoryEntry, float]]:
-        if not terms:
+        match = match_any(terms)
+        if not match or limit <= 0:
             return []
-        # Any term may match (OR); bm25 ranks entries that match more and rarer terms first.
-        match = " OR ".join('"' + term.replace('"', "") + '"' for term in terms)
+        # Any word may match (OR); bm25 ranks entries that match more and rarer words first.
         clauses, params = self._filter_sql(flt, now, column_prefix="e.")
         sql = (
             f"SELECT {_prefixed_columns('e.')}, bm25(entries_fts) AS rank FROM entries_fts "
             f"JOIN entries e ON e.row_id = entries_fts.rowid "
-            f"WHERE entries_fts MATCH ? AND {' AND '.join(clauses)} ORDER BY rank LIMIT ?"
+            f"WHERE entries_fts MATCH ? AND {' AND '.join(clauses)} ORDER BY rank, e.written_at DESC, e.row_id DESC LIMIT ?"
         )
 
         def fetch() -> list[tuple[MemoryEntry, float]]:
@@ -491,6 +507,8 @@ class SQLiteStore(SQLiteDatabase):
         import numpy as np
 
         query = np.asarray(vector, dtype=np.float32)
+        if limit <= 0 or not np.all(np.isfinite(query)) or not np.any(query):
+            return []  # no cosine similarity to a zero / non-finite vector
         clauses, params = self._filter_sql(flt, now)
 
         def fetch() -> list[tuple[MemoryEntry, float]]:
@@ -513,7 +531,9 @@ class SQLiteStore(SQLiteDatabase):
                 if len(rows) >= limit or pool >= size:
                     break
                 pool = min(size, pool * 4)
-            ranked = sorted(rows, key=lambda row: similarity[row["row_id"]], reverse=True)[:limit]
+            ranked = sorted(
+                rows, key=lambda row: (similarity[row["row_id"]], row["written_at"], row["row_id"]), reverse=True
+            )[:limit]
             return [(_row_to_entry(row, with_embedding=False), similarity[row["row_id"]]) for row in ranked]
 
         return await self._run(fetch)

@@ -69,6 +69,15 @@ _PATTERN_COLUMNS = (
     "pattern_id, user_id, pattern_type, tool_name, data_json, occurrences, frequency, confidence, discovered_at, "
     "updated_at"
 )
+# A stored pattern id is replaced, whoever held it: replace_patterns and import agree, as in PostgreSQL.
+_UPSERT_PATTERN = (
+    f"INSERT INTO learning_patterns ({_PATTERN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (pattern_id) DO UPDATE SET user_id = excluded.user_id, "
+    "pattern_type = excluded.pattern_type, tool_name = excluded.tool_name, "
+    "data_json = excluded.data_json, occurrences = excluded.occurrences, "
+    "frequency = excluded.frequency, confidence = excluded.confidence, "
+    "discovered_at = excluded.discovered_at, updated_at = excluded.updated_at"
+)
 
 
 def dump_json(value: Any) -> str:
@@ -167,7 +176,7 @@ class SQLiteLearningStore(SQLiteDatabase):
         where, params = ("WHERE user_id = ?", [user_id]) if user_id is not None else ("", [])
         sql = f"SELECT {_INTERACTION_COLUMNS} FROM learning_interactions {where} ORDER BY at DESC, rowid DESC"
         if limit is not None:
-            sql += f" LIMIT {int(limit)}"
+            sql += f" LIMIT {max(0, int(limit))}"  # a negative LIMIT is none to SQLite, an error to PostgreSQL
 
         def fetch() -> list[Interaction]:
             rows = self._connection().execute(sql, params).fetchall()
@@ -248,10 +257,7 @@ class SQLiteLearningStore(SQLiteDatabase):
         def write() -> None:
             with self._transaction() as conn:
                 conn.execute("DELETE FROM learning_patterns WHERE user_id = ?", (user_id,))
-                conn.executemany(
-                    f"INSERT INTO learning_patterns ({_PATTERN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [_with_times(pattern_row(p), 8, 9) for p in patterns],
-                )
+                conn.executemany(_UPSERT_PATTERN, [_with_times(pattern_row(p), 8, 9) for p in patterns])
 
         await self._run(write)
 
@@ -316,14 +322,6 @@ class SQLiteLearningStore(SQLiteDatabase):
                     f"INSERT INTO learning_preferences ({_PREFERENCE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [_with_times(preference_row(p), 8) for p in snapshot.preferences],
                 )
-                conn.executemany(
-                    f"INSERT INTO learning_patterns ({_PATTERN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                    "ON CONFLICT (pattern_id) DO UPDATE SET user_id = excluded.user_id, "
-                    "pattern_type = excluded.pattern_type, tool_name = excluded.tool_name, "
-                    "data_json = excluded.data_json, occurrences = excluded.occurrences, "
-                    "frequency = excluded.frequency, confidence = excluded.confidence, "
-                    "discovered_at = excluded.discovered_at, updated_at = excluded.updated_at",
-                    [_with_times(pattern_row(p), 8, 9) for p in snapshot.patterns],
-                )
+                conn.executemany(_UPSERT_PATTERN, [_with_times(pattern_row(p), 8, 9) for p in snapshot.patterns])
 
         await self._run(write)
