@@ -416,15 +416,25 @@ ECHO = {
     "job_change": ["That's huge, congratulations!", "Wait, really? Good for you, you deserved it."],
 }
 # Things the other person says about their own life in passing that share a topic's words.
-LEAD_INS = ["Haha, true.", "Oh, speaking of which,", "Anyway!", "Ha, fair enough.", "Oh before I forget:",
-            "So, news:", "Right?", "Ok so,", "Honestly same.", "Totally.", "Mm, yeah.", "Oh wait, I have to tell you."]
+LEAD_INS = ["Haha, true.", "Oh, speaking of which:", "Anyway!", "Ha, fair enough.", "Oh before I forget:",
+            "So, news:", "Right?", "Ok so:", "Honestly same.", "Totally.", "Mm, yeah.", "Oh wait, I have to tell you."]
 TAILS = ["How about you?", "Anyway, what's new with you?", "Have you ever done that?", "Crazy, right?",
          "I'll tell you more later.", "What have you been up to?", "Anyway, enough about me.", "Life, huh."]
+# Sentences people add to any message; several reuse the catalogue's topics (pets, trips, work, family, hobbies).
+ASIDES = ["Also it's been raining all day, so I'm stuck inside.", "My back is killing me from sitting all day.",
+          "I still haven't unpacked from the weekend, by the way.", "Work has been a lot this week too.",
+          "My mom keeps asking when we're visiting, so that's a whole thing.", "The dog next door won't stop barking.",
+          "I really need a holiday somewhere warm.", "I've had way too much coffee today.",
+          "Our group chat has been wild lately.", "I should really go to the gym more.",
+          "We finally fixed the leaky tap, small victories.", "My cousin keeps sending me wedding plans to look at.",
+          "I've been trying to cook more at home instead of ordering.", "Traffic downtown was a nightmare again.",
+          "The kids at the park were so loud this morning.", "I've been meaning to call my grandma.",
+          "My boss wants a report by Friday, ugh.", "I bought way too many plants again."]
 PASSING = [
     "I went to a {word} workshop once, total disaster.", "My brother keeps sending me {word} videos at 2am.",
-    "We drove through {city} on a road trip years ago, barely remember it.", "I used to have a {kind} growing up.",
+    "We drove through {city} on a road trip years ago, barely remember it.", "I used to have a {kind} {animal} growing up.",
     "My sister is a {job_word}, she says exactly the same thing.", "Someone at the gym was talking about {city} all morning.",
-    "My neighbour has a {kind} too, it barks at every single delivery.", "I thought about {word} once but never had the time.",
+    "My neighbour has a {kind} {animal} too, it's cute but so loud.", "I thought about {word} once but never had the time.",
     "My aunt went to {city} last year and would not stop talking about it.", "We almost got a {young} last year but the landlord said no.",
     "I saw a poster for a {word} class at the community centre, might go.", "A friend of mine is a {job_word}, the hours sound brutal.",
 ]
@@ -917,6 +927,8 @@ def chat_turns(rng: random.Random, lines: list[tuple[str, str, str | None]]) -> 
                 text = f"{rng.choice(LEAD_INS)} {text}"
             if rng.random() < 0.4:
                 text = f"{text} {rng.choice(TAILS)}"
+        if rng.random() < 0.3:
+            text = f"{text} {rng.choice(ASIDES)}" if rng.random() < 0.5 else f"{rng.choice(ASIDES)} {text}"
         if turns and turns[-1][0] == speaker:
             previous_speaker, previous_text, previous_tags = turns[-1]
             turns[-1] = (speaker, f"{previous_text} {text}", previous_tags + ([tag] if tag else []))
@@ -928,7 +940,7 @@ def chat_turns(rng: random.Random, lines: list[tuple[str, str, str | None]]) -> 
 def passing_line(conv: Conversation) -> str:
     rng = conv.rng
     pet = rng.choice(PETS)
-    return rng.choice(PASSING).format(kind=rng.choice(pet["kinds"]), young=pet["young"], word=rng.choice(HOBBIES)["word"],
+    return rng.choice(PASSING).format(kind=rng.choice(pet["kinds"]), young=pet["young"], animal=pet["animal"], word=rng.choice(HOBBIES)["word"],
                                       city=rng.choice(TRIPS)["city"], job_word=rng.choice(JOBS)["job"])
 
 
