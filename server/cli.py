@@ -285,7 +285,8 @@ def _bench_command(name: str, module: str, summary: str) -> None:
         importlib.import_module(f"amfs_server.session_bench.{module}").main(list(args))
 
 
-_bench_command("retrieval", "retrieval_bench", "Retrieval quality (`quality`) or latency/ingest at scale (`scale`).")
+_bench_command("retrieval", "retrieval_bench",
+               "Retrieval quality (`quality`), latency/ingest at scale (`scale`) or on conversations (`conversations`).")
 _bench_command("ml", "ml_bench", "Outcome simulator: learned vs fixed fusion, calibrator recovery.")
 _bench_command("mcp-latency", "mcp_latency", "Round-trip latency of amfs_write / amfs_retrieve over stdio and HTTP.")
 _bench_command("session", "session_bench",
