@@ -80,6 +80,14 @@ class MemoryStore(Protocol):
         self, flt: EntryFilter, now: datetime, sort_by: SortBy, limit: int | None
     ) -> list[MemoryEntry]: ...
 
+    async def entity_counts(self, flt: EntryFilter, now: datetime) -> dict[str, int]:
+        """How many current live entries each entity path (exactly that path) holds, within the filter."""
+        ...
+
+    async def entries_at(self, entity_path: str, now: datetime, offset: int, limit: int) -> list[MemoryEntry]:
+        """Current live entries at exactly `entity_path`, ordered by key, one page (`offset`, `limit`)."""
+        ...
+
     async def record_reads(
         self, actor: Actor, kind: TraceKind, reads: list[TierUpdate], now: datetime
     ) -> None:

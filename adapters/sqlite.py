@@ -269,6 +269,23 @@ class SQLiteStore(SQLiteDatabase):
 
         return await self._run(fetch)
 
+    async def entity_counts(self, flt: EntryFilter, now: datetime) -> dict[str, int]:
+        clauses, params = self._filter_sql(flt, now)
+        sql = f"SELECT entity_path, count(*) FROM entries WHERE {' AND '.join(clauses)} GROUP BY entity_path"
+        return await self._run(lambda: dict(self._connection().execute(sql, params).fetchall()))
+
+    async def entries_at(self, entity_path: str, now: datetime, offset: int, limit: int) -> list[MemoryEntry]:
+        sql = (
+            f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE is_current = 1 AND (ttl_at IS NULL OR ttl_at > ?) "
+            "AND entity_path = ? ORDER BY key LIMIT ? OFFSET ?"
+        )
+        params = (_ts(now), entity_path, max(0, int(limit)), max(0, int(offset)))
+
+        def fetch() -> list[MemoryEntry]:
+            return [_row_to_entry(row, with_embedding=False) for row in self._connection().execute(sql, params)]
+
+        return await self._run(fetch)
+
     @staticmethod
     def _filter_sql(flt: EntryFilter, now: datetime, column_prefix: str = "") -> tuple[list[str], list[Any]]:
         c = column_prefix
