@@ -734,11 +734,14 @@ class PostgresStore:
         rows = await self._read(lambda conn: conn.fetch(sql, *params.values))
         return [_row_to_entry(row, with_embedding=False) for row in rows]
 
-    async def entity_counts(self, flt: EntryFilter, now: datetime) -> dict[str, int]:
-        params = _Params()
-        clauses = _filter_sql(flt, now, params)
-        sql = f"SELECT entity_path, count(*) AS n FROM entries WHERE {' AND '.join(clauses)} GROUP BY entity_path"
-        rows = await self._read(lambda conn: conn.fetch(sql, *params.values))
+    async def entity_counts(self, entity_path: str | None, now: datetime) -> dict[str, int]:
+        scope = "" if entity_path is None else "AND (entity_path = $2 OR (entity_path > $3 AND entity_path < $4))"
+        args: list[Any] = [now] if entity_path is None else [now, entity_path, entity_path + "/", entity_path + "0"]
+        sql = (
+            "SELECT entity_path, count(*) AS n FROM entries WHERE is_current AND (ttl_at IS NULL OR ttl_at > $1) "
+            f"{scope} GROUP BY entity_path"
+        )
+        rows = await self._read(lambda conn: conn.fetch(sql, *args))
         return {row["entity_path"]: int(row["n"]) for row in rows}
 
     async def entries_at(self, entity_path: str, now: datetime, offset: int, limit: int) -> list[MemoryEntry]:

@@ -80,8 +80,8 @@ class MemoryStore(Protocol):
         self, flt: EntryFilter, now: datetime, sort_by: SortBy, limit: int | None
     ) -> list[MemoryEntry]: ...
 
-    async def entity_counts(self, flt: EntryFilter, now: datetime) -> dict[str, int]:
-        """How many current live entries each entity path (exactly that path) holds, within the filter."""
+    async def entity_counts(self, entity_path: str | None, now: datetime) -> dict[str, int]:
+        """How many current live entries each entity path (exactly that path) holds, at or under `entity_path`."""
         ...
 
     async def entries_at(self, entity_path: str, now: datetime, offset: int, limit: int) -> list[MemoryEntry]:

@@ -279,7 +279,7 @@ class MemoryService:
 
     async def entity_counts(self, entity_path: str | None = None) -> dict[str, int]:
         """Current live entries per entity path (each path counts only the entries exactly at it)."""
-        return await self.store.entity_counts(EntryFilter(entity_path=v.validate_entity_prefix(entity_path)), utcnow())
+        return await self.store.entity_counts(v.validate_entity_prefix(entity_path), utcnow())
 
     async def entries_at(self, entity_path: str, offset: int = 0, limit: int = 50) -> list[MemoryEntry]:
         """One page of the current entries at exactly `entity_path`, by key; does not count as reading them."""

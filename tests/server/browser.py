@@ -59,13 +59,13 @@ def wait_for(driver: Any, css: str, timeout: float = 15, visible: bool = True) -
     from selenium.webdriver.support.ui import WebDriverWait
 
     condition = ec.visibility_of_element_located if visible else ec.presence_of_element_located
-    return WebDriverWait(driver, timeout).until(condition((By.CSS_SELECTOR, css)))
+    return WebDriverWait(driver, timeout, poll_frequency=0.05).until(condition((By.CSS_SELECTOR, css)))
 
 
 def wait_until(driver: Any, predicate: Any, timeout: float = 15) -> Any:
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout).until(lambda d: predicate(d))
+    return WebDriverWait(driver, timeout, poll_frequency=0.05).until(lambda d: predicate(d))
 
 
 def log_in(driver: Any, base_url: str, key: str) -> None:

@@ -177,6 +177,7 @@
       renderChildren(list, root);
     }
     treeBox.appendChild(list);
+    performance.mark("amfs-tree-shown"); // read by the page-load benchmark (server/ui/bench.py)
     if (browsePath) await showEntries(listBox, browsePath, Number(params.get("offset") || 0));
     else listBox.appendChild(el("p", { class: "muted" }, "Pick an entity on the left to list its entries."));
   }
