@@ -50,7 +50,7 @@ FACTS = {
 
 
 async def seed(data_dir: Path, model_dir: Path) -> None:
-    settings = load_settings({}, data_dir=data_dir, embedder="none", ml_model_dir=model_dir)
+    settings = load_settings({}, data_dir=data_dir, ml_model_dir=model_dir)  # the real embedder: semantic search too
     service = build_service(settings)
     learning = build_learning_service(settings)
     await service.open()
@@ -103,7 +103,7 @@ def main() -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="amfs-ui-shots-"))
     model_dir = data_dir / "ml"
     asyncio.run(seed(data_dir, model_dir))
-    env = server_env(data_dir, AMFS_EMBEDDER="none", AMFS_API_KEYS=KEY, AMFS_ML_MODEL_DIR=str(model_dir))
+    env = server_env(data_dir, AMFS_API_KEYS=KEY, AMFS_ML_MODEL_DIR=str(model_dir))
     server = spawn_http_server("http", env, timeout_s=120)
     driver = start_browser()
     base = server.base_url
@@ -122,8 +122,8 @@ def main() -> None:
         driver.find_elements("css selector", "#confidence-chart circle.failure")[0].click()
         wait_for(driver, "#outcome-detail")
         shoot(driver, args.out / "entry.png")
-        driver.get(base + "/ui/#/search?q=payments%20gateway%20timeout")
-        wait_for(driver, "#search-results tbody tr")
+        driver.get(base + "/ui/#/search?q=how%20long%20before%20card%20charges%20give%20up")
+        wait_for(driver, "#search-results tbody tr", timeout=120)  # the first search loads the embedding model
         shoot(driver, args.out / "search.png")
         driver.get(base + "/ui/#/outcomes")
         wait_for(driver, "#outcomes tbody tr")

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from amfs_server.core.errors import NotFoundError, ValidationError
@@ -20,6 +22,7 @@ async def seed(service: MemoryService, actor: Actor) -> None:
         WriteRequest("ab", "k5", "a sibling whose name starts like a"),
         WriteRequest("a/b", "gone", "expired entry", ttl_seconds=0.001),
     ])
+    await asyncio.sleep(0.05)  # "gone" has expired before anything is counted
 
 
 async def test_entity_counts_count_live_entries_per_exact_path_within_a_prefix(service: MemoryService, actor: Actor) -> None:

@@ -209,7 +209,7 @@
     if (node.path === browsePath) name.classList.add("selected");
     item.append(toggle, name, el("span", { class: "count", title: node.here + " here" }, String(node.total)));
     item.appendChild(sub);
-    if (open || (browsePath && browsePath.startsWith(node.path + "/"))) expand().catch((e) => showError(e.message));
+    if (open || (browsePath && (browsePath === node.path || browsePath.startsWith(node.path + "/")))) expand().catch((e) => showError(e.message));
     return item;
   }
 
@@ -286,24 +286,28 @@
     points.sort((a, b) => a.t - b.t);
     const now = { t: Date.parse(data.now), c: data.entry.effective_confidence, kind: "now", label: "now (effective)", data: null };
 
+    // Events are spaced evenly in time order (agents often act in bursts, which a linear time axis would
+    // pile onto one spot); the axis labels give the first and last dates.
     const W = 720, H = 260, L = 44, R = 16, T = 14, B = 34;
-    const t0 = points.length ? points[0].t : now.t, t1 = Math.max(now.t, t0 + 1);
-    const x = (t) => L + ((t - t0) / (t1 - t0)) * (W - L - R);
-    const y = (c) => T + (1 - Math.max(0, Math.min(1, c))) * (H - T - B);
+    const all = [...points, now];
+    const x = (i) => L + (all.length > 1 ? i / (all.length - 1) : 0.5) * (W - L - R);
+    // Outcome multipliers may lift confidence above 1, so the scale grows to the highest point.
+    const top = Math.max(1, Math.ceil(Math.max(...all.map((p) => p.c)) * 4) / 4);
+    const y = (c) => T + (1 - Math.max(0, Math.min(top, c)) / top) * (H - T - B);
     const chart = svg("svg", { class: "chart", id: "confidence-chart", viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": "confidence over time" });
-    for (const c of [0, 0.25, 0.5, 0.75, 1]) {
+    for (const c of [0, 0.25, 0.5, 0.75, 1].map((f) => f * top)) {
       chart.append(svg("line", { class: "grid", x1: L, x2: W - R, y1: y(c), y2: y(c) }), svg("text", { x: 6, y: y(c) + 4 }, c.toFixed(2)));
     }
     chart.append(svg("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }), svg("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }));
-    chart.append(svg("text", { x: L, y: H - 10 }, new Date(t0).toLocaleDateString()), svg("text", { x: W - R - 70, y: H - 10 }, "now"));
+    chart.append(svg("text", { x: L, y: H - 10 }, new Date(all[0].t).toLocaleString()), svg("text", { x: W - R, y: H - 10, "text-anchor": "end" }, "now"));
     if (points.length) {
-      chart.appendChild(svg("polyline", { class: "line", points: points.map((p) => x(p.t) + "," + y(p.c)).join(" ") }));
-      const last = points[points.length - 1];
-      chart.appendChild(svg("polyline", { class: "decay", points: x(last.t) + "," + y(last.c) + " " + x(now.t) + "," + y(now.c) }));
+      chart.appendChild(svg("polyline", { class: "line", points: points.map((p, i) => x(i) + "," + y(p.c)).join(" ") }));
+      const last = points.length - 1;
+      chart.appendChild(svg("polyline", { class: "decay", points: x(last) + "," + y(points[last].c) + " " + x(last + 1) + "," + y(now.c) }));
     }
     let selected = null;
-    for (const p of [...points, now]) {
-      const dot = svg("circle", { class: p.kind + " point", cx: x(p.t), cy: y(p.c), r: p.kind === "write" ? 5 : 6, tabindex: 0, "data-kind": p.kind, "data-label": p.label },
+    all.forEach((p, i) => {
+      const dot = svg("circle", { class: p.kind + " point", cx: x(i), cy: y(p.c), r: p.kind === "write" ? 5 : 6, tabindex: 0, "data-kind": p.kind, "data-label": p.label },
         svg("title", {}, p.label + ": " + fmt(p.c)));
       const open = () => {
         if (selected) selected.classList.remove("selected");
@@ -315,7 +319,7 @@
       dot.addEventListener("click", open);
       dot.addEventListener("keydown", (event) => { if (event.key === "Enter") open(); });
       chart.appendChild(dot);
-    }
+    });
     return chart;
   }
 
