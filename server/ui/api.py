@@ -388,7 +388,10 @@ def _handlers(ui: UiServices) -> dict[str, Handler]:
             raise ValidationError('The body must be JSON: {"entity_path": "...", "key": "..."}.') from None
         if not isinstance(body, dict):
             raise ValidationError('The body must be a JSON object: {"entity_path": "...", "key": "..."}.')
-        path = _scoped_path(viewer, body.get("entity_path") or "\0")  # "\0": refused by validation, not "all"
+        path = body.get("entity_path")
+        if not isinstance(path, str) or not path:
+            raise ValidationError('Name the entry to forget: {"entity_path": "...", "key": "..."}.')
+        path = _scoped_path(viewer, path)
         assert path is not None
         key = v.validate_key(body.get("key"))
         removed = await service.forget(path, key)

@@ -272,3 +272,31 @@ def test_the_ui_command_refuses_to_bind_beyond_loopback_without_keys(settings: S
     with pytest.raises(SystemExit) as refused:
         run_ui(settings, host="0.0.0.0", port=1)
     assert "beyond loopback requires bearer-token auth" in str(refused.value.code)
+
+
+def test_the_ui_command_serves_the_configured_store_with_its_keys(tmp_path: Path) -> None:
+    import asyncio
+
+    import httpx
+
+    from amfs_server.session_bench.mcp_latency import server_env, spawn_http_server
+
+    async def write() -> None:
+        service = build_service(load_settings({}, data_dir=tmp_path, embedder="none"))
+        await service.open()
+        try:
+            await seed(service)
+        finally:
+            await service.close()
+
+    asyncio.run(write())
+    env = server_env(tmp_path, AMFS_EMBEDDER="none", AMFS_API_KEYS=f"{ADMIN},{READER}:ro")
+    server = spawn_http_server("http", env, command=["ui"])
+    try:
+        with httpx.Client(base_url=server.base_url, timeout=30) as http:
+            assert http.get("/ui/").status_code == 200
+            assert http.get("/ui/api/tree").status_code == 401
+            assert http.get("/ui/api/tree", headers=bearer(READER)).json()["total"] == 5
+            assert http.get("/mcp").status_code == 404  # the page only: MCP stays with the stdio server
+    finally:
+        server.stop()
