@@ -55,10 +55,12 @@ def settings(tmp_path: Path) -> Settings:
 
 
 @asynccontextmanager
-async def mcp_http(settings: Settings, keys: str = KEYS) -> AsyncIterator[tuple[httpx2.AsyncClient, MemoryService]]:
+async def mcp_http(
+    settings: Settings, keys: str = KEYS, transport: str = "http"
+) -> AsyncIterator[tuple[httpx2.AsyncClient, MemoryService]]:
     service = build_service(settings)
     app = create_app(service, settings, api_keys=parse_api_keys(keys))
-    asgi = app.http_app(transport="http", **http_options("127.0.0.1"))
+    asgi = app.http_app(transport=transport, **http_options("127.0.0.1"))
     async with asgi.router.lifespan_context(asgi):
         await seed(service)
         async with httpx2.AsyncClient(transport=StreamingASGITransport(asgi), base_url=BASE) as http:
@@ -96,6 +98,14 @@ async def test_every_api_call_without_a_valid_key_gets_401_and_no_data(settings:
         refused = await forget(http, key or "wrong-key-00000000000000000", "team-a/payments", "timeout")
         assert refused.status_code == 401
         assert (await service.peek("team-a/payments", "timeout")).key == "timeout"
+
+
+async def test_the_sse_transport_serves_the_same_page_and_api_behind_the_same_keys(settings: Settings) -> None:
+    async with mcp_http(settings, transport="sse") as (http, _):
+        assert (await http.get("/ui/")).status_code == 200
+        assert (await get(http, "tree", None)).status_code == 401
+        assert (await get(http, "tree", READER)).json()["total"] == 5
+        assert (await get(http, "tree", TEAM_A, path="team-b")).status_code == 403
 
 
 async def test_the_page_and_its_assets_load_without_a_key_under_a_strict_csp_and_hold_no_data(settings: Settings) -> None:
