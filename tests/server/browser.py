@@ -63,9 +63,13 @@ def wait_for(driver: Any, css: str, timeout: float = 15, visible: bool = True) -
 
 
 def wait_until(driver: Any, predicate: Any, timeout: float = 15) -> Any:
+    """Poll `predicate(driver)`; elements it looks up may be replaced meanwhile (the page re-renders on
+    navigation), which counts as not yet."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout, poll_frequency=0.05).until(lambda d: predicate(d))
+    ignored = (NoSuchElementException, StaleElementReferenceException)
+    return WebDriverWait(driver, timeout, poll_frequency=0.05, ignored_exceptions=ignored).until(lambda d: predicate(d))
 
 
 def log_in(driver: Any, base_url: str, key: str) -> None:
