@@ -734,6 +734,26 @@ class PostgresStore:
         rows = await self._read(lambda conn: conn.fetch(sql, *params.values))
         return [_row_to_entry(row, with_embedding=False) for row in rows]
 
+    async def entity_counts(self, entity_path: str | None, now: datetime) -> dict[str, int]:
+        scope = "" if entity_path is None else "AND (entity_path = $2 OR (entity_path > $3 AND entity_path < $4))"
+        args: list[Any] = [now] if entity_path is None else [now, entity_path, entity_path + "/", entity_path + "0"]
+        sql = (
+            "SELECT entity_path, count(*) AS n FROM entries WHERE is_current AND (ttl_at IS NULL OR ttl_at > $1) "
+            f"{scope} GROUP BY entity_path"
+        )
+        rows = await self._read(lambda conn: conn.fetch(sql, *args))
+        return {row["entity_path"]: int(row["n"]) for row in rows}
+
+    async def entries_at(self, entity_path: str, now: datetime, offset: int, limit: int) -> list[MemoryEntry]:
+        sql = (
+            f"SELECT {_BASE_COLUMNS} FROM entries WHERE is_current AND (ttl_at IS NULL OR ttl_at > $1) "
+            "AND entity_path = $2 ORDER BY key LIMIT $3 OFFSET $4"
+        )
+        rows = await self._read(
+            lambda conn: conn.fetch(sql, now, entity_path, max(0, int(limit)), max(0, int(offset)))
+        )
+        return [_row_to_entry(row, with_embedding=False) for row in rows]
+
     async def keyword_candidates(
         self, terms: list[str], flt: EntryFilter, now: datetime, limit: int
     ) -> list[tuple[MemoryEntry, float]]:

@@ -96,6 +96,14 @@ class MemoryStore(Protocol):
         """Current live entries, best first by `sort_by`; ties go to the newer write (written_at, then write order)."""
         ...
 
+    async def entity_counts(self, entity_path: str | None, now: datetime) -> dict[str, int]:
+        """How many current live entries each entity path (exactly that path) holds, at or under `entity_path`."""
+        ...
+
+    async def entries_at(self, entity_path: str, now: datetime, offset: int, limit: int) -> list[MemoryEntry]:
+        """Current live entries at exactly `entity_path`, ordered by key, one page (`offset`, `limit`)."""
+        ...
+
     async def record_reads(
         self, actor: Actor, kind: TraceKind, reads: list[TierUpdate], now: datetime
     ) -> None:

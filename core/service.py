@@ -195,6 +195,16 @@ class MemoryService:
         await self._track(actor, "read", [entry], now)
         return entry
 
+    async def peek(self, entity_path: str, key: str) -> MemoryEntry:
+        """The current version with its current tier, for people inspecting the store: not an agent read, so
+        no recall count, tier write or trace (nothing links it to an outcome)."""
+        entity_path, key = v.validate_entity_path(entity_path), v.validate_key(key)
+        now = utcnow()
+        current = await self.store.get_current(entity_path, key, now)
+        if current is None:
+            raise NotFoundError(f"No memory at '{entity_path}/{key}'. It may have been forgotten or expired.")
+        return self.with_current_tier(current, now)
+
     async def _track(
         self,
         actor: Actor,
@@ -267,6 +277,19 @@ class MemoryService:
         entries.sort(key=lambda e: (e.entity_path, e.key))
         return entries[: v.validate_limit(limit, maximum=100_000)]
 
+    async def entity_counts(self, entity_path: str | None = None) -> dict[str, int]:
+        """Current live entries per entity path (each path counts only the entries exactly at it)."""
+        return await self.store.entity_counts(v.validate_entity_prefix(entity_path), utcnow())
+
+    async def entries_at(self, entity_path: str, offset: int = 0, limit: int = 50) -> list[MemoryEntry]:
+        """One page of the current entries at exactly `entity_path`, by key; does not count as reading them."""
+        entity_path = v.validate_entity_path(entity_path)
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValidationError(f"offset must be an integer >= 0, got {offset!r}.")
+        now = utcnow()
+        entries = await self.store.entries_at(entity_path, now, offset, v.validate_limit(limit))
+        return [self.with_current_tier(entry, now) for entry in entries]
+
     # -- retrieval ----------------------------------------------------------------------------
 
     def retrieval_weights(self) -> dict[str, float]:
@@ -283,11 +306,14 @@ class MemoryService:
         depth: int = 3,
         explain: bool = False,
         weights: Mapping[str, float] | None = None,
+        *,
+        count_as_read: bool = True,
     ) -> list[RetrievedEntry]:
         """Hybrid search for `query`, fused by weighted RRF; returned entries count as read by the session.
 
         `depth` 1 searches hot entries, 2 adds warm, 3 adds archive. `weights` overrides the configured
-        strategy weights for this call (benchmarks use it to measure single strategies).
+        strategy weights for this call (benchmarks use it to measure single strategies). With
+        `count_as_read=False` (a person looking, not an agent) recall counts, tiers and traces stay untouched.
         """
         if not isinstance(query, str) or not query.strip():
             raise ValidationError("query must be a non-empty string, e.g. 'how do we retry failed payments?'.")
@@ -330,11 +356,15 @@ class MemoryService:
         returned: list[MemoryEntry] = []
         details: list[dict[str, Any]] = []
         for rank, (key, score, hits) in enumerate(fused, start=1):
+            if not count_as_read:
+                results.append(RetrievedEntry(admitted[key], score, rank, hits if explain else None))
+                continue
             entry = admitted[key].with_changes(recall_count=admitted[key].recall_count + 1)
             returned.append(entry)
             details.append({"query": query, "rank": rank, "ranks": {name: hit.rank for name, hit in hits.items()}})
             results.append(RetrievedEntry(entry, score, rank, hits if explain else None))
-        await self._track(actor, "retrieve", returned, now, details)
+        if count_as_read:
+            await self._track(actor, "retrieve", returned, now, details)
         return results
 
     async def _keyword_candidates(

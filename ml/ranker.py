@@ -162,6 +162,11 @@ class LearnedRanker:
         model = self._models.get(entity_path)
         return model.metrics if model else None
 
+    def all_metrics(self) -> list[RankerMetrics]:
+        """Metrics of every model being served (the global one first), for status displays."""
+        models = self._models
+        return [models[scope].metrics for scope in sorted(models, key=lambda s: (s is not None, s or ""))]
+
     def install(self, service: MemoryService | None = None) -> bool:
         """Make this ranker the service's learned strategy when a model exists; unset it otherwise."""
         target = service or (self.service if self._owns_service else None)

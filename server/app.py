@@ -95,6 +95,9 @@ def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence
         register_learning_tools(mcp, learning, actors)
     if worker is not None:
         register_answer_tools(mcp, service, worker, actors)
+    from .ui import UiServices, register_ui
+
+    register_ui(mcp, UiServices(service, learning, ml), keys)  # the memory browser at /ui on HTTP and SSE
     return mcp
 
 

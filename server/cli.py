@@ -105,6 +105,17 @@ def serve(
     run_server(settings, transport=transport, host=host, port=port)
 
 
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (loopback unless AMFS_API_KEYS is set).")
+@click.option("--port", default=8765, show_default=True, type=int)
+def ui(host: str, port: int) -> None:
+    """Serve the memory browser (a web page) for the configured store, e.g. beside a stdio server."""
+    from .ui import run_ui
+
+    settings, _ = _settings_with_learning()
+    run_ui(settings, host=host, port=port)
+
+
 @cli.group()
 def memory() -> None:
     """Inspect and manage what the store holds."""

@@ -63,10 +63,14 @@ class HttpServer:
                 self.process.wait(timeout=10)
 
 
-def spawn_http_server(transport: str, env: dict[str, str], timeout_s: float = 60.0) -> HttpServer:
-    """Start `amfs-server serve --transport {http,sse}` on 127.0.0.1:0; wait (bounded) for the bound port."""
+def spawn_http_server(
+    transport: str, env: dict[str, str], timeout_s: float = 60.0, command: list[str] | None = None
+) -> HttpServer:
+    """Start `amfs-server serve --transport {http,sse}` (or `amfs-server <command>`, e.g. `["ui"]`) on
+    127.0.0.1:0; wait (bounded) for the bound port."""
+    args = command if command is not None else ["serve", "--transport", transport]
     process = subprocess.Popen(
-        [*SERVER_COMMAND, "serve", "--transport", transport, "--host", "127.0.0.1", "--port", "0"],
+        [*SERVER_COMMAND, *args, "--host", "127.0.0.1", "--port", "0"],
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     lines: queue.Queue[str | None] = queue.Queue()
