@@ -31,7 +31,16 @@ from .models import (
     utcnow,
 )
 from .retrieval import (
-    DEFAULT_RRF_K, LearnedScorer, RankedList, RetrievedEntry, fuse, keyword_terms, recency_bucket, resolve_weights,
+    DEFAULT_RRF_K,
+    FUSIONS,
+    LearnedScorer,
+    RankedList,
+    RetrievedEntry,
+    fuse,
+    fuse_hybrid,
+    keyword_terms,
+    recency_bucket,
+    resolve_weights,
 )
 from .tiers import priority_score, tier_for
 
@@ -60,13 +69,15 @@ class ServiceConfig:
     max_value_bytes: int = v.DEFAULT_MAX_VALUE_BYTES
     multipliers: dict[OutcomeType, float] = field(default_factory=lambda: dict(DEFAULT_MULTIPLIERS))
     retrieval_weights: dict[str, float] | None = None
+    # "hybrid" (score-aware, the default) or "rrf" (the seed's weighted RRF 0.4/0.2/0.2/0.2): core/retrieval.py.
+    fusion: str = "hybrid"
     rrf_k: int = DEFAULT_RRF_K
     candidate_pool: int = 50
     # Query-blind strategies (temporal, confidence, learned) re-order only the entries within this many
     # top places of the semantic or keyword list: they decide among relevant candidates, never bring in new ones.
     rerank_pool: int = 10
-    # Keyword hits scoring below this fraction of the best hit match only incidental words of the
-    # question; they are dropped so they cannot outvote the semantic ranking.
+    # rrf only: keyword hits scoring below this fraction of the best hit match only incidental words of the
+    # question; they are dropped so they cannot outvote the semantic ranking (hybrid weighs them by score instead).
     keyword_min_relative_score: float = 0.7
     # A word found in more entries than this says little about any one of them (its IDF is near zero), and
     # scoring every entry it matches is what makes keyword search slow at scale: such words are left to
@@ -83,6 +94,8 @@ class MemoryService:
         self.embedder = embedder
         self._calibrated_multipliers: dict[OutcomeType, float] | None = None
         self.learned_scorer: LearnedScorer | None = None
+        if self.config.fusion not in FUSIONS:
+            raise ValidationError(f"Unknown fusion {self.config.fusion!r}; use one of {list(FUSIONS)}.")
         resolve_weights(self.config.retrieval_weights, learned_available=False)  # fail fast on bad weights
 
     async def open(self) -> None:
@@ -293,7 +306,9 @@ class MemoryService:
     # -- retrieval ----------------------------------------------------------------------------
 
     def retrieval_weights(self) -> dict[str, float]:
-        return resolve_weights(self.config.retrieval_weights, learned_available=self.learned_scorer is not None)
+        return resolve_weights(
+            self.config.retrieval_weights, learned_available=self.learned_scorer is not None, fusion=self.config.fusion
+        )
 
     async def retrieve(
         self,
@@ -306,15 +321,19 @@ class MemoryService:
         depth: int = 3,
         explain: bool = False,
         weights: Mapping[str, float] | None = None,
+        fusion: str | None = None,
         *,
         count_as_read: bool = True,
     ) -> list[RetrievedEntry]:
-        """Hybrid search for `query`, fused by weighted RRF; returned entries count as read by the session.
+        """Hybrid search for `query` (see core/retrieval.py); returned entries count as read by the session.
 
-        `depth` 1 searches hot entries, 2 adds warm, 3 adds archive. `weights` overrides the configured
-        strategy weights for this call (benchmarks use it to measure single strategies). With
-        `count_as_read=False` (a person looking, not an agent) recall counts, tiers and traces stay untouched.
+        `depth` 1 searches hot entries, 2 adds warm, 3 adds archive. `weights` and `fusion` override the configured
+        strategy weights and fusion for this call (benchmarks use them to measure single strategies and the seed's
+        RRF). With `count_as_read=False` (a person looking, not an agent) recall counts, tiers and traces stay untouched.
         """
+        fusion = self.config.fusion if fusion is None else fusion
+        if fusion not in FUSIONS:
+            raise ValidationError(f"Unknown fusion {fusion!r}; use one of {list(FUSIONS)}.")
         if not isinstance(query, str) or not query.strip():
             raise ValidationError("query must be a non-empty string, e.g. 'how do we retry failed payments?'.")
         if len(query) > MAX_QUERY_CHARS:
@@ -328,8 +347,8 @@ class MemoryService:
             memory_type=None if memory_type is None else v.validate_memory_type(memory_type),
         )
         active = (
-            resolve_weights(weights, learned_available=self.learned_scorer is not None)
-            if weights is not None else self.retrieval_weights()
+            resolve_weights(weights, learned_available=self.learned_scorer is not None, fusion=fusion)
+            if weights is not None or fusion != self.config.fusion else self.retrieval_weights()
         )
         now = utcnow()
         pool_size = max(self.config.candidate_pool, limit * 5)
@@ -338,7 +357,7 @@ class MemoryService:
             self._semantic_candidates(query, flt, now, pool_size),
             self._keyword_candidates(query, flt, now, pool_size),
         )
-        if keyword:
+        if keyword and fusion == "rrf":
             cutoff = keyword[0][1] * self.config.keyword_min_relative_score
             keyword = [(entry, score) for entry, score in keyword if score >= cutoff]
         pool: dict[str, MemoryEntry] = {}
@@ -351,7 +370,10 @@ class MemoryService:
         }
         admitted = {key: entry for key, entry in admitted.items() if int(entry.tier) <= depth}
         rankings = self._rankings(admitted, semantic, keyword, now)
-        fused = fuse(rankings, active, self.config.rrf_k)[:limit]
+        if fusion == "hybrid":
+            fused = fuse_hybrid(rankings, active, self.config.candidate_pool)[:limit]
+        else:
+            fused = fuse(rankings, active, self.config.rrf_k)[:limit]
         results: list[RetrievedEntry] = []
         returned: list[MemoryEntry] = []
         details: list[dict[str, Any]] = []
