@@ -84,14 +84,20 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX learning_patterns_user ON learning_patterns (user_id);
     """,
+    # The two-session rule (core.learning): how many sessions the current value was seen in, and the last one.
+    """
+    ALTER TABLE learning_preferences ADD COLUMN sessions integer NOT NULL DEFAULT 1;
+    ALTER TABLE learning_preferences ADD COLUMN last_session text NOT NULL DEFAULT ''
+    """,
 ]
 
 _INSERT_INTERACTION = f"INSERT INTO learning_interactions ({_INTERACTION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
 _UPSERT_PREFERENCE = (
-    f"INSERT INTO learning_preferences ({_PREFERENCE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) "
+    f"INSERT INTO learning_preferences ({_PREFERENCE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) "
     "ON CONFLICT (user_id, category, key) DO UPDATE SET value_json = EXCLUDED.value_json, "
     "confidence = EXCLUDED.confidence, sample_size = EXCLUDED.sample_size, support = EXCLUDED.support, "
-    "source = EXCLUDED.source, updated_at = EXCLUDED.updated_at"
+    "source = EXCLUDED.source, updated_at = EXCLUDED.updated_at, sessions = EXCLUDED.sessions, "
+    "last_session = EXCLUDED.last_session"
 )
 _UPSERT_PATTERN = (
     f"INSERT INTO learning_patterns ({_PATTERN_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) "

@@ -58,13 +58,20 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX learning_patterns_user ON learning_patterns (user_id);
     """,
+    # The two-session rule (core.learning): how many sessions the current value was seen in, and the last one.
+    """
+    ALTER TABLE learning_preferences ADD COLUMN sessions INTEGER NOT NULL DEFAULT 1;
+    ALTER TABLE learning_preferences ADD COLUMN last_session TEXT NOT NULL DEFAULT ''
+    """,
 ]
 
 _INTERACTION_COLUMNS = (
     "interaction_id, user_id, session_id, tool_name, source, parameters_json, outcome_json, result_json, "
     "execution_ms, at"
 )
-_PREFERENCE_COLUMNS = "user_id, category, key, value_json, confidence, sample_size, support, source, updated_at"
+_PREFERENCE_COLUMNS = (
+    "user_id, category, key, value_json, confidence, sample_size, support, source, updated_at, sessions, last_session"
+)
 _PATTERN_COLUMNS = (
     "pattern_id, user_id, pattern_type, tool_name, data_json, occurrences, frequency, confidence, discovered_at, "
     "updated_at"
@@ -83,7 +90,7 @@ def interaction_row(i: Interaction) -> tuple[Any, ...]:
 
 def preference_row(p: Preference) -> tuple[Any, ...]:
     return (p.user_id, p.category, p.key, dump_json(p.value), p.confidence, p.sample_size, p.support, p.source,
-            p.updated_at)
+            p.updated_at, p.sessions, p.last_session)
 
 
 def pattern_row(p: Pattern) -> tuple[Any, ...]:
@@ -102,7 +109,8 @@ def row_to_interaction(row: Any, at: datetime) -> Interaction:
 def row_to_preference(row: Any, updated_at: datetime) -> Preference:
     return Preference(
         row["user_id"], row["category"], row["key"], json.loads(row["value_json"]), row["confidence"],
-        row["sample_size"], row["support"], row["source"], updated_at,
+        row["sample_size"], row["support"], row["source"], updated_at, sessions=row["sessions"],
+        last_session=row["last_session"],
     )
 
 
@@ -152,10 +160,11 @@ class SQLiteLearningStore(SQLiteDatabase):
                     previous = None if row is None else row_to_preference(row, _dt(row["updated_at"]))  # type: ignore[arg-type]
                     preference = change.apply(previous)
                     conn.execute(
-                        f"INSERT INTO learning_preferences ({_PREFERENCE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                        f"INSERT INTO learning_preferences ({_PREFERENCE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                         "ON CONFLICT (user_id, category, key) DO UPDATE SET value_json = excluded.value_json, "
                         "confidence = excluded.confidence, sample_size = excluded.sample_size, "
-                        "support = excluded.support, source = excluded.source, updated_at = excluded.updated_at",
+                        "support = excluded.support, source = excluded.source, updated_at = excluded.updated_at, "
+                        "sessions = excluded.sessions, last_session = excluded.last_session",
                         _with_times(preference_row(preference), 8),
                     )
                     stored.append(preference)
@@ -313,7 +322,7 @@ class SQLiteLearningStore(SQLiteDatabase):
                     [_with_times(interaction_row(i), 9) for i in snapshot.interactions],
                 )
                 conn.executemany(
-                    f"INSERT INTO learning_preferences ({_PREFERENCE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    f"INSERT INTO learning_preferences ({_PREFERENCE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [_with_times(preference_row(p), 8) for p in snapshot.preferences],
                 )
                 conn.executemany(
