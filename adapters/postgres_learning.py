@@ -21,8 +21,9 @@ from typing import Any, TypeVar
 
 from ..core.errors import ConflictError, StoreError
 from ..core.learning_records import Interaction, LearningSnapshot, Pattern, Preference, PreferenceChange
-from .postgres import DEFAULT_SCHEMA, MIGRATION_LOCK_KEY, quote_ident, redact_dsn, schema_from_dsn
+from .postgres import DEFAULT_SCHEMA, MIGRATION_LOCK_KEY, quote_ident, redact_dsn, schema_from_dsn, vacuum
 from .sqlite_learning import (
+    LEGACY_CONTENT_SCRUB,
     _INTERACTION_COLUMNS,
     _PATTERN_COLUMNS,
     _PREFERENCE_COLUMNS,
@@ -87,8 +88,8 @@ MIGRATIONS: list[str] = [
     # The two-session rule (core.learning): how many sessions the current value was seen in, and the last one.
     """
     ALTER TABLE learning_preferences ADD COLUMN sessions integer NOT NULL DEFAULT 1;
-    ALTER TABLE learning_preferences ADD COLUMN last_session text NOT NULL DEFAULT ''
-    """,
+    ALTER TABLE learning_preferences ADD COLUMN last_session text NOT NULL DEFAULT '';
+    """ + LEGACY_CONTENT_SCRUB,
 ]
 
 _INSERT_INTERACTION = f"INSERT INTO learning_interactions ({_INTERACTION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
@@ -281,7 +282,10 @@ class PostgresLearningStore:
         async def delete(conn: Any) -> int:
             return _rowcount(await conn.execute("DELETE FROM learning_interactions WHERE at < $1", before))
 
-        return await self._tx(delete)
+        removed = await self._tx(delete)
+        if removed:
+            await vacuum(self._require_pool(), self.where, "learning_interactions")
+        return removed
 
     async def preferences(self, user_id: str | None = None, category: str | None = None) -> list[Preference]:
         rows = await self._fetch(
@@ -299,7 +303,10 @@ class PostgresLearningStore:
                 category, key, user_id,
             ))
 
-        return await self._tx(delete)
+        removed = await self._tx(delete)
+        if removed:
+            await vacuum(self._require_pool(), self.where, "learning_preferences")
+        return removed
 
     # -- patterns ---------------------------------------------------------------------------
 

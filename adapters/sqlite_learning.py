@@ -16,6 +16,15 @@ from ..core.learning_records import Interaction, LearningSnapshot, Pattern, Pref
 from .sqlite_base import SQLiteDatabase, _dt, _ts
 
 
+LEGACY_CONTENT_SCRUB = """
+    UPDATE learning_interactions SET parameters_json = '{}' WHERE tool_name LIKE 'amfs!_%' ESCAPE '!';
+    DELETE FROM learning_preferences WHERE category LIKE 'amfs!_%' ESCAPE '!';
+    DELETE FROM learning_patterns WHERE pattern_type = 'recurring_parameter' AND tool_name LIKE 'amfs!_%' ESCAPE '!'
+"""
+"""Before amfs 0.2 stopped recording memory content, calls to its own tools were stored with their
+arguments (a memory's value, a query) and learned as preferences: the upgrade drops those arguments
+and what was learned from them. Shared with the PostgreSQL learning store."""
+
 MIGRATIONS: list[str] = [
     """
     CREATE TABLE learning_interactions (
@@ -61,8 +70,8 @@ MIGRATIONS: list[str] = [
     # The two-session rule (core.learning): how many sessions the current value was seen in, and the last one.
     """
     ALTER TABLE learning_preferences ADD COLUMN sessions INTEGER NOT NULL DEFAULT 1;
-    ALTER TABLE learning_preferences ADD COLUMN last_session TEXT NOT NULL DEFAULT ''
-    """,
+    ALTER TABLE learning_preferences ADD COLUMN last_session TEXT NOT NULL DEFAULT '';
+    """ + LEGACY_CONTENT_SCRUB,
 ]
 
 _INTERACTION_COLUMNS = (
@@ -205,7 +214,10 @@ class SQLiteLearningStore(SQLiteDatabase):
     async def purge_interactions(self, before: datetime) -> int:
         def delete() -> int:
             with self._transaction() as conn:
-                return conn.execute("DELETE FROM learning_interactions WHERE at < ?", (_ts(before),)).rowcount
+                removed = conn.execute("DELETE FROM learning_interactions WHERE at < ?", (_ts(before),)).rowcount
+            if removed:
+                self._checkpoint()
+            return removed
 
         return await self._run(delete)
 
@@ -236,7 +248,10 @@ class SQLiteLearningStore(SQLiteDatabase):
 
         def delete() -> int:
             with self._transaction() as conn:
-                return conn.execute(sql, params).rowcount
+                removed = conn.execute(sql, params).rowcount
+            if removed:
+                self._checkpoint()
+            return removed
 
         return await self._run(delete)
 
@@ -271,6 +286,7 @@ class SQLiteLearningStore(SQLiteDatabase):
             with self._transaction() as conn:
                 for table in ("learning_interactions", "learning_preferences", "learning_patterns"):
                     conn.execute(f"DELETE FROM {table}")
+            self._checkpoint(vacuum=True)
 
         await self._run(delete)
 
