@@ -35,6 +35,8 @@ class SQLiteDatabase:
     MIGRATIONS: list[str] = []
     DESCRIPTION = "SQLite store"
     LOCATION_HINT = "set AMFS_DATA_DIR"
+    secure_delete = True
+    """Zero deleted content (PRAGMA secure_delete). Off only to measure what it costs (`amfs-server bench erase`)."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
@@ -60,7 +62,7 @@ class SQLiteDatabase:
                 conn.execute("PRAGMA foreign_keys = ON")
                 # Deleted rows are overwritten with zeros instead of lingering in free space (forget, clear,
                 # retention); `_checkpoint` then takes the old pages out of the WAL.
-                conn.execute("PRAGMA secure_delete = ON")
+                conn.execute(f"PRAGMA secure_delete = {'ON' if self.secure_delete else 'OFF'}")
                 self._conn = conn
                 self._migrate()
             except sqlite3.DatabaseError as error:

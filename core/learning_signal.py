@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .redaction import contains_redaction
+from .redaction import contains_redaction, redact
 
 OWN_TOOL_OPTIONS = frozenset({
     "limit", "depth", "memory_type", "mode", "sort_by", "explain", "min_confidence", "outcome_type", "version",
@@ -109,7 +109,7 @@ def is_plausible_choice(name: str, value: Any) -> bool:
         ok = 0 < len(value) <= MAX_CHOICE_ITEMS and all(_choice_scalar(item) for item in value)
     else:
         ok = _choice_scalar(value)
-    return ok and not contains_redaction(value)
+    return ok and not contains_redaction(redact({name: value}))
 
 
 __all__ = [
