@@ -180,7 +180,7 @@ class SQLiteStore(SQLiteDatabase):
         self._vectors = VectorSync(self.path.with_suffix(".vectors.usearch"))
 
     def _before_close(self) -> None:
-        self._vectors.save()
+        self._vectors.save(self._connection())
 
     # -- entries ----------------------------------------------------------------------------
 
@@ -781,10 +781,20 @@ class VectorSync:
         if self.watermark == 0:
             self.index.clear()
 
-    def save(self) -> None:
+    def save(self, conn: sqlite3.Connection | None = None) -> None:
+        """Persist the index when it changed. With `conn`, ids whose rows are no longer current (another
+        process forgot or superseded them since this one synced) are dropped first and their vectors
+        scrubbed from the file, so a save never writes a forgotten vector back."""
         if self.index is None or not self.index.dirty:
             return
-        self.index.save()
+        if conn is None:
+            self.index.save()
+        else:
+            live = {row[0] for row in conn.execute("SELECT row_id FROM entries WHERE is_current = 1")}
+            gone = [i for i in self.index.ids().tolist() if i not in live]
+            vectors = [self.index.get(i) for i in gone]
+            self.index.remove(gone)
+            self.index.save_scrubbed([v for v in vectors if v is not None])
         self._save_meta()
 
     def _save_meta(self) -> None:

@@ -217,3 +217,35 @@ async def test_forget_and_clear_leave_the_memory_in_no_table_of_the_schema(servi
     assert "entries" in await tables_holding(service.store, "a memory that stays")
     await service.clear()
     assert await tables_holding(service.store, "a memory that stays") == []
+
+
+async def test_a_process_that_still_holds_the_vector_does_not_write_it_back(tmp_path) -> None:
+    """Another process (here: a second store on the same file) has the index loaded with the vector;
+    after this one forgets, that one writes, and its save on close must not restore the vector."""
+    from amfs_server.session_bench.erase_bench import HashEmbedder
+
+    embedder = HashEmbedder()
+    holder = MemoryService(SQLiteStore(tmp_path / "amfs.db"), embedder=embedder)
+    forgetter = MemoryService(SQLiteStore(tmp_path / "amfs.db"), embedder=embedder)
+    await holder.open()
+    await forgetter.open()
+    actor = Actor("agent/test", "s1")
+    try:
+        await holder.write(actor, WriteRequest(ENTITY, KEY, "to be forgotten"))
+        await holder.write(actor, WriteRequest("keep", "this", "a memory that stays"))
+        await holder.retrieve(actor, "anything", limit=2)  # the holder's index now has the vector
+        vector = np.asarray(embedder.embed([_text(ENTITY, KEY, "to be forgotten")])[0], dtype=np.float32).tobytes()
+        await forgetter.forget(ENTITY, KEY)
+        await holder.write(actor, WriteRequest("keep", "that", "another memory"))
+        await holder.retrieve(actor, "anything", limit=2)  # syncs: the holder's index is dirty again
+    finally:
+        await holder.close()
+        await forgetter.close()
+    assert files_holding(tmp_path, vector) == []
+    assert any(name.endswith(".usearch") for name in raw_files(tmp_path))
+
+
+def _text(entity_path: str, key: str, value: str) -> str:
+    from amfs_server.core.embedding import embedding_text
+
+    return embedding_text(entity_path, key, value)
