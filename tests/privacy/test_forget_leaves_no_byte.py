@@ -15,7 +15,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
-import pytest
 from click.testing import CliRunner
 from fastmcp import Client
 
