@@ -136,3 +136,35 @@ def test_own_tool_calls_keep_options_and_shapes_only() -> None:
     assert kept == {"limit": 5, "memory_type": "fact", "explain": True, "[shapes]": {
         "query": {"type": "string", "chars": 13}, "entity_path": {"type": "string", "chars": 6},
         "mode": {"type": "string", "chars": 21}}}
+
+
+async def test_opening_an_older_learning_database_drops_the_memory_content_it_recorded(tmp_path) -> None:
+    import sqlite3
+
+    from amfs_server.adapters.sqlite_learning import MIGRATIONS, SQLiteLearningStore
+
+    marker = "zqx" + uuid.uuid4().hex[:10] + "vk"
+    path = tmp_path / "learning.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(MIGRATIONS[0] + ";PRAGMA user_version = 1;")
+    conn.execute("INSERT INTO learning_interactions VALUES ('i1', 'u', 's', 'amfs_write', 'mcp', ?, NULL, '{}', 1, 0)",
+                 (json.dumps({"entity_path": "people/ada", "value": f"lives at {marker}"}),))
+    conn.execute("INSERT INTO learning_interactions VALUES ('i2', 'u', 's', 'deploy', 'reported', ?, NULL, '{}', 1, 0)",
+                 (json.dumps({"region": "eu-west-1"}),))
+    conn.execute("INSERT INTO learning_preferences VALUES ('u', 'amfs_write', 'value', ?, 0.9, 5, 5, 'observed', 0)",
+                 (json.dumps(f"lives at {marker}"),))
+    conn.execute("INSERT INTO learning_preferences VALUES ('u', 'deploy', 'region', '\"eu-west-1\"', 0.9, 5, 5, "
+                 "'observed', 0)")
+    conn.commit()
+    conn.close()
+    assert marker.encode() in path.read_bytes()
+
+    store = SQLiteLearningStore(path)
+    await store.open()
+    try:
+        interactions = {i.tool_name: i.parameters for i in await store.interactions()}
+        assert interactions == {"amfs_write": {}, "deploy": {"region": "eu-west-1"}}
+        assert [(p.category, p.key) for p in await store.preferences()] == [("deploy", "region")]
+    finally:
+        await store.close()
+    assert not any(marker.encode() in p.read_bytes() for p in tmp_path.iterdir())
