@@ -1010,10 +1010,12 @@ class PostgresStore:
     async def forget(self, entity_path: str, key: str) -> int:
         async def delete(conn: Any) -> int:
             await self._lock_keys(conn, [(entity_path, key)])
-            status = await conn.execute("DELETE FROM entries WHERE entity_path = $1 AND key = $2", entity_path, key)
-            return _rowcount(status)
+            return await self._erase_keys(conn, "entity_path = $1 AND key = $2", entity_path, key)
 
-        return await self._tx(delete)
+        removed = await self._tx(delete)
+        if removed:
+            await self._vacuum(*_ERASED_TABLES)
+        return removed
 
     async def purge_expired(self, now: datetime) -> int:
         async def delete(conn: Any) -> int:
@@ -1024,19 +1026,47 @@ class PostgresStore:
                 return 0
             await self._lock_keys(conn, ((r["entity_path"], r["key"]) for r in expired))
             # Re-check under the locks: a key rewritten meanwhile has a new, live current version.
-            status = await conn.execute(
-                "DELETE FROM entries WHERE (entity_path, key) IN (SELECT entity_path, key FROM entries "
+            return await self._erase_keys(
+                conn,
+                "(entity_path, key) IN (SELECT entity_path, key FROM entries "
                 "WHERE is_current AND ttl_at IS NOT NULL AND ttl_at <= $1)",
                 now,
             )
-            return _rowcount(status)
 
-        return await self._tx(delete)
+        removed = await self._tx(delete)
+        if removed:
+            await self._vacuum(*_ERASED_TABLES)
+        return removed
+
+    @staticmethod
+    async def _erase_keys(conn: Any, where: str, *params: Any) -> int:
+        """Delete every version of the keys `where` selects (on entries), with their traces and outcome
+        effects (an outcome left without effects goes too); the tsvector and vector index entries go with
+        the rows. Returns the versions removed."""
+        pairs = await conn.fetch(f"SELECT DISTINCT entity_path, key FROM entries WHERE {where}", *params)
+        if not pairs:
+            return 0
+        paths, keys = [r["entity_path"] for r in pairs], [r["key"] for r in pairs]
+        removed = _rowcount(await conn.execute(
+            "DELETE FROM entries WHERE (entity_path, key) IN (SELECT * FROM unnest($1::text[], $2::text[]))", paths, keys
+        ))
+        for table in ("trace_events", "outcome_effects"):
+            await conn.execute(
+                f"DELETE FROM {table} WHERE (entity_path, key) IN (SELECT * FROM unnest($1::text[], $2::text[]))",
+                paths, keys,
+            )
+        await conn.execute(
+            "DELETE FROM outcomes o WHERE NOT EXISTS (SELECT 1 FROM outcome_effects e WHERE e.outcome_ref = o.outcome_ref)"
+        )
+        return removed
+
+    async def _vacuum(self, *tables: str) -> None:
+        await vacuum(self._require_pool(), self.where, *tables)
 
     async def clear(self) -> None:
         async def delete(conn: Any) -> None:
-            for table in ("outcome_effects", "outcomes", "trace_events", "entries", "meta"):
-                await conn.execute(f"DELETE FROM {table}")
+            # TRUNCATE gives the tables new, empty files and drops the old ones: no dead tuples to vacuum.
+            await conn.execute("TRUNCATE outcome_effects, outcomes, trace_events, entries, meta")
 
         await self._tx(delete)
 
@@ -1150,6 +1180,21 @@ def _trace(row: Any) -> TraceEvent:
 
 def _detail_json(detail: dict[str, Any] | None) -> str | None:
     return None if detail is None else json.dumps(detail)
+
+
+async def vacuum(pool: Any, where: str, *tables: str) -> None:
+    """VACUUM after a delete that must not linger: dead tuples (the deleted values) stay readable in the
+    table files until vacuum reclaims them. It runs outside a transaction; a failure is logged, not
+    raised (autovacuum gets there later), since the delete itself has committed."""
+    try:
+        async with pool.acquire() as conn:
+            await conn.execute(f"VACUUM {', '.join(tables)}")
+    except Exception as error:
+        logger.warning("VACUUM of %s at %s failed: %s", ", ".join(tables), where, error)
+
+
+_ERASED_TABLES = ("entries", "trace_events", "outcome_effects", "outcomes")
+"""The tables a forget or TTL purge deletes from, vacuumed afterwards."""
 
 
 def _rowcount(status: str) -> int:

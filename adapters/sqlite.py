@@ -194,7 +194,7 @@ class SQLiteStore(SQLiteDatabase):
         self._vectors = VectorSync(self.path.with_suffix(".vectors.usearch"))
 
     def _before_close(self) -> None:
-        self._vectors.save()
+        self._vectors.save(self._connection())
 
     # -- entries ----------------------------------------------------------------------------
 
@@ -583,36 +583,65 @@ class SQLiteStore(SQLiteDatabase):
     async def forget(self, entity_path: str, key: str) -> int:
         def delete() -> int:
             with self._transaction() as conn:
-                conn.execute(
-                    "DELETE FROM entries_fts WHERE rowid IN "
-                    "(SELECT row_id FROM entries WHERE entity_path = ? AND key = ? AND is_current = 1)",
-                    (entity_path, key),
-                )
-                return conn.execute("DELETE FROM entries WHERE entity_path = ? AND key = ?", (entity_path, key)).rowcount
+                removed, erased = self._erase_keys_sync(conn, [(entity_path, key)])
+            self._after_erase(removed, erased)
+            return removed
 
         return await self._run(delete)
 
     async def purge_expired(self, now: datetime) -> int:
         def delete() -> int:
             with self._transaction() as conn:
-                expired = "SELECT entity_path, key FROM entries WHERE is_current = 1 AND ttl_at IS NOT NULL AND ttl_at <= ?"
-                conn.execute(
-                    "DELETE FROM entries_fts WHERE rowid IN (SELECT row_id FROM entries WHERE is_current = 1 "
-                    "AND ttl_at IS NOT NULL AND ttl_at <= ?)",
+                expired = conn.execute(
+                    "SELECT entity_path, key FROM entries WHERE is_current = 1 AND ttl_at IS NOT NULL AND ttl_at <= ?",
                     (_ts(now),),
-                )
-                return conn.execute(
-                    f"DELETE FROM entries WHERE (entity_path, key) IN ({expired})", (_ts(now),)
-                ).rowcount
+                ).fetchall()
+                removed, erased = self._erase_keys_sync(conn, [(row[0], row[1]) for row in expired])
+            self._after_erase(removed, erased)
+            return removed
 
         return await self._run(delete)
+
+    @staticmethod
+    def _erase_keys_sync(
+        conn: sqlite3.Connection, pairs: list[tuple[str, str]]
+    ) -> tuple[int, list[tuple[int, bytes | None]]]:
+        """Delete every version of each (entity_path, key), with its keyword-index row, its traces and its
+        outcome effects (an outcome left without effects goes too). Returns the versions removed and
+        their (row id, embedding) pairs, for the vector index. secure_delete zeroes the rows; 'optimize' rewrites the
+        FTS5 segments, which would otherwise keep the deleted terms until a merge."""
+        removed = 0
+        erased: list[tuple[int, bytes | None]] = []
+        for entity_path, key in pairs:
+            where, pair = "entity_path = ? AND key = ?", (entity_path, key)
+            rows = conn.execute(f"SELECT row_id, embedding FROM entries WHERE {where}", pair).fetchall()
+            if not rows:
+                continue
+            marks = ",".join("?" * len(rows))
+            conn.execute(f"DELETE FROM entries_fts WHERE rowid IN ({marks})", [row[0] for row in rows])
+            removed += conn.execute(f"DELETE FROM entries WHERE {where}", pair).rowcount
+            conn.execute(f"DELETE FROM trace_events WHERE {where}", pair)
+            conn.execute(f"DELETE FROM outcome_effects WHERE {where}", pair)
+            erased += [(row[0], row[1]) for row in rows]
+        if removed:
+            conn.execute("DELETE FROM outcomes WHERE outcome_ref NOT IN (SELECT outcome_ref FROM outcome_effects)")
+            conn.execute("INSERT INTO entries_fts (entries_fts) VALUES ('optimize')")
+        return removed, erased
+
+    def _after_erase(self, removed: int, erased: list[tuple[int, bytes | None]]) -> None:
+        if not removed:
+            return
+        self._checkpoint()
+        self._vectors.forget([row_id for row_id, _ in erased], [decode_embedding(blob) for _, blob in erased])
 
     async def clear(self) -> None:
         def delete() -> None:
             with self._transaction() as conn:
                 for table in ("entries_fts", "outcome_effects", "outcomes", "trace_events", "entries", "meta"):
                     conn.execute(f"DELETE FROM {table}")
-            self._vectors.reset()
+                conn.execute("INSERT INTO entries_fts (entries_fts) VALUES ('optimize')")
+            self._checkpoint(vacuum=True)
+            self._vectors.wipe()
 
         await self._run(delete)
 
@@ -812,10 +841,24 @@ class VectorSync:
         if self.watermark == 0:
             self.index.clear()
 
-    def save(self) -> None:
+    def save(self, conn: sqlite3.Connection | None = None) -> None:
+        """Persist the index when it changed. With `conn`, ids whose rows are no longer current (another
+        process forgot or superseded them since this one synced) are dropped first and their vectors
+        scrubbed from the file, so a save never writes a forgotten vector back."""
         if self.index is None or not self.index.dirty:
             return
-        self.index.save()
+        if conn is None:
+            self.index.save()
+        else:
+            live = {row[0] for row in conn.execute("SELECT row_id FROM entries WHERE is_current = 1")}
+            gone = [i for i in self.index.ids().tolist() if i not in live]
+            vectors = [self.index.get(i) for i in gone]
+            self.index.remove(gone)
+            self.index.save_scrubbed([v for v in vectors if v is not None])
+        self._save_meta()
+
+    def _save_meta(self) -> None:
+        assert self.index is not None
         temporary = self.meta_path.with_suffix(".json.tmp")
         temporary.write_text(json.dumps({"watermark": self.watermark, "dimension": self.index.dimension}))
         os.replace(temporary, self.meta_path)
@@ -825,3 +868,41 @@ class VectorSync:
             self.index.clear()
         self.watermark = 0
         self.dirty = True
+
+    def forget(self, row_ids: list[int], vectors: list[list[float] | None]) -> None:
+        """Take these vectors (of deleted rows) out of the index and out of its file. The index is loaded
+        from the file first when this process has not used it yet; a file that cannot be read (or
+        whose dimension is unknown) is deleted, to be rebuilt from the store on the next search."""
+        import numpy as np
+
+        wanted = [np.asarray(v, dtype=np.float32) for v in vectors if v is not None]
+        if not wanted:
+            return
+        if self.index is None or self.index.dimension != len(wanted[0]):
+            saved = self._saved_dimension()
+            if saved != len(wanted[0]):
+                self.wipe()
+                return
+            self._load(saved)
+        assert self.index is not None
+        self.index.remove(row_ids)
+        if self.index.load_error is not None:
+            self.wipe()
+            return
+        self.index.save_scrubbed(wanted)
+        self._save_meta()
+
+    def wipe(self) -> None:
+        """Forget the index and delete its files (after `clear`): the next search rebuilds it from the store."""
+        self.index = None
+        self.watermark = 0
+        self.data_version = None
+        self.dirty = True
+        for path in (self.path, self.meta_path):
+            path.unlink(missing_ok=True)
+
+    def _saved_dimension(self) -> int | None:
+        try:
+            return int(json.loads(self.meta_path.read_text())["dimension"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None

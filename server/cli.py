@@ -300,6 +300,8 @@ _bench_command("retrieval", "retrieval_bench",
                "Retrieval quality (`quality`), latency/ingest at scale (`scale`) or on conversations (`conversations`).")
 _bench_command("ml", "ml_bench", "Outcome simulator: learned vs fixed fusion, calibrator recovery.")
 _bench_command("mcp-latency", "mcp_latency", "Round-trip latency of amfs_write / amfs_retrieve over stdio and HTTP.")
+_bench_command("erase", "erase_bench",
+               "What forgetting costs on SQLite: writes/s with secure_delete off and on, forget latency by store size.")
 _bench_command("session", "session_bench",
                "Five-mode session benchmark (in process or --via-server): full history, RAG text, prefix injection.")
 
