@@ -225,6 +225,14 @@ class LearnedRanker:
             report(total, total, "trained")
             return metrics
 
+    async def training_samples(self, entity_path: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The feature rows and labels `train` would fit on (benchmarks pick baseline rules on them)."""
+        history = await OutcomeHistory.load(self.service, entity_path)
+        current = await self.service.current_entries(entity_path)
+        samples = await asyncio.to_thread(self._samples, history, current, entity_path)
+        x = np.asarray(samples.rows, dtype=np.float64).reshape(len(samples.rows), len(FEATURE_NAMES))
+        return x, np.asarray(samples.labels, dtype=np.float64)
+
     def _samples(self, history: OutcomeHistory, current: list[MemoryEntry], entity_path: str | None) -> _Samples:
         samples = _Samples()
         linked: list[tuple[float, list[float], int]] = []
@@ -311,7 +319,7 @@ class LearnedRanker:
         rounds = self.num_boost_round
         evaluated = _both_classes(y[inner]) and valid.any() and held.any()
         accuracy = baseline = 0.0
-        auc = None
+        holdout_auc = None
         if evaluated:
             evaluator = self._boost(
                 x[inner], y[inner], rounds, lambda i: report(2 + i, total, "held-out evaluation"), (x[valid], y[valid])
@@ -321,7 +329,7 @@ class LearnedRanker:
             accuracy = float(np.mean((predicted >= 0.5) == (y[held] == 1)))
             majority = float(y[inner].mean() >= 0.5)
             baseline = float(np.mean(y[held] == majority))
-            auc = _auc(y[held], predicted)
+            holdout_auc = auc(y[held], predicted)
         report(2 + self.num_boost_round, total, "fitting the model on all samples")
         booster = self._boost(
             x, y, rounds, lambda i: report(2 + self.num_boost_round + i, total, "fitting the model on all samples")
@@ -343,7 +351,7 @@ class LearnedRanker:
             num_outcome_linked=samples.linked, num_never_linked=samples.never_linked,
             num_holdout=int(held.sum()) if evaluated else 0,
             holdout_baseline_accuracy=round(baseline, 4),
-            holdout_auc=None if auc is None else round(auc, 4),
+            holdout_auc=None if holdout_auc is None else round(holdout_auc, 4),
             num_boost_rounds=rounds,
         )
         return booster, metrics
@@ -392,7 +400,7 @@ def _both_classes(y: np.ndarray) -> bool:
 _NO_MODEL = object()
 
 
-def _auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
+def auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
     """Rank-based ROC AUC (ties count half); None when only one class is present."""
     positives, negatives = scores[labels == 1], scores[labels == 0]
     if len(positives) == 0 or len(negatives) == 0:

@@ -28,7 +28,7 @@ from amfs_server.core.models import (
 from amfs_server.core.service import MemoryService
 from amfs_server.session_bench.ml_bench import OutcomeSimulator, SimClock, SimConfig, open_service, simulate, simulated_time
 
-SIM_CONFIG = SimConfig(sessions=40, topics=4, services=2, entries_per_topic=10)
+SIM_CONFIG = SimConfig(sessions=40, topics=4, services=2, entries_per_topic=10, scenario="static")
 
 
 def _simulate(sessions: int) -> StoreSnapshot:
