@@ -130,12 +130,20 @@ class LearnedRanker:
         num_boost_round: int = 150,
         seed: int = 0,
         clock: Callable[[], datetime] = utcnow,
+        never_linked_share: float = NEVER_LINKED_SHARE,
+        ignored_features: Sequence[str] = (),
     ) -> None:
         self.service, self._owns_service = resolve_service(service_or_store)
         self.min_samples = min_samples
         self.num_boost_round = num_boost_round
         self.seed = seed
         self.clock = clock
+        self.never_linked_share = never_linked_share
+        unknown = set(ignored_features) - set(FEATURE_NAMES)
+        if unknown:
+            raise ValueError(f"ignored_features names unknown features {sorted(unknown)}; see FEATURE_NAMES.")
+        # Ignored features are held constant in training and scoring, so no tree can split on them (ablations).
+        self._ignored = [FEATURE_NAMES.index(name) for name in ignored_features]
         self._models: dict[str | None, _Model] = {}
         self._train_lock = asyncio.Lock()
 
@@ -173,6 +181,7 @@ class LearnedRanker:
             matrix = feature_matrix(
                 [entries[i] for i in indexes], [ranks.get(entries[i].entry_key) for i in indexes], now
             )
+            matrix[:, self._ignored] = 0.0
             for i, p in zip(indexes, models[scope].booster.predict(matrix, num_threads=1)):
                 scores[i] = float(p)
         return scores
@@ -259,7 +268,7 @@ class LearnedRanker:
         never = [e for e in current if e.entry_key not in history.effects_by_entry]
         never.sort(key=lambda e: hashlib.sha256(f"{self.seed}:{e.entry_key}".encode()).digest())
         now = self.clock()
-        for entry in never[: int(len(linked) * NEVER_LINKED_SHARE)]:
+        for entry in never[: int(len(linked) * self.never_linked_share)]:
             seen = history.last_retrieve_of(entry.entity_path, entry.key)
             stored = history.version(entry.entity_path, entry.key, seen.version) if seen else None
             if seen is not None and stored is not None:
@@ -310,6 +319,7 @@ class LearnedRanker:
         """Hold out the newest 20%; pick the number of boosting rounds by early stopping on the newest 20% of
         the rest; report accuracy on the held-out part; then fit the served model on everything."""
         x = np.asarray(samples.rows, dtype=np.float64).reshape(len(samples.rows), len(FEATURE_NAMES))
+        x[:, self._ignored] = 0.0
         y = np.asarray(samples.labels, dtype=np.float64)
         linked = np.asarray(samples.linked_mask, dtype=bool)
         held = _newest(linked, np.ones(len(y), dtype=bool))

@@ -53,7 +53,7 @@ from ..core.errors import InsufficientDataError
 from ..core.models import Actor, MemoryType, OutcomeType
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
 from ..ml.calibrator import ConfidenceCalibrator
-from ..ml.features import FEATURE_NAMES, feature_row
+from ..ml.features import FEATURE_NAMES, RANK_STRATEGIES, feature_row
 from ..ml.ranker import LearnedRanker, auc
 
 TOPIC_WORDS = (
@@ -324,6 +324,18 @@ async def simulate(service: MemoryService, simulator: OutcomeSimulator, indexes:
     return [await simulator.run_session(service, i) for i in indexes]
 
 
+async def fill_with_simulated_history(
+    service: MemoryService, sessions: int = 200, seed: int = 0, scenario: str = "static"
+) -> list[SessionResult]:
+    """Seed `service` with the simulator's world and `sessions` sessions of outcome history (for examples)."""
+    config = SimConfig(sessions=sessions, seed=seed, scenario=scenario)
+    clock = SimClock()
+    with simulated_time(clock):
+        simulator = OutcomeSimulator(config, clock)
+        await simulator.seed_world(service)
+        return await simulate(service, simulator, range(sessions))
+
+
 def summarize(results: list[SessionResult]) -> dict[str, float]:
     n = len(results)
     return {
@@ -441,6 +453,13 @@ async def _run(config: SimConfig, workdir: Path, clock: SimClock, progress: bool
     per_entity = LearnedRanker(train_service, clock=clock)  # global model plus one per service (entity effects)
     await per_entity.train()
     entity_metrics = [(await per_entity.train(f"svc-{s}")).to_dict() for s in range(config.services)]
+    # Diagnostics (why the learner does or does not beat the rule): the same LightGBM without the never-linked
+    # negatives, and additionally without the strategy ranks (quality features only).
+    linked_only = LearnedRanker(train_service, clock=clock, never_linked_share=0.0)
+    await linked_only.train()
+    quality_only = LearnedRanker(train_service, clock=clock, never_linked_share=0.0,
+                                 ignored_features=[f"rank_{name}" for name in RANK_STRATEGIES])
+    await quality_only.train()
     train_service.install_learned_scorer(None)
     snapshot = await train_service.export_snapshot()
     await train_service.close()
@@ -448,7 +467,7 @@ async def _run(config: SimConfig, workdir: Path, clock: SimClock, progress: bool
     held_out = range(n_train, config.sessions)
     variants: dict[str, list[SessionResult]] = {}
     worlds: dict[str, World] = {}
-    for name in ("fixed", "rule", "learned", "learned_entity", "untrained", "oracle"):
+    for name in ("fixed", "rule", "learned", "learned_entity", "linked_only", "quality_only", "untrained", "oracle"):
         service = await open_service(workdir / f"eval-{name}.db")
         await service.import_snapshot(snapshot)
         replay = OutcomeSimulator(config, clock)
@@ -459,6 +478,10 @@ async def _run(config: SimConfig, workdir: Path, clock: SimClock, progress: bool
             service.install_learned_scorer(ranker.score)
         elif name == "learned_entity":
             service.install_learned_scorer(per_entity.score)
+        elif name == "linked_only":
+            service.install_learned_scorer(linked_only.score)
+        elif name == "quality_only":
+            service.install_learned_scorer(quality_only.score)
         elif name == "untrained":
             empty = LearnedRanker(service, clock=clock)
             empty.install()  # no model loaded: leaves the learned strategy off
@@ -494,6 +517,8 @@ async def _run(config: SimConfig, workdir: Path, clock: SimClock, progress: bool
             "learned-rule": bootstrap_diff(variants["rule"], variants["learned"], "ndcg10", seed=config.seed),
             "learned_entity-fixed": bootstrap_diff(fixed, variants["learned_entity"], "ndcg10", seed=config.seed),
             "learned_entity-rule": bootstrap_diff(variants["rule"], variants["learned_entity"], "ndcg10", seed=config.seed),
+            "linked_only-rule": bootstrap_diff(variants["rule"], variants["linked_only"], "ndcg10", seed=config.seed),
+            "quality_only-rule": bootstrap_diff(variants["rule"], variants["quality_only"], "ndcg10", seed=config.seed),
             "oracle-fixed": bootstrap_diff(fixed, variants["oracle"], "ndcg10", seed=config.seed),
         },
         "learned_vs_fixed": {
@@ -537,6 +562,8 @@ VARIANT_LABELS = (
     ("rule", "best one-feature rule (picked on training samples) at 30%"),
     ("learned", "learned fusion (global LightGBM) at 30%"),
     ("learned_entity", "learned fusion (global + per-service models) at 30%"),
+    ("linked_only", "diagnostic: LightGBM without never-linked negatives"),
+    ("quality_only", "diagnostic: LightGBM without never-linked negatives or strategy ranks"),
     ("untrained", "ranker without a model"),
     ("oracle", "ceiling: hidden current quality at 30%"),
 )
@@ -604,8 +631,9 @@ def summary_table(reports: list[dict[str, Any]]) -> str:
     """Scenarios x seeds: NDCG@10 of each ranking and the paired differences with bootstrap intervals."""
     lines = [
         "| scenario | seed | held-out | fixed | best rule (picked on training) | learned | learned + per-service | "
-        "learned - fixed [95% CI] | learned - rule [95% CI] | per-service - rule [95% CI] | ranker acc / majority |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "learned - fixed [95% CI] | learned - rule [95% CI] | per-service - rule [95% CI] | "
+        "no never-linked - rule [95% CI] | quality-only - rule [95% CI] | oracle - fixed | ranker acc / majority |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for rep in reports:
         r, d, m = rep["retrieval"], rep["diffs"], rep["ranker_metrics"]
@@ -613,7 +641,8 @@ def summary_table(reports: list[dict[str, Any]]) -> str:
             f"| {rep['config']['scenario']} | {rep['config']['seed']} | {r['fixed']['sessions']} | "
             f"{r['fixed']['ndcg@10']:.4f} | {r['rule']['ndcg@10']:.4f} (`{rep['rule']['rule']}`) | "
             f"{r['learned']['ndcg@10']:.4f} | {r['learned_entity']['ndcg@10']:.4f} | {_ci(d['learned-fixed'])} | "
-            f"{_ci(d['learned-rule'])} | {_ci(d['learned_entity-rule'])} | "
+            f"{_ci(d['learned-rule'])} | {_ci(d['learned_entity-rule'])} | {_ci(d['linked_only-rule'])} | "
+            f"{_ci(d['quality_only-rule'])} | {d['oracle-fixed']['mean_diff']:+.4f} | "
             f"{m['accuracy']:.3f} / {m['holdout_baseline_accuracy']:.3f} |"
         )
     return "\n".join(lines) + "\n"
