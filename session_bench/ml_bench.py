@@ -11,18 +11,27 @@ otherwise, by chance, an unrelated incident (20%) whose type leans minor; otherw
 So each incident type carries a different, known share of real signal: the *planted* strength is the
 share of that type's outcomes that bad entries caused.
 
-Protocol: simulate the training sessions with fixed-weight fusion; train the ranker on that store;
-copy the store and replay the same held-out sessions (same topics, queries and random draws) with
-(a) fixed-weight fusion, (b) the learned fusion, (c) a ranker with no model, (d) the hidden quality
-itself as the learned score (the ceiling). Relevance is on-topic AND good; NDCG@10 and precision@5
-are measured on each session's retrieval. The calibrator runs on the fixed-fusion store after all
-sessions; its relative signal strengths are compared with the planted ones.
+Two scenarios. `static` (the easy case): entry quality never changes and every read entry shares
+every outcome. `drift` (the default; its parameters, `DriftStory`, come from a team's story and were
+fixed before any drift result was seen): risky patterns get fixed and dependency upgrades break good
+ones during the run, including the held-out part; new entries keep appearing; a post-mortem names the
+culprit of a caused incident 60% of the time; and each writer's reliability differs per service.
+
+Protocol: simulate the training sessions with fixed-weight fusion; train on that store; copy the
+store and replay the same held-out sessions (same topics, queries and random draws) with (a) fixed-
+weight fusion, (b) the best one-feature rule in the learned slot (each ranker feature, either sign,
+picked by AUC on the TRAINING samples only), (c) the learned fusion (global LightGBM), (d) global +
+per-service models, (e, f) two diagnostics (no never-linked negatives; also no strategy ranks),
+(g) a ranker with no model, (h) the hidden current quality as the learned score (the ceiling).
+Relevance is on-topic AND good at that session; NDCG@10 and precision@5 are measured on each
+session's retrieval, and differences carry paired-bootstrap 95% intervals. The calibrator runs on the
+fixed-fusion store after all sessions; its relative signal strengths are compared with the planted ones.
 
 Retrieval runs without an embedder (keyword + temporal + confidence, + learned): the semantic
 strategy would cost a MiniLM pass per write and query on two shared cores and is not what is being
 measured here.
 
-    python -m amfs_server.session_bench.ml_bench --sessions 1200 --seed 0
+    python -m amfs_server.session_bench.ml_bench --sessions 1200 --seeds 0 3 4 5 --scenarios drift static
 """
 
 from __future__ import annotations
@@ -166,9 +175,13 @@ class World:
     """Bad entries that become safe at this session (the risky pattern was fixed)."""
     break_at: dict[str, int] = field(default_factory=dict)
     """Good entries that a dependency upgrade breaks at this session."""
+    outcomes_of: dict[str, list[bool]] = field(default_factory=dict)
+    """Per entry, whether each outcome that named it was clean, in order (what the store's outcome records say;
+    kept here so a diagnostic can score by recent outcomes, which no ranker feature carries)."""
 
     def copy(self) -> World:
-        return World(dict(self.topic_of), dict(self.good), dict(self.fix_at), dict(self.break_at))
+        return World(dict(self.topic_of), dict(self.good), dict(self.fix_at), dict(self.break_at),
+                     {key: list(flags) for key, flags in self.outcomes_of.items()})
 
     def good_at(self, key: str, session: int) -> bool:
         good = self.good.get(key, False)
@@ -290,6 +303,8 @@ class OutcomeSimulator:
         self.clock.session(index, 3)
         if used:
             await service.commit_outcome(actor, f"sim-{index}", outcome, causal_entry_keys=blamed)
+            for key in blamed:
+                self.world.outcomes_of.setdefault(key, []).append(outcome is OutcomeType.SUCCESS)
         return SessionResult(index, topic, ranked, self.ndcg(ranked, topic, index),
                              self.precision(ranked, topic, 5, index), outcome.value, caused)
 
@@ -388,6 +403,7 @@ async def run(config: SimConfig, workdir: Path, progress: bool = True) -> dict[s
         return await _run(config, workdir, clock, progress)
 
 
+RECENT_OUTCOMES = 3
 RULE_FEATURES: tuple[str, ...] = (
     "confidence", "outcome_count", "log_age_hours", "recall_count", "version", "importance", "tier",
     "log_confidence_per_outcome",
@@ -467,7 +483,8 @@ async def _run(config: SimConfig, workdir: Path, clock: SimClock, progress: bool
     held_out = range(n_train, config.sessions)
     variants: dict[str, list[SessionResult]] = {}
     worlds: dict[str, World] = {}
-    for name in ("fixed", "rule", "learned", "learned_entity", "linked_only", "quality_only", "untrained", "oracle"):
+    for name in ("fixed", "rule", "learned", "learned_entity", "linked_only", "quality_only", "recent_rule", "untrained",
+                 "oracle"):
         service = await open_service(workdir / f"eval-{name}.db")
         await service.import_snapshot(snapshot)
         replay = OutcomeSimulator(config, clock)
@@ -482,6 +499,12 @@ async def _run(config: SimConfig, workdir: Path, clock: SimClock, progress: bool
             service.install_learned_scorer(linked_only.score)
         elif name == "quality_only":
             service.install_learned_scorer(quality_only.score)
+        elif name == "recent_rule":
+            # Diagnostic: the clean share of each entry's last RECENT_OUTCOMES outcomes (0.5 with none), read live.
+            service.install_learned_scorer(lambda entries, ranks, sim=replay: [
+                statistics.fmean(sim.world.outcomes_of[e.entry_key][-RECENT_OUTCOMES:])
+                if sim.world.outcomes_of.get(e.entry_key) else 0.5 for e in entries
+            ])
         elif name == "untrained":
             empty = LearnedRanker(service, clock=clock)
             empty.install()  # no model loaded: leaves the learned strategy off
@@ -519,6 +542,7 @@ async def _run(config: SimConfig, workdir: Path, clock: SimClock, progress: bool
             "learned_entity-rule": bootstrap_diff(variants["rule"], variants["learned_entity"], "ndcg10", seed=config.seed),
             "linked_only-rule": bootstrap_diff(variants["rule"], variants["linked_only"], "ndcg10", seed=config.seed),
             "quality_only-rule": bootstrap_diff(variants["rule"], variants["quality_only"], "ndcg10", seed=config.seed),
+            "recent_rule-rule": bootstrap_diff(variants["rule"], variants["recent_rule"], "ndcg10", seed=config.seed),
             "oracle-fixed": bootstrap_diff(fixed, variants["oracle"], "ndcg10", seed=config.seed),
         },
         "learned_vs_fixed": {
@@ -564,6 +588,7 @@ VARIANT_LABELS = (
     ("learned_entity", "learned fusion (global + per-service models) at 30%"),
     ("linked_only", "diagnostic: LightGBM without never-linked negatives"),
     ("quality_only", "diagnostic: LightGBM without never-linked negatives or strategy ranks"),
+    ("recent_rule", "diagnostic: clean share of each entry's last 3 outcomes (not a ranker feature)"),
     ("untrained", "ranker without a model"),
     ("oracle", "ceiling: hidden current quality at 30%"),
 )
@@ -632,8 +657,9 @@ def summary_table(reports: list[dict[str, Any]]) -> str:
     lines = [
         "| scenario | seed | held-out | fixed | best rule (picked on training) | learned | learned + per-service | "
         "learned - fixed [95% CI] | learned - rule [95% CI] | per-service - rule [95% CI] | "
-        "no never-linked - rule [95% CI] | quality-only - rule [95% CI] | oracle - fixed | ranker acc / majority |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "no never-linked - rule [95% CI] | quality-only - rule [95% CI] | last-3-outcomes - rule [95% CI] | "
+        "oracle - fixed | ranker acc / majority |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for rep in reports:
         r, d, m = rep["retrieval"], rep["diffs"], rep["ranker_metrics"]
@@ -642,7 +668,7 @@ def summary_table(reports: list[dict[str, Any]]) -> str:
             f"{r['fixed']['ndcg@10']:.4f} | {r['rule']['ndcg@10']:.4f} (`{rep['rule']['rule']}`) | "
             f"{r['learned']['ndcg@10']:.4f} | {r['learned_entity']['ndcg@10']:.4f} | {_ci(d['learned-fixed'])} | "
             f"{_ci(d['learned-rule'])} | {_ci(d['learned_entity-rule'])} | {_ci(d['linked_only-rule'])} | "
-            f"{_ci(d['quality_only-rule'])} | {d['oracle-fixed']['mean_diff']:+.4f} | "
+            f"{_ci(d['quality_only-rule'])} | {_ci(d['recent_rule-rule'])} | {d['oracle-fixed']['mean_diff']:+.4f} | "
             f"{m['accuracy']:.3f} / {m['holdout_baseline_accuracy']:.3f} |"
         )
     return "\n".join(lines) + "\n"
