@@ -440,8 +440,10 @@ def _parse_models(state: Any) -> dict[str | None, _Model]:
         return {}
     models: dict[str | None, _Model] = {}
     for scope, stored in state["models"].items():
-        metrics = RankerMetrics.from_dict(stored["metrics"])
-        models[scope or None] = _Model(lgb.Booster(model_str=stored["model"]), metrics)
+        try:
+            models[scope or None] = _Model(lgb.Booster(model_str=stored["model"]), RankerMetrics.from_dict(stored["metrics"]))
+        except Exception as error:  # one unreadable model must not keep the server from starting
+            logger.warning("Skipping the stored ranker model for %r (%s); run amfs_retrain to replace it", scope or "global", error)
     return models
 
 

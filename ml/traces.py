@@ -1,4 +1,4 @@
-"""The outcome history the ML layer learns from, and decision traces built from it (read through the store Protocol).
+"""The outcome history the ML layer learns from, and decision traces built from it (read through MemoryService).
 
 A **decision trace** is one session's story, assembled from what the store persists:
 

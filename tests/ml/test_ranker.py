@@ -110,3 +110,13 @@ async def test_models_trained_on_other_features_are_not_loaded(sim_sqlite: Memor
     state = await sim_sqlite.get_shared_state(RANKER_MODELS)
     await sim_sqlite.set_shared_state(RANKER_MODELS, {**state, "feature_names": state["feature_names"][:-1]})
     assert await LearnedRanker(sim_sqlite).load() == []
+
+
+async def test_an_unreadable_stored_model_is_skipped_and_the_others_still_serve(sim_sqlite: MemoryService) -> None:
+    ranker = LearnedRanker(sim_sqlite)
+    await ranker.train()
+    await ranker.train(entity_path="svc-0")
+    state = await sim_sqlite.get_shared_state(RANKER_MODELS)
+    state["models"]["svc-0"]["model"] = "not a LightGBM model"
+    await sim_sqlite.set_shared_state(RANKER_MODELS, state)
+    assert [m.entity_path for m in await LearnedRanker(sim_sqlite).load()] == [None]
