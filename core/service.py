@@ -26,6 +26,7 @@ from .models import (
     OutcomeRecord,
     OutcomeType,
     SortBy,
+    TraceEvent,
     TraceKind,
     split_entry_key,
     utcnow,
@@ -100,8 +101,7 @@ class MemoryService:
 
     async def open(self) -> None:
         await self.store.open()
-        stored = await self.store.get_meta(MULTIPLIERS_META)
-        self._calibrated_multipliers = validate_multipliers(stored) if stored else None
+        await self.refresh_calibrated_multipliers()
 
     async def close(self) -> None:
         await self.store.close()
@@ -128,6 +128,40 @@ class MemoryService:
         await self.store.set_meta(MULTIPLIERS_META, {t.value: m for t, m in resolved.items()} if resolved else None)
         self._calibrated_multipliers = resolved
         return self.multipliers
+
+    # -- ML hooks: what `ml/` needs, so it never reaches the store or assigns attributes ----------
+
+    def install_learned_scorer(self, scorer: LearnedScorer | None) -> None:
+        """Serve `scorer` as the `learned` retrieval strategy (30% of the fusion); None turns it off."""
+        self.learned_scorer = scorer
+
+    async def refresh_calibrated_multipliers(self) -> dict[OutcomeType, float]:
+        """Re-read the persisted multipliers: another process sharing the store may have applied or reverted them."""
+        stored = await self.store.get_meta(MULTIPLIERS_META)
+        self._calibrated_multipliers = validate_multipliers(stored) if stored else None
+        return self.multipliers
+
+    async def trace_events(self) -> list[TraceEvent]:
+        return await self.store.trace_events()
+
+    async def entry_versions(self, entity_path: str, key: str) -> list[MemoryEntry]:
+        """Every stored version of an entry, oldest first; [] once forgotten (unlike `history`, which raises)."""
+        return await self.store.history(entity_path, key)
+
+    async def current_entries(self, entity_path: str | None = None) -> list[MemoryEntry]:
+        """Every current entry under `entity_path` (all when None), unsorted and without a limit."""
+        return await self.store.find_current(
+            EntryFilter(entity_path=v.validate_entity_prefix(entity_path)), utcnow(), "recency", None
+        )
+
+    async def get_shared_state(self, name: str) -> Any | None:
+        """A named JSON value that lives in the store, so every process on it sees the same one (ML artifacts)."""
+        return await self.store.get_meta(name)
+
+    async def set_shared_state(self, name: str, value: Any | None) -> None:
+        if name == MULTIPLIERS_META:
+            raise ValidationError(f"'{name}' is set through set_calibrated_multipliers, which validates it.")
+        await self.store.set_meta(name, value)
 
     # -- writes -------------------------------------------------------------------------------
 
@@ -518,5 +552,4 @@ class MemoryService:
 
     async def import_snapshot(self, snapshot: StoreSnapshot) -> None:
         await self.store.import_snapshot(snapshot)
-        stored = await self.store.get_meta(MULTIPLIERS_META)
-        self._calibrated_multipliers = validate_multipliers(stored) if stored else None
+        await self.refresh_calibrated_multipliers()
