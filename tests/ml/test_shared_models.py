@@ -13,7 +13,7 @@ from urllib.parse import quote
 import pytest
 from fastmcp import Client
 
-from amfs_server.adapters.protocol import StoreSnapshot
+from amfs_server.core.ports import StoreSnapshot
 from amfs_server.adapters.sqlite import SQLiteStore
 from amfs_server.core.confidence import DEFAULT_MULTIPLIERS
 from amfs_server.core.service import MemoryService
