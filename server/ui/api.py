@@ -508,7 +508,7 @@ def run_ui(settings: Any, host: str = "127.0.0.1", port: int = 8765) -> None:
     except EmbedderUnavailableError as error:
         raise SystemExit(f"amfs-server: {error}") from None
     learning = build_learning_service(settings) if settings.learning.enabled else None
-    ui = UiServices(service, learning, MLService(service, settings.ml_model_dir))
+    ui = UiServices(service, learning, MLService(service, settings.ml_dir / "exports"))
     app = create_ui_app(ui, keys, host=host, allowed_origins=origins)
     shown = f"[{host}]" if ":" in host else host
     print(f"amfs memory browser: http://{shown}:{port}{UI_PATH}/", file=sys.stderr, flush=True)

@@ -584,12 +584,14 @@ async def test_forget_deletes_every_version_of_one_key(store: MemoryStore) -> No
     await write(store, draft("svc/a", "k", embedding=direction(0)), draft("svc/a", "kept"))
     await write(store, draft("svc/a", "k", written_at=at(1), embedding=direction(0)))
     await store.apply_outcome("R1", OutcomeType.SUCCESS, 0.9, ACTOR, at(2), [OutcomeTarget("svc/a", "k", None)])
+    await store.apply_outcome("R2", OutcomeType.FAILURE, 1.1, ACTOR, at(2), [OutcomeTarget("svc/a", "kept", None)])
     assert await store.forget("svc/a", "k") == 2
     assert await store.history("svc/a", "k") == [] and await store.get_current("svc/a", "k", at(3)) is None
     assert keys(await store.find_current(EntryFilter(), at(3), "recency", None)) == ["kept"]
     assert await store.forget("svc/a", "k") == 0
     assert await store.forget("svc/a", "never") == 0
-    assert [r.outcome_ref for r in await store.outcome_records()] == ["R1"]  # the outcome history stays
+    # An outcome whose only effect was on the forgotten key goes with it (no copy of it stays); others stay.
+    assert [r.outcome_ref for r in await store.outcome_records()] == ["R2"]
     [again] = await write(store, draft("svc/a", "k", written_at=at(4)))
     assert again.version == 1  # a forgotten key starts over
 

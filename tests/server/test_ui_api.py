@@ -263,7 +263,7 @@ async def test_learning_and_ml_views_report_what_the_services_hold(settings: Set
 
 async def test_the_standalone_ui_app_serves_the_local_store_without_keys_on_loopback(settings: Settings) -> None:
     service = build_service(settings)
-    app = create_ui_app(UiServices(service, None, MLService(service, settings.ml_model_dir)))
+    app = create_ui_app(UiServices(service, None, MLService(service, settings.ml_dir / "exports")))
     async with app.router.lifespan_context(app):
         await seed(service)
         async with httpx2.AsyncClient(transport=StreamingASGITransport(app), base_url=BASE) as http:
