@@ -31,6 +31,7 @@ from .auth import (
     ApiKey,
     ApiKeyVerifier,
     KeyScopeMiddleware,
+    current_key,
     OriginGuard,
     is_loopback,
     parse_allowed_origins,
@@ -88,7 +89,7 @@ def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence
         mask_error_details=True,
         on_duplicate="error",
     )
-    actors = ActorResolver(settings.agent_id)  # one resolver, so learning sees the same session ids
+    actors = ActorResolver(settings.agent_id, current_key)  # one resolver, so learning sees the same session ids
     register_tools(mcp, service, actors)
     register_ml_tools(mcp, ml, actors)
     if learning is not None:

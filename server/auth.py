@@ -1,14 +1,16 @@
 """HTTP/SSE access control: API keys (AMFS_API_KEYS), their scopes, and the Origin/Host guard.
 
 AMFS_API_KEYS is a comma-separated list of `KEY` or `KEY:SCOPE` entries, or `@/path/keys.json`
-(a JSON list of `{"key": "...", "scope": "..."}` objects). SCOPE is `rw` (the default), `ro`,
+(a JSON list of `{"key": "...", "scope": "...", "agent": "..."}` objects). SCOPE is `rw` (the default), `ro`,
 `rw@ENTITY/PREFIX` or `ro@ENTITY/PREFIX`:
 
     AMFS_API_KEYS="s3cret-admin-key-0001,ci-readonly-key-0002:ro,team-a-key-00000003:rw@team-a"
 
 A key is 16+ characters of `A-Z a-z 0-9 . _ ~ + / = -`. `ro` keys may call only tools annotated
-read-only; a prefix-scoped key may touch only entries at or under its prefix. stdio is a local,
-trusted transport: keys apply to SSE and streamable HTTP only.
+read-only; a prefix-scoped key may touch only entries at or under its prefix. Who calls is the key,
+not what the client says: the agent id (whose preferences and patterns the learning tools use) is
+the entry's `agent`, else the key's id (`key-<hash>`). stdio is a local, trusted transport: keys apply
+to SSE and streamable HTTP only.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ MIN_KEY_LENGTH = 16
 _KEY_CHARS = re.compile(r"^[A-Za-z0-9._~+/=-]+$")
 _ACCESS_CLAIM = "amfs_access"
 _PREFIX_CLAIM = "amfs_entity_prefix"
+_AGENT_CLAIM = "amfs_agent"
 
 
 @dataclass(frozen=True)
@@ -47,11 +50,17 @@ class ApiKey:
     secret: str
     access: Access = "rw"
     entity_prefix: str | None = None
+    agent: str | None = None
 
     @property
     def key_id(self) -> str:
         """A stable name for logs and session scoping that does not reveal the key."""
         return "key-" + hashlib.sha256(self.secret.encode()).hexdigest()[:12]
+
+    @property
+    def agent_id(self) -> str:
+        """The identity calls with this key act as: configured, else the key's id. Never the client's say-so."""
+        return self.agent or self.key_id
 
     def allows(self, entity_path: Any) -> bool:
         if self.entity_prefix is None:
@@ -73,14 +82,19 @@ def _parse_scope(scope: str, where: str) -> tuple[Access, str | None]:
         raise ValidationError(f"{where}: {error}") from None
 
 
-def _make_key(secret: str, scope: str | None, where: str) -> ApiKey:
+def _make_key(secret: str, scope: str | None, where: str, agent: str | None = None) -> ApiKey:
     if len(secret) < MIN_KEY_LENGTH or not _KEY_CHARS.match(secret):
         raise ValidationError(
             f"{where}: a key must be at least {MIN_KEY_LENGTH} characters of A-Z a-z 0-9 . _ ~ + / = - "
             "(generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))')."
         )
     access, prefix = _parse_scope(scope or "rw", where)
-    return ApiKey(secret, access, prefix)
+    if agent is not None:
+        try:
+            agent = v.validate_key(agent)  # the same plain, bounded name as a memory key
+        except ValidationError as error:
+            raise ValidationError(f"{where}: agent: {error}") from None
+    return ApiKey(secret, access, prefix, agent)
 
 
 def parse_api_keys(text: str | None) -> list[ApiKey]:
@@ -102,10 +116,12 @@ def parse_api_keys(text: str | None) -> list[ApiKey]:
                 f'AMFS_API_KEYS file {path}: expected a JSON list of {{"key": "...", "scope": "rw"}}.'
             )
         for n, item in enumerate(items, start=1):
-            scope = item.get("scope")
+            scope, agent = item.get("scope"), item.get("agent")
             if scope is not None and not isinstance(scope, str):
                 raise ValidationError(f"AMFS_API_KEYS file {path}, entry {n}: scope must be a string.")
-            keys.append(_make_key(item["key"], scope, f"AMFS_API_KEYS file {path}, entry {n}"))
+            if agent is not None and not isinstance(agent, str):
+                raise ValidationError(f"AMFS_API_KEYS file {path}, entry {n}: agent must be a string.")
+            keys.append(_make_key(item["key"], scope, f"AMFS_API_KEYS file {path}, entry {n}", agent))
     else:
         for n, entry in enumerate((e.strip() for e in text.split(",")), start=1):
             if entry:
@@ -134,7 +150,7 @@ class ApiKeyVerifier(TokenVerifier):
             token=token,
             client_id=match.key_id,
             scopes=["amfs:read"] if match.access == "ro" else ["amfs:read", "amfs:write"],
-            claims={_ACCESS_CLAIM: match.access, _PREFIX_CLAIM: match.entity_prefix},
+            claims={_ACCESS_CLAIM: match.access, _PREFIX_CLAIM: match.entity_prefix, _AGENT_CLAIM: match.agent},
         )
 
 
@@ -143,7 +159,9 @@ def current_key() -> ApiKey | None:
     token = get_access_token()
     if token is None or _ACCESS_CLAIM not in token.claims:
         return None
-    return ApiKey(token.token, token.claims[_ACCESS_CLAIM], token.claims.get(_PREFIX_CLAIM))
+    return ApiKey(
+        token.token, token.claims[_ACCESS_CLAIM], token.claims.get(_PREFIX_CLAIM), token.claims.get(_AGENT_CLAIM)
+    )
 
 
 class KeyScopeMiddleware(Middleware):
