@@ -36,6 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..core import validation as v
 from ..core.errors import ValidationError
+from .limits import CallLimiter, ServerLimits
 
 Access = Literal["ro", "rw"]
 MIN_KEY_LENGTH = 16
@@ -173,22 +174,33 @@ class KeyScopeMiddleware(Middleware):
     and are refused.
     """
 
+    def __init__(self, limiter: CallLimiter | None = None) -> None:
+        self.limiter = limiter or CallLimiter(ServerLimits())
+
     async def on_call_tool(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
         key = current_key()
-        if key is None or context.fastmcp_context is None:
-            return await call_next(context)
         name = context.message.name
-        tool = await context.fastmcp_context.fastmcp.get_tool(name)
+        if key is None or context.fastmcp_context is None:
+            result = await call_next(context)
+        else:
+            context = await self._within_scope(context, key)
+            async with self.limiter.slot(key.key_id):
+                result = await call_next(context)
+        self.limiter.check_response_size(name, result)
+        return result
+
+    async def _within_scope(self, context: MiddlewareContext[Any], key: ApiKey) -> MiddlewareContext[Any]:
+        name = context.message.name
+        tool = await context.fastmcp_context.fastmcp.get_tool(name)  # type: ignore[union-attr]
         if tool is None:
-            return await call_next(context)
+            return context
         read_only = bool(tool.annotations and tool.annotations.read_only_hint)
         if key.access == "ro" and not read_only:
             raise ToolError(f"{name} writes, and this API key is read-only. Nothing was written; use a read-write key.")
         if key.entity_prefix is None:
-            return await call_next(context)
+            return context
         arguments = _restrict_to_prefix(name, tool.parameters.get("properties", {}), context.message.arguments, key)
-        message = context.message.model_copy(update={"arguments": arguments})
-        return await call_next(context.copy(message=message))
+        return context.copy(message=context.message.model_copy(update={"arguments": arguments}))
 
 
 def _restrict_to_prefix(name: str, properties: dict[str, Any], arguments: dict[str, Any] | None, key: ApiKey) -> dict:

@@ -1,19 +1,41 @@
 """What the red team's findings now get: outcome refs scoped per key prefix, identity from the key, exports
-confined to a scoped key's prefix and folder. HTTP is driven in process through the real ASGI app."""
+confined to a scoped key's prefix and folder, per-key session and call limits, slow connections cut off,
+logs that do not flood, and a graceful SIGTERM. HTTP is driven in process through the real ASGI app, except
+where a real server process is the point (slow sockets, signals); those are loopback only and bounded."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
+import signal
+import socket
+import sqlite3
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
+import httpx2
+import pytest
 from fastmcp import Client
+from fastmcp.exceptions import ToolError
 from mcp_types import Implementation
 
 from amfs_server.core.models import Actor
 from amfs_server.core.service import MemoryService, WriteRequest
-from amfs_server.server.settings import Settings
+from amfs_server.server.app import create_app, http_options
+from amfs_server.server.auth import parse_api_keys
+from amfs_server.server.composition import build_service
+from amfs_server.server.limits import CallLimiter, RepeatFilter, ServerLimits
+from amfs_server.server.settings import Settings, load_settings
 
-from .test_auth import ADMIN, KEYS, TEAM_A, call, http_app, mcp_client
+from .test_auth import (
+    ADMIN, INITIALIZE, KEYS, MCP_HEADERS, TEAM_A, TEAM_A_READER, call, http_app, mcp_client, raw_client,
+)
 
 TEAM_B = "team-b-key-000000000000005"
 OTHER = "other-user-key-00000000006"
@@ -132,3 +154,154 @@ async def test_a_prefix_key_exports_only_its_own_teams_data_into_its_own_folder(
         ]
     assert len(set(written)) == 2 and all(Path(p).name == "t.jsonl" for p in written)
     assert "b-secret" not in Path(written[0]).read_text()
+
+
+# -- sessions (finding 3) -----------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def limited_app(settings: Settings, limits: ServerLimits) -> AsyncIterator[Any]:
+    app = create_app(build_service(settings), settings, api_keys=parse_api_keys(ALL_KEYS))
+    asgi = app.http_app(transport="http", **http_options("127.0.0.1", (), limits))
+    async with asgi.router.lifespan_context(asgi):
+        yield asgi
+
+
+async def open_session(http: httpx2.AsyncClient, token: str) -> httpx2.Response:
+    return await http.post("/mcp", json=INITIALIZE, headers=MCP_HEADERS | {"Authorization": f"Bearer {token}"})
+
+
+async def post(http: httpx2.AsyncClient, token: str, session_id: str, message: dict[str, Any]) -> httpx2.Response:
+    headers = MCP_HEADERS | {
+        "Authorization": f"Bearer {token}", "Mcp-Session-Id": session_id, "Mcp-Protocol-Version": "2025-11-25",
+    }
+    return await http.post("/mcp", json=message, headers=headers)
+
+
+async def test_a_key_at_its_session_limit_is_refused_while_other_keys_still_connect(settings: Settings) -> None:
+    limits = ServerLimits(sessions_per_key=3, unused_session_expiry_s=60)
+    async with limited_app(settings, limits) as asgi, raw_client(asgi) as http:
+        opened = [await open_session(http, TEAM_A_READER) for _ in range(3)]
+        assert [r.status_code for r in opened] == [200, 200, 200]
+        refused = await open_session(http, TEAM_A_READER)
+        assert refused.status_code == 429 and "Too many open sessions for this API key" in refused.text
+        assert (await open_session(http, ADMIN)).status_code == 200
+        # closing one makes room again
+        closing = opened[0].headers["mcp-session-id"]
+        headers = {"Authorization": f"Bearer {TEAM_A_READER}", "Mcp-Session-Id": closing,
+                   "Mcp-Protocol-Version": "2025-11-25"}
+        assert (await http.delete("/mcp", headers=headers)).status_code == 200
+        assert (await open_session(http, TEAM_A_READER)).status_code == 200
+
+
+async def test_sessions_that_never_did_anything_expire_quickly_and_used_ones_stay(settings: Settings) -> None:
+    limits = ServerLimits(sessions_per_key=4, unused_session_expiry_s=0.5)
+    async with limited_app(settings, limits) as asgi, raw_client(asgi) as http:
+        ids = [(await open_session(http, TEAM_A_READER)).headers["mcp-session-id"] for _ in range(4)]
+        used = ids[0]
+        await post(http, TEAM_A_READER, used, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+        listed = await post(http, TEAM_A_READER, used, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+        assert listed.status_code == 200
+        assert (await open_session(http, TEAM_A_READER)).status_code == 429
+        await asyncio.sleep(1.5)
+        for unused in ids[1:]:
+            gone = await post(http, TEAM_A_READER, unused, {"jsonrpc": "2.0", "id": 3, "method": "tools/list"})
+            assert gone.status_code == 404  # expired and discarded by the SDK
+        again = await post(http, TEAM_A_READER, used, {"jsonrpc": "2.0", "id": 4, "method": "tools/list"})
+        assert again.status_code == 200 and "amfs_read" in again.text
+        assert (await open_session(http, TEAM_A_READER)).status_code == 200
+
+
+# -- calls and responses (finding 8) --------------------------------------------------------------
+
+
+async def test_a_key_gets_a_bounded_number_of_calls_in_progress_and_other_keys_are_not_held_up() -> None:
+    limiter = CallLimiter(ServerLimits(calls_per_key=2, call_queue_wait_s=0.2))
+    async with limiter.slot("key-a"), limiter.slot("key-a"):
+        with pytest.raises(ToolError, match="already has 2 calls in progress"):
+            async with limiter.slot("key-a"):
+                pass
+        async with limiter.slot("key-b"):
+            pass
+    async with limiter.slot("key-a"):  # released again
+        pass
+
+
+async def test_a_tool_result_over_the_response_limit_is_refused_with_how_to_ask_for_less(tmp_path: Path) -> None:
+    settings = load_settings({}, data_dir=tmp_path, embedder="none", max_response_bytes=4096)
+    async with http_app(settings, ALL_KEYS) as asgi:
+        await call(asgi, ADMIN, "amfs_write", {"entity_path": "svc", "key": "big", "value": "x" * 5000})
+        await call(asgi, ADMIN, "amfs_write", {"entity_path": "svc", "key": "small", "value": "x"})
+        big = await call(asgi, ADMIN, "amfs_read", {"entity_path": "svc", "key": "big"})
+        assert big.is_error and "response limit" in big.content[0].text and "smaller limit" in big.content[0].text
+        small = await call(asgi, ADMIN, "amfs_read", {"entity_path": "svc", "key": "small"})
+        assert not small.is_error
+
+
+def test_repeated_log_messages_are_collapsed_into_a_count() -> None:
+    now = [0.0]
+    repeats = RepeatFilter(clock=lambda: now[0])
+
+    def record(message: str) -> logging.LogRecord:
+        try:
+            raise OSError(24, "Too many open files")
+        except OSError:
+            return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, message, None, sys.exc_info())
+
+    passed = sum(repeats.filter(record("socket.accept() out of system resource")) for _ in range(10_000))
+    assert passed == 5
+    assert repeats.filter(record("another message"))  # a different message has its own budget
+    now[0] += 61
+    summary = record("socket.accept() out of system resource")
+    assert repeats.filter(summary) and "9995 more like this" in summary.getMessage()
+
+
+# -- real servers: slow connections and shutdown (findings 8 and 13) ------------------------------
+
+
+def test_connections_that_never_finish_their_headers_are_closed_and_others_are_served(
+    launch_server: Any, tmp_path: Path
+) -> None:
+    server = launch_server("http", tmp_path / "data", AMFS_HEADER_TIMEOUT_S="1")
+    sockets = []
+    try:
+        for _ in range(50):
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # and then nothing
+            sockets.append(sock)
+        time.sleep(2.5)
+        closed = 0
+        for sock in sockets:
+            sock.settimeout(2)
+            with contextlib.suppress(OSError):
+                closed += sock.recv(1024) == b""
+        assert closed == len(sockets)
+        response = httpx2.post(f"{server.base_url}/mcp", json=INITIALIZE, headers=MCP_HEADERS, timeout=10)
+        assert response.status_code == 200
+    finally:
+        for sock in sockets:
+            sock.close()
+        server.stop()
+    assert sum(len(line) for line in server.log) < 50_000  # no traceback per connection
+
+
+def test_sigterm_closes_the_store_cleanly(launch_server: Any, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    server = launch_server("http", data)
+    try:
+        initialized = httpx2.post(f"{server.base_url}/mcp", json=INITIALIZE, headers=MCP_HEADERS, timeout=10)
+        session = {"Mcp-Session-Id": initialized.headers["mcp-session-id"], "Mcp-Protocol-Version": "2025-11-25"}
+        write = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                 "params": {"name": "amfs_write", "arguments": {"entity_path": "svc", "key": "k", "value": 1}}}
+        written = httpx2.post(f"{server.base_url}/mcp", json=write, headers=MCP_HEADERS | session, timeout=10)
+        assert written.status_code == 200 and '"version":1' in written.text.replace(" ", "")
+        assert (data / "amfs.db-wal").exists()  # the write sits in the WAL until the store is closed
+        server.process.send_signal(signal.SIGTERM)
+        server.process.wait(timeout=30)
+    finally:
+        server.stop()
+    time.sleep(0.5)  # the log pump thread drains the last lines
+    assert any("Stopped: the store is closed" in line for line in server.log), "".join(server.log[-20:])
+    assert not (data / "amfs.db-wal").exists()  # checkpointed and removed by the last close
+    with sqlite3.connect(data / "amfs.db") as db:
+        assert db.execute("SELECT count(*) FROM entries").fetchone()[0] == 1
