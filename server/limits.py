@@ -40,7 +40,7 @@ class ServerLimits:
     sessions_per_key: int = 32
     unused_session_expiry_s: float = 30.0
     session_idle_expiry_s: float = 30 * 60.0
-    calls_per_key: int = 8
+    calls_per_key: int = 4
     call_queue_wait_s: float = 10.0
     max_response_bytes: int = 16 * MIB
     max_request_bytes: int = 4 * MIB  # the MCP SDK's own body limit on streamable HTTP (413 above it)

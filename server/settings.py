@@ -30,7 +30,7 @@ class Settings(BaseModel):
     allowed_origins: str | None = None
     lm_backbone: str | None = None
     sessions_per_key: int = Field(32, ge=1)
-    calls_per_key: int = Field(8, ge=1)
+    calls_per_key: int = Field(4, ge=1)
     max_response_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     header_timeout_s: float = Field(10.0, gt=0)
     learning: LearningSettings = Field(default_factory=LearningSettings)
