@@ -171,7 +171,8 @@ class KeyScopeMiddleware(Middleware):
     Write tools are those not annotated read-only (so later tools are covered by their annotations).
     A prefix-scoped key: `entity_path` must lie under the prefix (a filter left out becomes the
     prefix); `causal_entry_keys` must be given and lie under it; other tools act on the whole store
-    and are refused.
+    and are refused. Each key also gets a bounded number of calls in progress, and every result
+    (any transport) a size cap (`limits.CallLimiter`).
     """
 
     def __init__(self, limiter: CallLimiter | None = None) -> None:

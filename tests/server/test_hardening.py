@@ -212,6 +212,22 @@ async def test_sessions_that_never_did_anything_expire_quickly_and_used_ones_sta
         assert (await open_session(http, TEAM_A_READER)).status_code == 200
 
 
+async def test_a_key_at_its_sse_stream_limit_is_refused_while_other_keys_still_connect(settings: Settings) -> None:
+    app = create_app(build_service(settings), settings, api_keys=parse_api_keys(ALL_KEYS))
+    asgi = app.http_app(transport="sse", **http_options("127.0.0.1", (), ServerLimits(sessions_per_key=1)))
+
+    def bearer(token: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
+
+    async with asyncio.timeout(30), asgi.router.lifespan_context(asgi), raw_client(asgi) as http:
+        async with http.stream("GET", "/sse", headers=bearer(TEAM_A_READER)) as first:
+            assert first.status_code == 200
+            second = await http.get("/sse", headers=bearer(TEAM_A_READER))
+            assert second.status_code == 429 and "Too many open SSE streams" in second.text
+            async with http.stream("GET", "/sse", headers=bearer(ADMIN)) as other:
+                assert other.status_code == 200
+
+
 # -- calls and responses (finding 8) --------------------------------------------------------------
 
 
