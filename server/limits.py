@@ -125,6 +125,8 @@ class SessionGuard:
             return
         key = key_of(scope)
         live = self._sessions[key] & manager._server_instances.keys()
+        for gone in self._sessions[key] - live:  # ended or expired since: forget them here too
+            self._requests.pop(gone, None)
         self._sessions[key] = live
         if len(live) + self._opening[key] >= self.limits.sessions_per_key:
             await self._refuse("sessions")(scope, receive, send)
