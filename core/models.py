@@ -77,12 +77,22 @@ def split_entry_key(text: str) -> tuple[str, str]:
     return entity_path, key
 
 
+def under(entity_path: str, prefix: str | None) -> bool:
+    """Whether `entity_path` is `prefix` or below it (the store's prefix semantics); anything is under None."""
+    return prefix is None or entity_path == prefix or entity_path.startswith(prefix + "/")
+
+
 @dataclass(frozen=True)
 class Actor:
-    """Who is acting: the agent and the session whose reads feed auto-causal linking."""
+    """Who is acting: the agent and the session whose reads feed auto-causal linking.
+
+    `scope` is the entity prefix a prefix-scoped API key confines the actor to (None: unconfined). Its
+    outcome refs live in that scope's own namespace, so two teams' refs never meet.
+    """
 
     agent_id: str
     session_id: str
+    scope: str | None = None
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -29,6 +29,7 @@ from .models import (
     TraceEvent,
     TraceKind,
     split_entry_key,
+    under,
     utcnow,
 )
 from .retrieval import (
@@ -48,6 +49,16 @@ from .tiers import priority_score, tier_for
 MAX_QUERY_CHARS = 2000
 
 MULTIPLIERS_META = "outcome_multipliers"
+
+
+def scoped_outcome_ref(scope: str | None, outcome_ref: str) -> str:
+    """The ref as stored: a prefix-scoped caller's refs live under `@PREFIX#`, so the store's one-per-ref
+    rule becomes one per (scope, ref). `#` cannot occur in an entity path, so no two scopes share a
+    namespace. Unscoped refs are stored as given (an unscoped key can name a scope's ref in full:
+    `@team-a#INC-1`)."""
+    return outcome_ref if scope is None else f"@{scope}#{outcome_ref}"
+
+
 SORT_CHOICES: tuple[str, ...] = ("confidence", "recency", "recall_count", "priority")
 
 
@@ -496,11 +507,17 @@ class MemoryService:
                     f"{outcome_ref!r} to. Read the relevant entries first or pass causal_entry_keys."
                 )
         record = await self.store.apply_outcome(
-            outcome_ref, resolved_type, self.multipliers[resolved_type], actor, now, targets
+            scoped_outcome_ref(actor.scope, outcome_ref), resolved_type, self.multipliers[resolved_type], actor, now,
+            targets,
         )
         if not record.already_applied:
             await self._retier_effects(record, now)
-        return record
+        if actor.scope is None:
+            return record
+        # The caller sees its own ref; a record an unscoped key filed under this scope's namespace may name
+        # entries elsewhere, and those stay out of the reply.
+        effects = tuple(e for e in record.effects if under(e.entity_path, actor.scope))
+        return replace(record, outcome_ref=outcome_ref, effects=effects)
 
     async def _explicit_targets(self, actor: Actor, keys: list[str], now: datetime) -> list[OutcomeTarget]:
         read_versions = {(t.entity_path, t.key): t.version_read for t in await self.store.session_reads(actor.session_id)}

@@ -19,14 +19,16 @@ lines to a file (atomically renamed into place). With nothing to export each rai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
+import errno
 import json
 import os
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from itertools import islice
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from ..core.ports import MemoryStore
@@ -109,12 +111,21 @@ class TrainingDataExporter:
         entity_path: str | None = None,
         limit: int | None = None,
         progress: Progress | None = None,
+        *,
+        root: Path | None = None,
     ) -> ExportResult:
-        """Stream the examples to `path` as JSONL, one line at a time; the file appears only when complete."""
+        """Stream the examples to `path` as JSONL, one line at a time; the file appears only when complete.
+
+        With `root`, `path` is relative to it and no symlink below `root` is followed (see `_open_beneath`),
+        so a name handed in by a client cannot write outside `root`."""
         report = progress or no_progress
         report(0, 3, "reading the outcome history")
         fmt, history, entity_path, limit = await self._prepare(format, entity_path, limit)
-        target = Path(path)
+        if root is None:
+            root, relative = Path(path).parent, PurePath(Path(path).name)
+        else:
+            relative = PurePath(path)
+        target = root / relative
         report(1, 3, f"writing {fmt.value} examples")
 
         def write() -> int:
@@ -123,14 +134,21 @@ class TrainingDataExporter:
             first = next(examples, None)
             if first is None:
                 raise self._missing(fmt, history, entity_path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            partial = target.with_name(target.name + ".partial")
+            name, partial = relative.name, relative.name + ".partial"
             try:
-                with partial.open("w", encoding="utf-8") as handle:
-                    for example in islice(_chain(first, examples), limit):
-                        handle.write(json.dumps(example, ensure_ascii=False) + "\n")
-                        count += 1
-                os.replace(partial, target)
+                folder = _open_beneath(root, relative.parts[:-1])
+                try:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(partial, dir_fd=folder)  # a leftover (or planted link) goes; its target is untouched
+                    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder)
+                    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                        for example in islice(_chain(first, examples), limit):
+                            handle.write(json.dumps(example, ensure_ascii=False) + "\n")
+                            count += 1
+                    # rename(2) replaces a link at `name` itself, never what it points to
+                    os.replace(partial, name, src_dir_fd=folder, dst_dir_fd=folder)
+                finally:
+                    os.close(folder)
             except OSError as error:
                 raise StoreError(f"Cannot write the export to {target}: {error}.") from error
             return count
@@ -263,6 +281,32 @@ class TrainingDataExporter:
             f"{scope}; no entity has both (entities with only clean traces: {only_clean or 'none'}; only failed: "
             f"{only_failed or 'none'}). {hint}"
         )
+
+
+def _open_beneath(root: Path, folders: tuple[str, ...]) -> int:
+    """A descriptor of `root/folders...`, created as needed, reached one component at a time with
+    O_NOFOLLOW: a symlinked (or swapped-in) directory below `root` is refused, never followed."""
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in folders:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=fd)
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as error:
+                if error.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise ValidationError(
+                        f"output_path: {part!r} under {root} is a symbolic link or a file, not a folder; exports "
+                        "never follow links. Pick another name; nothing was written."
+                    ) from None
+                raise
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _chain(first: dict[str, Any], rest: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:

@@ -68,18 +68,24 @@ class MLService:
         limit: int | None = DEFAULT_EXPORT_LIMIT,
         output_path: str | None = None,
         progress: Progress | None = None,
+        namespace: str | None = None,
     ) -> ExportResult:
-        """The examples themselves, or, with `output_path`, JSONL streamed to that file under export_dir."""
+        """The examples themselves, or, with `output_path`, JSONL streamed to that file under export_dir.
+
+        `namespace` (the caller's identity when an API key says who it is) gives each caller its own folder,
+        `export_dir/<namespace>/`, so one key cannot overwrite another's exports."""
         if output_path is None:
             return await self.exporter.export(format, entity_path, limit)
-        return await self.exporter.write_jsonl(self.output_file(output_path), format, entity_path, limit, progress)
+        return await self.exporter.write_jsonl(
+            self.output_file(output_path, namespace), format, entity_path, limit, progress, root=self.export_dir
+        )
 
-    def output_file(self, output_path: str) -> Path:
-        """`output_path` resolved inside export_dir; absolute paths and `..` are refused."""
+    def output_file(self, output_path: str, namespace: str | None = None) -> PurePath:
+        """`output_path` as a path relative to export_dir (under `namespace`); absolute paths and `..` are refused."""
         relative = PurePath(output_path)
-        if not output_path.strip() or relative.is_absolute() or ".." in relative.parts:
+        if not output_path.strip() or relative.is_absolute() or ".." in relative.parts or relative.name in ("", "."):
             raise ValidationError(
                 f"output_path {output_path!r} must be a relative file name such as 'sft/train.jsonl'; exports are "
                 f"written under {self.export_dir}."
             )
-        return self.export_dir / relative
+        return PurePath(namespace, relative) if namespace is not None else relative

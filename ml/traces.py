@@ -23,21 +23,16 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from ..core.service import MemoryService
-from ..core.models import MemoryEntry, OutcomeEffect, OutcomeRecord, OutcomeType, TraceEvent, entry_key
+from ..core.models import MemoryEntry, OutcomeEffect, OutcomeRecord, OutcomeType, TraceEvent, entry_key, under
 
 INCIDENT_TYPES: tuple[OutcomeType, ...] = (
     OutcomeType.CRITICAL_FAILURE, OutcomeType.FAILURE, OutcomeType.MINOR_FAILURE,
 )
-
-
-def under(entity_path: str, prefix: str | None) -> bool:
-    """Whether `entity_path` is `prefix` or below it (the store's prefix semantics)."""
-    return prefix is None or entity_path == prefix or entity_path.startswith(prefix + "/")
 
 
 @dataclass(frozen=True)
@@ -126,14 +121,21 @@ class OutcomeHistory:
 
     @classmethod
     async def load(cls, service: MemoryService, entity_path: str | None = None) -> OutcomeHistory:
-        """Outcomes touching `entity_path` (all when None), every trace event, and the entry versions they name."""
+        """Outcomes touching `entity_path` (all when None), trace events, and the entry versions they name.
+
+        With `entity_path` the history holds nothing from outside it: events elsewhere and outcome effects
+        on other entities are dropped, not redacted. A prefix-scoped API key is confined to its prefix this
+        way, so an export or model for it can never carry another team's entries, even when one session
+        read or wrote under both.
+        """
         outcomes = await service.outcome_records(entity_path)
         events = await service.trace_events()
         if entity_path is not None:
-            # Keep the entity's own events plus whole sessions that committed its outcomes (their writes
-            # elsewhere are still the decisions of those traces).
-            sessions = {o.session_id for o in outcomes}
-            events = [e for e in events if under(e.entity_path, entity_path) or e.session_id in sessions]
+            events = [e for e in events if under(e.entity_path, entity_path)]
+            outcomes = [
+                replace(o, effects=tuple(f for f in o.effects if under(f.entity_path, entity_path))) for o in outcomes
+            ]
+            outcomes = [o for o in outcomes if o.effects]
         history = cls(outcomes, events)
         keys = {(e.entity_path, e.key) for e in events}
         keys |= {(f.entity_path, f.key) for o in outcomes for f in o.effects}

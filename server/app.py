@@ -31,12 +31,14 @@ from .auth import (
     ApiKey,
     ApiKeyVerifier,
     KeyScopeMiddleware,
+    current_key,
     OriginGuard,
     is_loopback,
     parse_allowed_origins,
     parse_api_keys,
 )
 from .composition import build_service
+from .limits import CallLimiter, GuardedH11Protocol, RepeatFilter, ServerLimits, SessionGuard, raise_open_file_limit
 from .config_file import build_learning_service
 from .settings import Settings
 
@@ -78,6 +80,7 @@ def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence
                 await asyncio.to_thread(worker.close)  # waits for an answer in progress
             await ml.stop()
             await service.close()
+            logger.info("Stopped: the store is closed")
 
     mcp = FastMCP(
         SERVER_NAME,
@@ -85,11 +88,11 @@ def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence
         version=AMFS_VERSION,
         auth=ApiKeyVerifier(keys) if keys else None,
         lifespan=lifespan,
-        middleware=[KeyScopeMiddleware()],
+        middleware=[KeyScopeMiddleware(CallLimiter(settings.limits))],
         mask_error_details=True,
         on_duplicate="error",
     )
-    actors = ActorResolver(settings.agent_id)  # one resolver, so learning sees the same session ids
+    actors = ActorResolver(settings.agent_id, current_key)  # one resolver, so learning sees the same session ids
     register_tools(mcp, service, actors)
     register_ml_tools(mcp, ml, actors)
     if learning is not None:
@@ -121,6 +124,7 @@ def configure_logging(level: int = logging.INFO) -> None:
     """Server logs go to stderr: on stdio, stdout carries the protocol and nothing else."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RepeatFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
@@ -130,17 +134,45 @@ def _uvicorn_log_config() -> dict[str, Any]:
     from uvicorn.config import LOGGING_CONFIG
 
     config = copy.deepcopy(LOGGING_CONFIG)
+    config["filters"] = {"repeats": {"()": RepeatFilter}}
     for handler in config["handlers"].values():
         handler["stream"] = "ext://sys.stderr"
+        handler["filters"] = ["repeats"]
     return config
 
 
-def http_options(host: str, allowed_origins: Sequence[str] = ()) -> dict[str, Any]:
-    """Keyword arguments for FastMCP's run/http_app: our Origin/Host guard in place of FastMCP's own."""
+def http_options(host: str, allowed_origins: Sequence[str] = (), limits: ServerLimits | None = None) -> dict[str, Any]:
+    """Keyword arguments for FastMCP's http_app: our Origin/Host guard in place of FastMCP's own, and the
+    per-key session limits (after auth, which FastMCP puts first)."""
     return {
-        "middleware": [Middleware(OriginGuard, allowed_origins=allowed_origins, loopback_bind=is_loopback(host))],
+        "middleware": [
+            Middleware(OriginGuard, allowed_origins=allowed_origins, loopback_bind=is_loopback(host)),
+            Middleware(SessionGuard, limits=limits or ServerLimits()),
+        ],
         "host_origin_protection": False,  # OriginGuard does this, with AMFS_ALLOWED_ORIGINS
     }
+
+
+def serve_http(
+    app: FastMCP, transport: Literal["sse", "http"], host: str, port: int, allowed_origins: Sequence[str],
+    limits: ServerLimits,
+) -> None:
+    """Serve over uvicorn until SIGINT/SIGTERM, then shut down gracefully: open requests get
+    `graceful_shutdown_s` to finish and the lifespan's finally closes the store (index saved, WAL
+    checkpointed)."""
+    import uvicorn
+
+    raise_open_file_limit()
+    asgi = app.http_app(transport=transport, session_idle_timeout=limits.session_idle_expiry_s,
+                        **http_options(host, allowed_origins, limits))
+    protocol = type("H11", (GuardedH11Protocol,), {"header_timeout_s": limits.header_timeout_s})
+    config = uvicorn.Config(
+        asgi, host=host, port=port, http=protocol, log_config=_uvicorn_log_config(), lifespan="on",
+        timeout_keep_alive=int(limits.keep_alive_s), limit_concurrency=limits.max_connections,
+        h11_max_incomplete_event_size=limits.max_header_bytes,
+        timeout_graceful_shutdown=int(limits.graceful_shutdown_s),
+    )
+    uvicorn.Server(config).run()
 
 
 def run_server(settings: Settings, transport: Transport = "stdio", host: str = "127.0.0.1", port: int = 8000) -> None:
@@ -169,13 +201,6 @@ def run_server(settings: Settings, transport: Transport = "stdio", host: str = "
         else:
             if not is_loopback(host):
                 logger.warning("Serving %s on %s: bearer-token auth is on (%d keys)", transport, host, len(keys))
-            app.run(
-                "sse" if transport == "sse" else "http",
-                show_banner=False,
-                host=host,
-                port=port,
-                uvicorn_config={"log_config": _uvicorn_log_config()},
-                **http_options(host, origins),
-            )
+            serve_http(app, "sse" if transport == "sse" else "http", host, port, origins, settings.limits)
     except KeyboardInterrupt:
         pass

@@ -1,14 +1,16 @@
 """HTTP/SSE access control: API keys (AMFS_API_KEYS), their scopes, and the Origin/Host guard.
 
 AMFS_API_KEYS is a comma-separated list of `KEY` or `KEY:SCOPE` entries, or `@/path/keys.json`
-(a JSON list of `{"key": "...", "scope": "..."}` objects). SCOPE is `rw` (the default), `ro`,
+(a JSON list of `{"key": "...", "scope": "...", "agent": "..."}` objects). SCOPE is `rw` (the default), `ro`,
 `rw@ENTITY/PREFIX` or `ro@ENTITY/PREFIX`:
 
     AMFS_API_KEYS="s3cret-admin-key-0001,ci-readonly-key-0002:ro,team-a-key-00000003:rw@team-a"
 
 A key is 16+ characters of `A-Z a-z 0-9 . _ ~ + / = -`. `ro` keys may call only tools annotated
-read-only; a prefix-scoped key may touch only entries at or under its prefix. stdio is a local,
-trusted transport: keys apply to SSE and streamable HTTP only.
+read-only; a prefix-scoped key may touch only entries at or under its prefix. Who calls is the key,
+not what the client says: the agent id (whose preferences and patterns the learning tools use) is
+the entry's `agent`, else the key's id (`key-<hash>`). stdio is a local, trusted transport: keys apply
+to SSE and streamable HTTP only.
 """
 
 from __future__ import annotations
@@ -34,12 +36,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..core import validation as v
 from ..core.errors import ValidationError
+from .limits import CallLimiter, ServerLimits
 
 Access = Literal["ro", "rw"]
 MIN_KEY_LENGTH = 16
 _KEY_CHARS = re.compile(r"^[A-Za-z0-9._~+/=-]+$")
 _ACCESS_CLAIM = "amfs_access"
 _PREFIX_CLAIM = "amfs_entity_prefix"
+_AGENT_CLAIM = "amfs_agent"
 
 
 @dataclass(frozen=True)
@@ -47,11 +51,17 @@ class ApiKey:
     secret: str
     access: Access = "rw"
     entity_prefix: str | None = None
+    agent: str | None = None
 
     @property
     def key_id(self) -> str:
         """A stable name for logs and session scoping that does not reveal the key."""
         return "key-" + hashlib.sha256(self.secret.encode()).hexdigest()[:12]
+
+    @property
+    def agent_id(self) -> str:
+        """The identity calls with this key act as: configured, else the key's id. Never the client's say-so."""
+        return self.agent or self.key_id
 
     def allows(self, entity_path: Any) -> bool:
         if self.entity_prefix is None:
@@ -73,14 +83,19 @@ def _parse_scope(scope: str, where: str) -> tuple[Access, str | None]:
         raise ValidationError(f"{where}: {error}") from None
 
 
-def _make_key(secret: str, scope: str | None, where: str) -> ApiKey:
+def _make_key(secret: str, scope: str | None, where: str, agent: str | None = None) -> ApiKey:
     if len(secret) < MIN_KEY_LENGTH or not _KEY_CHARS.match(secret):
         raise ValidationError(
             f"{where}: a key must be at least {MIN_KEY_LENGTH} characters of A-Z a-z 0-9 . _ ~ + / = - "
             "(generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))')."
         )
     access, prefix = _parse_scope(scope or "rw", where)
-    return ApiKey(secret, access, prefix)
+    if agent is not None:
+        try:
+            agent = v.validate_key(agent)  # the same plain, bounded name as a memory key
+        except ValidationError as error:
+            raise ValidationError(f"{where}: agent: {error}") from None
+    return ApiKey(secret, access, prefix, agent)
 
 
 def parse_api_keys(text: str | None) -> list[ApiKey]:
@@ -102,10 +117,12 @@ def parse_api_keys(text: str | None) -> list[ApiKey]:
                 f'AMFS_API_KEYS file {path}: expected a JSON list of {{"key": "...", "scope": "rw"}}.'
             )
         for n, item in enumerate(items, start=1):
-            scope = item.get("scope")
+            scope, agent = item.get("scope"), item.get("agent")
             if scope is not None and not isinstance(scope, str):
                 raise ValidationError(f"AMFS_API_KEYS file {path}, entry {n}: scope must be a string.")
-            keys.append(_make_key(item["key"], scope, f"AMFS_API_KEYS file {path}, entry {n}"))
+            if agent is not None and not isinstance(agent, str):
+                raise ValidationError(f"AMFS_API_KEYS file {path}, entry {n}: agent must be a string.")
+            keys.append(_make_key(item["key"], scope, f"AMFS_API_KEYS file {path}, entry {n}", agent))
     else:
         for n, entry in enumerate((e.strip() for e in text.split(",")), start=1):
             if entry:
@@ -134,7 +151,7 @@ class ApiKeyVerifier(TokenVerifier):
             token=token,
             client_id=match.key_id,
             scopes=["amfs:read"] if match.access == "ro" else ["amfs:read", "amfs:write"],
-            claims={_ACCESS_CLAIM: match.access, _PREFIX_CLAIM: match.entity_prefix},
+            claims={_ACCESS_CLAIM: match.access, _PREFIX_CLAIM: match.entity_prefix, _AGENT_CLAIM: match.agent},
         )
 
 
@@ -143,7 +160,9 @@ def current_key() -> ApiKey | None:
     token = get_access_token()
     if token is None or _ACCESS_CLAIM not in token.claims:
         return None
-    return ApiKey(token.token, token.claims[_ACCESS_CLAIM], token.claims.get(_PREFIX_CLAIM))
+    return ApiKey(
+        token.token, token.claims[_ACCESS_CLAIM], token.claims.get(_PREFIX_CLAIM), token.claims.get(_AGENT_CLAIM)
+    )
 
 
 class KeyScopeMiddleware(Middleware):
@@ -152,25 +171,37 @@ class KeyScopeMiddleware(Middleware):
     Write tools are those not annotated read-only (so later tools are covered by their annotations).
     A prefix-scoped key: `entity_path` must lie under the prefix (a filter left out becomes the
     prefix); `causal_entry_keys` must be given and lie under it; other tools act on the whole store
-    and are refused.
+    and are refused. Each key also gets a bounded number of calls in progress, and every result
+    (any transport) a size cap (`limits.CallLimiter`).
     """
+
+    def __init__(self, limiter: CallLimiter | None = None) -> None:
+        self.limiter = limiter or CallLimiter(ServerLimits())
 
     async def on_call_tool(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
         key = current_key()
-        if key is None or context.fastmcp_context is None:
-            return await call_next(context)
         name = context.message.name
-        tool = await context.fastmcp_context.fastmcp.get_tool(name)
+        if key is None or context.fastmcp_context is None:
+            result = await call_next(context)
+        else:
+            context = await self._within_scope(context, key)
+            async with self.limiter.slot(key.key_id):
+                result = await call_next(context)
+        self.limiter.check_response_size(name, result)
+        return result
+
+    async def _within_scope(self, context: MiddlewareContext[Any], key: ApiKey) -> MiddlewareContext[Any]:
+        name = context.message.name
+        tool = await context.fastmcp_context.fastmcp.get_tool(name)  # type: ignore[union-attr]
         if tool is None:
-            return await call_next(context)
+            return context
         read_only = bool(tool.annotations and tool.annotations.read_only_hint)
         if key.access == "ro" and not read_only:
             raise ToolError(f"{name} writes, and this API key is read-only. Nothing was written; use a read-write key.")
         if key.entity_prefix is None:
-            return await call_next(context)
+            return context
         arguments = _restrict_to_prefix(name, tool.parameters.get("properties", {}), context.message.arguments, key)
-        message = context.message.model_copy(update={"arguments": arguments})
-        return await call_next(context.copy(message=message))
+        return context.copy(message=context.message.model_copy(update={"arguments": arguments}))
 
 
 def _restrict_to_prefix(name: str, properties: dict[str, Any], arguments: dict[str, Any] | None, key: ApiKey) -> dict:

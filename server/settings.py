@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..core.errors import ValidationError
 from .config_file import LearningSettings
+from .limits import ServerLimits
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
 
@@ -29,6 +30,10 @@ class Settings(BaseModel):
     api_keys: str | None = None
     allowed_origins: str | None = None
     lm_backbone: str | None = None
+    sessions_per_key: int = Field(32, ge=1)
+    calls_per_key: int = Field(4, ge=1)
+    max_response_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    header_timeout_s: float = Field(10.0, gt=0)
     learning: LearningSettings = Field(default_factory=LearningSettings)
     """The config file's `learning:` section with its overrides (server.config_file.load_learning_settings)."""
 
@@ -53,6 +58,13 @@ class Settings(BaseModel):
         """Under the data directory unless set: never the working directory (Claude Desktop starts servers in /)."""
         return self.ml_model_dir if self.ml_model_dir is not None else self.data_dir / "ml"
 
+    @property
+    def limits(self) -> ServerLimits:
+        return ServerLimits(
+            sessions_per_key=self.sessions_per_key, calls_per_key=self.calls_per_key,
+            max_response_bytes=self.max_response_bytes, header_timeout_s=self.header_timeout_s,
+        )
+
 
 _ENV_FIELDS = {
     "AMFS_DATA_DIR": "data_dir",
@@ -65,6 +77,10 @@ _ENV_FIELDS = {
     "AMFS_API_KEYS": "api_keys",
     "AMFS_ALLOWED_ORIGINS": "allowed_origins",
     "AMFS_LM_BACKBONE": "lm_backbone",
+    "AMFS_SESSIONS_PER_KEY": "sessions_per_key",
+    "AMFS_CALLS_PER_KEY": "calls_per_key",
+    "AMFS_MAX_RESPONSE_BYTES": "max_response_bytes",
+    "AMFS_HEADER_TIMEOUT_S": "header_timeout_s",
 }
 
 

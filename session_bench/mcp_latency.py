@@ -76,9 +76,10 @@ def spawn_http_server(
     lines: queue.Queue[str | None] = queue.Queue()
     log: list[str] = []
 
-    def pump() -> None:
+    def pump() -> None:  # keeps `log` growing for the server's whole life, not just until it has started
         assert process.stderr is not None
         for line in process.stderr:
+            log.append(line)
             lines.put(line)
         lines.put(None)
 
@@ -92,7 +93,6 @@ def spawn_http_server(
             raise RuntimeError(f"amfs-server did not start within {timeout_s}s:\n{''.join(log)}") from None
         if line is None:
             raise RuntimeError(f"amfs-server exited with {process.wait()}:\n{''.join(log)}")
-        log.append(line)
         match = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", line)
         if match:
             return HttpServer(process, int(match.group(1)), log)

@@ -11,7 +11,7 @@ import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from fastmcp import Context, FastMCP
 from fastmcp.exceptions import ToolError
@@ -40,8 +40,21 @@ def writes(title: str, *, destructive: bool = False, idempotent: bool = False) -
     )
 
 
+class Credential(Protocol):
+    """What the transport authenticated (an API key): who it is and the entity prefix it is confined to."""
+
+    @property
+    def agent_id(self) -> str: ...
+
+    @property
+    def entity_prefix(self) -> str | None: ...
+
+
 class ActorResolver:
-    """Who is calling: agent_id from AMFS_AGENT_ID, else the client's name from the MCP handshake.
+    """Who is calling. With an API key, the key says so (its configured agent, else its id) and its prefix
+    becomes the actor's scope: a client's self-declared name could otherwise read and pollute another
+    user's learned preferences. Without one (stdio, a keyless loopback server): AMFS_AGENT_ID, else the
+    client's name from the MCP handshake.
 
     session_id keys the read tracker, so it must follow one client session:
     - handshake-era connections: the MCP session (streamable HTTP's Mcp-Session-Id, or one id per
@@ -51,20 +64,29 @@ class ActorResolver:
       outlives sessions), so each request is its own and amfs_commit_outcome needs causal_entry_keys.
     """
 
-    def __init__(self, agent_id: str | None) -> None:
+    def __init__(self, agent_id: str | None, credential: Callable[[], Credential | None] = lambda: None) -> None:
         self._agent_id = agent_id
+        self._credential = credential
         self._process_session_id = f"mcp-{uuid.uuid4().hex[:16]}"
+
+    def credential(self) -> Credential | None:
+        """The API key of the current request; None without one."""
+        return self._credential()
 
     def __call__(self, ctx: Context) -> Actor:
         session = ctx.session
-        params = session.client_params
-        client_name = params.client_info.name if params is not None and params.client_info is not None else None
-        agent_id = self._agent_id or client_name or DEFAULT_AGENT_ID
+        credential = self._credential()
+        if credential is not None:
+            agent_id, scope = credential.agent_id, credential.entity_prefix
+        else:
+            params = session.client_params
+            client_name = params.client_info.name if params is not None and params.client_info is not None else None
+            agent_id, scope = self._agent_id or client_name or DEFAULT_AGENT_ID, None
         if session.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-            return Actor(agent_id, ctx.session_id)
+            return Actor(agent_id, ctx.session_id, scope)
         if ctx.transport in (None, "stdio"):
-            return Actor(agent_id, self._process_session_id)
-        return Actor(agent_id, f"request-{uuid.uuid4().hex[:16]}")
+            return Actor(agent_id, self._process_session_id, scope)
+        return Actor(agent_id, f"request-{uuid.uuid4().hex[:16]}", scope)
 
 
 class ToolRegistry(Generic[S]):

@@ -138,8 +138,10 @@ def register_ml_tools(mcp: FastMCP, ml: MLService, actors: ActorResolver) -> Non
         Says which data is missing when there is nothing to export."""
         progress = ThreadProgress(ctx)
         try:
+            credential = tools.actor.credential()
             result = await ml.export_training_data(
-                ExportFormat(format), entity_path, limit, output_path, progress=progress
+                ExportFormat(format), entity_path, limit, output_path, progress=progress,
+                namespace=credential.agent_id if credential is not None else None,
             )
         finally:
             await progress.drain()

@@ -20,6 +20,8 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import Implementation
 
+from amfs_server.server.auth import ApiKey
+
 ADMIN = "admin-key-0000000000000001"
 READER = "reader-key-000000000000002"
 TEAM_A = "team-a-key-000000000000003"
@@ -46,14 +48,15 @@ async def sse_session(url: str, token: str | None) -> AsyncIterator[ClientSessio
             yield session
 
 
-async def exercise(session: ClientSession) -> None:
-    """The write -> read -> commit_outcome round trip every transport must carry."""
+async def exercise(session: ClientSession, agent_id: str = "e2e-client") -> None:
+    """The write -> read -> commit_outcome round trip every transport must carry; with an API key the
+    agent is the key's identity, not the client's name."""
     names = {tool.name for tool in (await session.list_tools()).tools}
     assert {"amfs_write", "amfs_read", "amfs_commit_outcome"} <= names
     written = await session.call_tool("amfs_write", {"entity_path": "svc", "key": "k", "value": {"n": 1}})
     assert not written.is_error and written.structured_content["version"] >= 1
     read = await session.call_tool("amfs_read", {"entity_path": "svc", "key": "k"})
-    assert read.structured_content["value"] == {"n": 1} and read.structured_content["agent_id"] == "e2e-client"
+    assert read.structured_content["value"] == {"n": 1} and read.structured_content["agent_id"] == agent_id
     missing = await session.call_tool("amfs_read", {"entity_path": "svc", "key": "missing"})
     assert missing.is_error and "amfs_retrieve" in missing.content[0].text
     outcome = await session.call_tool(
@@ -121,7 +124,7 @@ def keyed_server(
 @pytest.mark.parametrize("keyed_server", ["http"], indirect=True)
 async def test_streamable_http_round_trip(keyed_server: Any) -> None:
     async with http_session(f"{keyed_server.base_url}/mcp", ADMIN) as session:
-        await exercise(session)
+        await exercise(session, ApiKey(ADMIN).agent_id)
 
 
 @pytest.mark.parametrize("keyed_server", ["http"], indirect=True)
@@ -163,7 +166,7 @@ async def test_each_http_session_keeps_its_own_read_tracker(keyed_server: Any) -
 @pytest.mark.parametrize("keyed_server", ["sse"], indirect=True)
 async def test_sse_round_trip_and_auth(keyed_server: Any) -> None:
     async with sse_session(f"{keyed_server.base_url}/sse", ADMIN) as session:
-        await exercise(session)
+        await exercise(session, ApiKey(ADMIN).agent_id)
     async with httpx2.AsyncClient(timeout=10) as http:
         anonymous = await http.get(f"{keyed_server.base_url}/sse")
         wrong = await http.post(f"{keyed_server.base_url}/messages/?session_id=x", json={},

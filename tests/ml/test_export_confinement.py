@@ -1,0 +1,104 @@
+"""Exports stay inside what they were asked for: an entity filter (a prefix-scoped key's prefix) is a hard
+boundary for what an export may contain, and a file export never follows a symbolic link out of its folder."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from amfs_server.core.errors import ValidationError
+from amfs_server.core.models import Actor
+from amfs_server.core.service import MemoryService, WriteRequest
+from amfs_server.ml import MLService, TrainingDataExporter
+
+SECRET = "team-b-secret-value"
+
+
+async def _session_across_two_teams(service: MemoryService, session: str, outcome: str, ref: str) -> None:
+    """One session reads two team-a entries and team-b's secret, writes a team-a decision, commits an outcome."""
+    actor = Actor("agent", session)
+    for key in ("x", "y"):
+        await service.read(actor, "team-a", key)
+    await service.read(actor, "team-b", "secret")
+    await service.write(actor, WriteRequest("team-a", f"decision-{session}", "use x and y"))
+    await service.commit_outcome(actor, ref, outcome, ["team-a/x", "team-a/y", "team-b/secret"])
+
+
+@pytest.fixture
+async def mixed_history(service: MemoryService) -> MemoryService:
+    seed = Actor("seed", "seed")
+    await service.write_many(seed, [
+        WriteRequest("team-a", "x", "team-a fact x"), WriteRequest("team-a", "y", "team-a fact y"),
+        WriteRequest("team-b", "secret", SECRET),
+    ])
+    await _session_across_two_teams(service, "clean", "success", "OK-1")
+    await _session_across_two_teams(service, "failed", "failure", "INC-1")
+    return service
+
+
+@pytest.mark.parametrize("fmt", ["sft", "dpo", "reward_model"])
+async def test_an_export_filtered_to_a_prefix_contains_nothing_from_outside_it(
+    mixed_history: MemoryService, fmt: str
+) -> None:
+    exporter = TrainingDataExporter(mixed_history)
+    unfiltered = await exporter.export_jsonl(fmt)
+    assert "team-b" in unfiltered  # the history does mix the two teams
+    scoped = await exporter.export_jsonl(fmt, entity_path="team-a")
+    assert scoped.strip()  # team-a's own data is still exported
+    assert "team-b" not in scoped and SECRET not in scoped
+
+
+async def test_a_model_trained_for_a_prefix_reads_only_outcomes_under_it(mixed_history: MemoryService) -> None:
+    from amfs_server.ml.traces import OutcomeHistory
+
+    history = await OutcomeHistory.load(mixed_history, "team-a")
+    assert {e.entity_path for o in history.outcomes for e in o.effects} == {"team-a"}
+    assert {e.entity_path for e in history.events} == {"team-a"}
+    assert {p for p, _, _ in history.versions} == {"team-a"}
+
+
+# -- files ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def ml(sim_sqlite: MemoryService, tmp_path: Path) -> MLService:
+    return MLService(sim_sqlite, tmp_path / "exports")
+
+
+async def test_a_symlinked_folder_inside_the_export_dir_is_refused_and_nothing_is_written_outside(
+    ml: MLService, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    ml.export_dir.mkdir(parents=True)
+    (ml.export_dir / "link").symlink_to(outside)
+    with pytest.raises(ValidationError, match="symbolic link"):
+        await ml.export_training_data("reward_model", output_path="link/train.jsonl")
+    assert list(outside.iterdir()) == []
+
+
+async def test_a_planted_partial_symlink_is_replaced_and_its_target_left_untouched(
+    ml: MLService, tmp_path: Path
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    ml.export_dir.mkdir(parents=True)
+    (ml.export_dir / "train.jsonl.partial").symlink_to(victim)
+    (ml.export_dir / "train.jsonl").symlink_to(victim)  # a link at the final name is replaced too, not written through
+    result = await ml.export_training_data("reward_model", limit=3, output_path="train.jsonl")
+    assert victim.read_text() == "precious"
+    target = ml.export_dir / "train.jsonl"
+    assert not target.is_symlink() and len(target.read_text().splitlines()) == result.num_examples == 3
+    assert not os.path.lexists(ml.export_dir / "train.jsonl.partial")
+
+
+async def test_each_namespace_gets_its_own_export_folder(ml: MLService) -> None:
+    first = await ml.export_training_data("reward_model", limit=1, output_path="train.jsonl", namespace="key-aaaa")
+    second = await ml.export_training_data("reward_model", limit=2, output_path="train.jsonl", namespace="key-bbbb")
+    assert first.output_path == str(ml.export_dir / "key-aaaa" / "train.jsonl")
+    assert second.output_path == str(ml.export_dir / "key-bbbb" / "train.jsonl")
+    assert [len(Path(r.output_path).read_text().splitlines()) for r in (first, second)] == [1, 2]
+    assert json.loads(Path(first.output_path).read_text())["outcome_count"] >= 1
