@@ -13,6 +13,8 @@ from ..core.errors import ValidationError
 from .config_file import LearningSettings
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+"""The values of `amfs-server --log-level` / AMFS_LOG_LEVEL."""
 
 
 class Settings(BaseModel):
