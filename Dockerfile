@@ -2,6 +2,8 @@
 #   docker build -t amfs-server .
 #   docker run -i --rm -v amfs-data:/data amfs-server                      # stdio (Claude Desktop, Cursor)
 #   docker run --rm -p 8000:8000 -e AMFS_API_KEYS=... amfs-server serve --transport http --host 0.0.0.0
+# Memories (SQLite) live in /data, trained ML models in /models: keep both on volumes.
+# No HEALTHCHECK here: the default stdio server has no port to probe. docker-compose.yml checks GET /health.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -10,7 +12,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HF_HUB_OFFLINE=1 \
     AMFS_DATA_DIR=/data \
-    AMFS_ML_MODEL_DIR=/data/ml \
+    AMFS_ML_MODEL_DIR=/models \
     OMP_WAIT_POLICY=PASSIVE
 
 RUN apt-get update \
@@ -24,9 +26,9 @@ WORKDIR /app
 COPY . /app/src
 RUN pip install /app/src && rm -rf /app/src
 
-RUN useradd --create-home --uid 10001 amfs && mkdir -p /data && chown amfs:amfs /data
+RUN useradd --create-home --uid 10001 amfs && mkdir -p /data /models && chown amfs:amfs /data /models
 USER amfs
-VOLUME ["/data"]
+VOLUME ["/data", "/models"]
 EXPOSE 8000
 
 ENTRYPOINT ["amfs-server"]

@@ -4,10 +4,9 @@ The public Python API: `AgentMemory` (sync) and `AsyncAgentMemory`, the enums an
 """
 
 from .core.errors import AmfsError, ConflictError, NotFoundError, StoreError, ValidationError
+from .core.models import AMFS_VERSION as __version__
 from .core.models import MemoryEntry, MemoryType, OutcomeRecord, OutcomeType, ProvenanceTier, Tier
 from .sdk import AgentMemory, AsyncAgentMemory
-
-__version__ = "0.2.0"
 
 __all__ = [
     "AgentMemory",

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from fastmcp import FastMCP
 from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 from ..core.errors import ValidationError
 from ..core.models import AMFS_VERSION
@@ -40,7 +42,7 @@ from .auth import (
 from .composition import build_service
 from .limits import CallLimiter, GuardedH11Protocol, RepeatFilter, ServerLimits, SessionGuard, raise_open_file_limit
 from .config_file import build_learning_service
-from .settings import Settings
+from .settings import LOG_LEVELS, Settings
 
 logger = logging.getLogger("amfs_server.server")
 
@@ -94,6 +96,7 @@ def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence
     )
     actors = ActorResolver(settings.agent_id, current_key)  # one resolver, so learning sees the same session ids
     register_tools(mcp, service, actors)
+    add_health_route(mcp)
     register_ml_tools(mcp, ml, actors)
     if learning is not None:
         register_learning_tools(mcp, learning, actors)
@@ -103,6 +106,16 @@ def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence
 
     register_ui(mcp, UiServices(service, learning, ml), keys)  # the memory browser at /ui on HTTP and SSE
     return mcp
+
+
+def add_health_route(mcp: FastMCP) -> None:
+    """`GET /health` on HTTP and SSE: liveness and version only, for container health checks and load
+    balancers. Custom routes sit outside FastMCP's bearer-token check, so it needs no key; OriginGuard
+    wraps the whole ASGI app, so the Host/Origin check still applies."""
+
+    @mcp.custom_route("/health", methods=["GET"], include_in_schema=False)
+    async def health(_: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "version": AMFS_VERSION})
 
 
 def _warm_up_embedder(service: MemoryService) -> asyncio.Task[Any] | None:
@@ -120,14 +133,26 @@ def _warm_up_embedder(service: MemoryService) -> asyncio.Task[Any] | None:
     return asyncio.create_task(warm())
 
 
-def configure_logging(level: int = logging.INFO) -> None:
-    """Server logs go to stderr: on stdio, stdout carries the protocol and nothing else."""
+def configure_logging(level: int | str = logging.INFO) -> None:
+    """Server logs go to stderr: on stdio, stdout carries the protocol and nothing else.
+
+    `level` is a logging level or one of LOG_LEVELS (any case); anything else is a ValidationError."""
+    level = _log_level(level)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(RepeatFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    logging.getLogger("fastmcp").setLevel(level)  # FastMCP logs through its own handler, not the root's
+
+
+def _log_level(level: int | str) -> int:
+    if isinstance(level, int):
+        return level
+    if level.strip().lower() not in LOG_LEVELS:
+        raise ValidationError(f"Log level {level!r} is not one of {', '.join(LOG_LEVELS)} (--log-level, AMFS_LOG_LEVEL).")
+    return logging.getLevelNamesMapping()[level.strip().upper()]
 
 
 def _uvicorn_log_config() -> dict[str, Any]:
@@ -155,7 +180,7 @@ def http_options(host: str, allowed_origins: Sequence[str] = (), limits: ServerL
 
 def serve_http(
     app: FastMCP, transport: Literal["sse", "http"], host: str, port: int, allowed_origins: Sequence[str],
-    limits: ServerLimits,
+    limits: ServerLimits, log_level: int | str = "info",
 ) -> None:
     """Serve over uvicorn until SIGINT/SIGTERM, then shut down gracefully: open requests get
     `graceful_shutdown_s` to finish and the lifespan's finally closes the store (index saved, WAL
@@ -167,7 +192,7 @@ def serve_http(
                         **http_options(host, allowed_origins, limits))
     protocol = type("H11", (GuardedH11Protocol,), {"header_timeout_s": limits.header_timeout_s})
     config = uvicorn.Config(
-        asgi, host=host, port=port, http=protocol, log_config=_uvicorn_log_config(), lifespan="on",
+        asgi, host=host, port=port, http=protocol, log_config=_uvicorn_log_config(), log_level=log_level, lifespan="on",
         timeout_keep_alive=int(limits.keep_alive_s), limit_concurrency=limits.max_connections,
         h11_max_incomplete_event_size=limits.max_header_bytes,
         timeout_graceful_shutdown=int(limits.graceful_shutdown_s),
@@ -175,14 +200,22 @@ def serve_http(
     uvicorn.Server(config).run()
 
 
-def run_server(settings: Settings, transport: Transport = "stdio", host: str = "127.0.0.1", port: int = 8000) -> None:
+def run_server(
+    settings: Settings, transport: Transport = "stdio", host: str = "127.0.0.1", port: int = 8000,
+    log_level: int | str = logging.INFO,
+) -> None:
     """Serve until stopped. Refuses (SystemExit with the reason) to bind beyond loopback without API keys."""
-    configure_logging()
     try:
+        level = _log_level(log_level)
+        configure_logging(level)
         keys = parse_api_keys(settings.api_keys)
         origins = parse_allowed_origins(settings.allowed_origins)
     except ValidationError as error:
         raise SystemExit(f"amfs-server: {error}") from None
+    logger.debug(
+        "amfs-server %s: transport=%s host=%s port=%s store=%s embedder=%s api_keys=%d", AMFS_VERSION, transport,
+        host, port, "postgresql" if settings.postgres_dsn else settings.sqlite_path, settings.embedder, len(keys),
+    )
     if transport != "stdio" and not is_loopback(host) and not keys:
         raise SystemExit(
             f"amfs-server: refusing to serve {transport} on {host}: binding beyond loopback requires bearer-token "
@@ -201,6 +234,6 @@ def run_server(settings: Settings, transport: Transport = "stdio", host: str = "
         else:
             if not is_loopback(host):
                 logger.warning("Serving %s on %s: bearer-token auth is on (%d keys)", transport, host, len(keys))
-            serve_http(app, "sse" if transport == "sse" else "http", host, port, origins, settings.limits)
+            serve_http(app, "sse" if transport == "sse" else "http", host, port, origins, settings.limits, level)
     except KeyboardInterrupt:
         pass

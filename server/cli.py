@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -14,11 +15,12 @@ import click
 
 from ..core.errors import AmfsError
 from ..core.learning import SECTIONS, LearningService, split_preference_name
+from ..core.models import AMFS_VERSION, Actor, MemoryEntry
 from ..core.service import MemoryService
 from .composition import build_service
 from .config_file import build_learning_service, load_learning_settings, settings_in_force
 from .export_format import ExportFormatError, dump_export, parse_export
-from .settings import Settings, load_settings
+from .settings import LOG_LEVELS, Settings, load_settings
 
 T = TypeVar("T")
 
@@ -73,9 +75,13 @@ def _run_with_learning(fn: Callable[[MemoryService, LearningService], Awaitable[
 
 
 @click.group(invoke_without_command=True)
+@click.version_option(AMFS_VERSION, "--version", prog_name="amfs-server", message="%(prog)s %(version)s")
+@click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default="info", show_default=True,
+              envvar="AMFS_LOG_LEVEL", show_envvar=True, help="Server log level (logs go to stderr).")
 @click.pass_context
-def cli(ctx: click.Context) -> None:
+def cli(ctx: click.Context, log_level: str) -> None:
     """amfs-server: an MCP memory server for coding agents. With no command, serves MCP over stdio."""
+    ctx.obj = {"log_level": log_level.lower()}
     if ctx.invoked_subcommand is None:
         ctx.invoke(serve)
 
@@ -89,8 +95,9 @@ def cli(ctx: click.Context) -> None:
 @click.option("--no-pattern-detection", is_flag=True, help="Detect no usage patterns.")
 @click.option("--lm-backbone", default=None,
               help="Serve amfs_answer with this local LM (smollm2, qwen2.5-1.5b, a model directory); AMFS_LM_BACKBONE.")
+@click.pass_context
 def serve(
-    transport: str, host: str, port: int, no_learning: bool = False, no_preference_learning: bool = False,
+    ctx: click.Context, transport: str, host: str, port: int, no_learning: bool = False, no_preference_learning: bool = False,
     no_pattern_detection: bool = False, lm_backbone: str | None = None,
 ) -> None:
     """Serve the amfs_* MCP tools over stdio, SSE (/sse) or streamable HTTP (/mcp)."""
@@ -102,7 +109,7 @@ def serve(
         preference_learning=False if no_preference_learning else None,
         pattern_detection=False if no_pattern_detection else None,
     )
-    run_server(settings, transport=transport, host=host, port=port)
+    run_server(settings, transport=transport, host=host, port=port, log_level=(ctx.obj or {}).get("log_level", "info"))
 
 
 @cli.command()
@@ -124,11 +131,14 @@ def memory() -> None:
 @memory.command("show")
 @click.option("--entity-path", default=None, help="Only entries under this entity path.")
 @click.option("--limit", default=50, show_default=True, type=int)
-def memory_show(entity_path: str | None, limit: int) -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON document (whole values) instead of the table.")
+def memory_show(entity_path: str | None, limit: int, as_json: bool = False) -> None:
     """List current entries with their confidence, version and tier, then learned preferences and patterns."""
 
     async def show(service: MemoryService, learning: LearningService) -> list[str]:
         entries = await service.list(entity_path)
+        if as_json:
+            return [json.dumps(await _show_document(entries, learning, limit), ensure_ascii=False, indent=2)]
         lines = [f"Memories ({len(entries)}):"]
         for entry in entries[:limit]:
             lines.append(
@@ -140,6 +150,56 @@ def memory_show(entity_path: str | None, limit: int) -> None:
         return lines + await _learned_lines(learning, limit)
 
     for line in _run_with_learning(show):
+        click.echo(line)
+
+
+async def _show_document(entries: list[MemoryEntry], learning: LearningService, limit: int) -> dict[str, Any]:
+    """`memory show --json`: the table's entries, preferences and patterns, each whole."""
+    from ..tools._views import EntryView
+
+    preferences = await learning.get_preferences(None)
+    preferences.sort(key=lambda p: (-p.confidence, p.user_id, p.name))
+    patterns = await learning.patterns()
+    return {
+        "memories": {
+            "count": len(entries), "more": len(entries) > limit,
+            "entries": [EntryView.of(entry, budget=None).model_dump(mode="json") for entry in entries[:limit]],
+        },
+        "preferences": {
+            "count": len(preferences), "more": len(preferences) > limit,
+            "entries": [p.to_dict() | {"action": p.action} for p in preferences[:limit]],
+        },
+        "patterns": {
+            "count": len(patterns), "more": len(patterns) > limit,
+            "entries": [p.to_dict() | {"action": p.action, "description": p.describe()} for p in patterns[:limit]],
+        },
+    }
+
+
+@memory.command("search")
+@click.argument("query")
+@click.option("--entity-path", default=None, help="Only entries under this entity path.")
+@click.option("--limit", default=10, show_default=True, type=click.IntRange(1, 100))
+@click.option("--json", "as_json", is_flag=True, help="amfs_retrieve's result (verbose=true) as JSON.")
+def memory_search(query: str, entity_path: str | None, limit: int, as_json: bool) -> None:
+    """Find the memories most relevant to QUERY, best first: the retrieval amfs_retrieve runs."""
+    from ..tools._views import RetrieveResult, age
+
+    async def search(service: MemoryService) -> list[str]:
+        actor = Actor("cli", f"cli-{uuid.uuid4().hex[:16]}")  # a session of its own: these reads charge no agent
+        hits = await service.retrieve(actor, query, entity_path=entity_path, limit=limit)
+        if as_json:
+            return [RetrieveResult.of(hits, verbose=True).model_dump_json(indent=2)]
+        lines = [f"Results ({len(hits)}):"]
+        for hit in hits:
+            entry = hit.entry
+            lines.append(
+                f"{hit.rank}. {entry.entry_key} v{entry.version} score={hit.score:.4g} confidence={entry.confidence:.4f} "
+                f"age={age(entry.provenance.written_at)}: {_preview(entry.value, 80)}"
+            )
+        return lines
+
+    for line in _run_with_service(search, embedder=True):
         click.echo(line)
 
 

@@ -14,6 +14,8 @@ from .config_file import LearningSettings
 from .limits import ServerLimits
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+"""The values of `amfs-server --log-level` / AMFS_LOG_LEVEL."""
 
 
 class Settings(BaseModel):

@@ -2,17 +2,23 @@
 
 Listings keep results bounded: a value whose JSON is longer than a budget is cut and marked with
 its full size and the amfs_read call that returns all of it. amfs_read itself never truncates.
+
+Numbers are for a model to read: scores carry 4 significant digits, confidences no float noise
+(0.8800000000000001 is 0.88), times are ages ("3h"). amfs_retrieve, amfs_search and amfs_list return
+compact entries (key, value, confidence, version, age) unless asked for `verbose` ones (EntryView).
 """
 
 from __future__ import annotations
 
 import json
-from datetime import datetime
-from typing import Any, Literal
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 from ..core.models import MemoryEntry, Tier
+from ..core.retrieval import RetrievedEntry
 
 LISTING_VALUE_CHARS = 2000
 """Value budget per entry in retrieve, search and history results."""
@@ -23,6 +29,29 @@ MemoryTypeName = Literal["fact", "belief", "experience"]
 OutcomeTypeName = Literal["critical_failure", "failure", "minor_failure", "success"]
 TierName = Literal["hot", "warm", "archive"]
 _TIER_NAMES: dict[Tier, TierName] = {Tier.HOT: "hot", Tier.WARM: "warm", Tier.ARCHIVE: "archive"}
+
+
+def significant(x: float, digits: int = 4) -> float:
+    """`x` to `digits` significant digits: 0.016393442 -> 0.01639."""
+    return float(f"{x:.{digits}g}")
+
+
+def without_noise(x: float) -> float:
+    """`x` without binary floating-point noise: 0.8800000000000001 -> 0.88 (6 decimals are kept)."""
+    return round(x, 6) + 0.0  # + 0.0 turns -0.0 into 0.0
+
+
+Score = Annotated[float, AfterValidator(significant)]
+Confidence = Annotated[float, AfterValidator(without_noise)]
+
+
+def age(moment: datetime, now: datetime | None = None) -> str:
+    """How long ago `moment` was, in its largest whole unit: "42s", "17m", "3h", "12d"."""
+    seconds = max(0, int(((now or datetime.now(timezone.utc)) - moment).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def bounded_value(entry: MemoryEntry, budget: int | None, read_hint: str) -> tuple[Any, bool]:
@@ -42,7 +71,7 @@ class EntryView(BaseModel):
     version: int
     value: Any
     truncated: bool = Field(False, description="True when value was cut; amfs_read returns all of it.")
-    confidence: float
+    confidence: Confidence
     memory_type: MemoryTypeName
     tier: TierName
     provenance_tier: str
@@ -74,38 +103,52 @@ class WriteResult(BaseModel):
     entity_path: str
     key: str
     version: int = Field(description="1 for a new key; each write to the same key adds a version.")
-    confidence: float
+    confidence: Confidence
     memory_type: MemoryTypeName
+
+
+class CompactEntry(BaseModel):
+    """What a model needs of an entry; `verbose=true` returns EntryView instead."""
+
+    entry_key: str = Field(description="entity_path/key")
+    version: int
+    value: Any
+    truncated: bool = Field(
+        False, exclude_if=lambda cut: not cut, description="Present (true) when value was cut; amfs_read returns it all."
+    )
+    confidence: Confidence
+    age: str = Field(description='Time since this version was written: "42s", "17m", "3h", "12d".')
+
+    @classmethod
+    def of(cls, entry: MemoryEntry, budget: int | None = LISTING_VALUE_CHARS) -> CompactEntry:
+        value, truncated = bounded_value(
+            entry, budget, f"amfs_read(entity_path={entry.entity_path!r}, key={entry.key!r})"
+        )
+        return cls(
+            entry_key=entry.entry_key, version=entry.version, value=value, truncated=truncated,
+            confidence=entry.confidence, age=age(entry.provenance.written_at),
+        )
+
+
+def entry_views(
+    entries: Sequence[MemoryEntry], verbose: bool, budget: int = LISTING_VALUE_CHARS
+) -> list[CompactEntry] | list[EntryView]:
+    if verbose:
+        return [EntryView.of(entry, budget) for entry in entries]
+    return [CompactEntry.of(entry, budget) for entry in entries]
 
 
 class EntryList(BaseModel):
     count: int
-    entries: list[EntryView]
-
-
-class ListedEntry(BaseModel):
-    entry_key: str
-    version: int
-    confidence: float
-    memory_type: MemoryTypeName
-    value: Any = Field(description=f"At most {LIST_VALUE_CHARS} characters; amfs_read returns the whole value.")
-    truncated: bool = False
-
-    @classmethod
-    def of(cls, entry: MemoryEntry) -> ListedEntry:
-        value, truncated = bounded_value(
-            entry, LIST_VALUE_CHARS, f"amfs_read(entity_path={entry.entity_path!r}, key={entry.key!r})"
-        )
-        return cls(
-            entry_key=entry.entry_key, version=entry.version, confidence=entry.confidence,
-            memory_type=entry.memory_type.value, value=value, truncated=truncated,
-        )
+    entries: list[CompactEntry] | list[EntryView]
 
 
 class Listing(BaseModel):
     count: int
     more: bool = Field(description="True when limit cut the listing; narrow entity_path or raise limit.")
-    entries: list[ListedEntry]
+    entries: list[CompactEntry] | list[EntryView] = Field(
+        description=f"Values of at most {LIST_VALUE_CHARS} characters; amfs_read returns the whole value."
+    )
 
 
 class History(BaseModel):
@@ -116,30 +159,71 @@ class History(BaseModel):
 
 class StrategyHitView(BaseModel):
     rank: int
-    raw_score: float
-    contribution: float
+    raw_score: Score | None = Field(
+        None, exclude_if=lambda raw: raw is None,
+        description="The strategy's own score (similarity, keyword score, confidence); temporal gives age instead.",
+    )
+    age: str | None = Field(None, exclude_if=lambda when: when is None, description="temporal: the entry's age.")
+    contribution: Score = Field(description="This strategy's share of the fused score.")
+
+
+_EXPLAIN_DESCRIPTION = "Per retrieval strategy: its rank, raw score (or age) and share of the fused score (explain=true)."
+
+
+def explain_view(hit: RetrievedEntry) -> dict[str, StrategyHitView] | None:
+    if hit.strategies is None:
+        return None
+    return {
+        # the temporal raw score is the write time as epoch seconds: shown as the age it stands for
+        name: StrategyHitView(rank=s.rank, age=age(hit.entry.provenance.written_at), contribution=s.contribution)
+        if name == "temporal"
+        else StrategyHitView(rank=s.rank, raw_score=s.raw_score, contribution=s.contribution)
+        for name, s in hit.strategies.items()
+    }
+
+
+class CompactHit(CompactEntry):
+    rank: int
+    score: Score
+    explain: dict[str, StrategyHitView] | None = Field(
+        None, exclude_if=lambda explain: explain is None, description=_EXPLAIN_DESCRIPTION
+    )
 
 
 class RetrievedView(BaseModel):
     rank: int
-    score: float
+    score: Score
     entry: EntryView
-    explain: dict[str, StrategyHitView] | None = Field(
-        None, description="Per retrieval strategy: its rank, raw score and share of the fused score (explain=true)."
-    )
+    explain: dict[str, StrategyHitView] | None = Field(None, description=_EXPLAIN_DESCRIPTION)
 
 
 class RetrieveResult(BaseModel):
     count: int
-    results: list[RetrievedView]
+    results: list[CompactHit] | list[RetrievedView]
+
+    @classmethod
+    def of(cls, hits: Sequence[RetrievedEntry], verbose: bool = False) -> RetrieveResult:
+        if verbose:
+            results: list[CompactHit] | list[RetrievedView] = [
+                RetrievedView(rank=hit.rank, score=hit.score, entry=EntryView.of(hit.entry), explain=explain_view(hit))
+                for hit in hits
+            ]
+        else:
+            results = [
+                CompactHit(
+                    **CompactEntry.of(hit.entry).model_dump(), rank=hit.rank, score=hit.score, explain=explain_view(hit)
+                )
+                for hit in hits
+            ]
+        return cls(count=len(results), results=results)
 
 
 class OutcomeEffectView(BaseModel):
     entry_key: str
     version_read: int | None = Field(description="The version the session read, if it read this entry.")
     version_updated: int
-    confidence_before: float
-    confidence_after: float
+    confidence_before: Confidence
+    confidence_after: Confidence
 
 
 class OutcomeResult(BaseModel):

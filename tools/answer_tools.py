@@ -17,6 +17,7 @@ from ..core.service import MAX_QUERY_CHARS, MemoryService
 from ..ml.answer.worker import DEFAULT_MEMORIES, LMWorker
 from ._params import EntityFilter
 from ._registry import ActorResolver, ToolRegistry, read_only
+from ._views import Score
 
 ANSWER_TOOLS = frozenset({"amfs_answer"})
 
@@ -31,13 +32,13 @@ class AnswerMetrics(BaseModel):
     input_tokens: int = Field(description="Tokens prefilled by this call (prompt text the model read now).")
     prefix_tokens: int = Field(description="Tokens reused from compiled memory caches (prefix/hybrid; 0 otherwise).")
     new_tokens: int
-    retrieve_ms: float
-    compile_ms: float = Field(description="Getting compiled caches; near 0 when every memory was compiled before.")
+    retrieve_ms: Score
+    compile_ms: Score = Field(description="Getting compiled caches; near 0 when every memory was compiled before.")
     compiled_now: int = Field(description="Memories compiled by this call (the rest came from the cache).")
-    ttft_ms: float
-    generate_ms: float = Field(description="Prefix assembly, prefill and decoding.")
-    load_ms: float = Field(description="Loading the backbone; > 0 only on the first call.")
-    queue_ms: float = Field(description="Waiting for another answer to finish.")
+    ttft_ms: Score
+    generate_ms: Score = Field(description="Prefix assembly, prefill and decoding.")
+    load_ms: Score = Field(description="Loading the backbone; > 0 only on the first call.")
+    queue_ms: Score = Field(description="Waiting for another answer to finish.")
 
 
 class AnswerResult(BaseModel):

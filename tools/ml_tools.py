@@ -17,6 +17,7 @@ from ..ml.service import DEFAULT_EXPORT_LIMIT, MLService
 from ._params import EntityFilter
 from ._progress import ThreadProgress
 from ._registry import ActorResolver, ToolRegistry, writes
+from ._views import Score
 
 ML_TOOLS = frozenset({"amfs_retrain", "amfs_calibrate", "amfs_export_training_data"})
 
@@ -25,25 +26,25 @@ class RetrainResult(BaseModel):
     num_samples: int
     num_positive: int
     num_negative: int
-    accuracy: float = Field(description="On held-out samples (the newest 20%).")
-    feature_importances: dict[str, float]
+    accuracy: Score = Field(description="On held-out samples (the newest 20%).")
+    feature_importances: dict[str, Score]
     trained_at: str
     entity_path: str | None = None
     num_outcome_linked: int
     num_never_linked: int
     num_holdout: int
-    holdout_baseline_accuracy: float
-    holdout_auc: float | None = None
+    holdout_baseline_accuracy: Score
+    holdout_auc: Score | None = None
     num_boost_rounds: int
-    learned_weight: float = Field(description="Share of retrieval fusion the learned strategy now has.")
+    learned_weight: Score = Field(description="Share of retrieval fusion the learned strategy now has.")
 
 
 class TypeSignalView(BaseModel):
     outcome_type: str
     num_outcomes: int
     num_links: int
-    later_incident_rate: float | None = None
-    signal_strength: float | None = None
+    later_incident_rate: Score | None = None
+    signal_strength: Score | None = None
     scale: float
     multiplier: float = Field(description="What the evidence supports: the configured value unless the change is significant.")
     calibrated: bool
@@ -56,7 +57,7 @@ class TypeSignalView(BaseModel):
 
 class MultiplierSetView(BaseModel):
     entity_path: str | None = None
-    multipliers: dict[str, float]
+    multipliers: dict[str, float]  # exact: they drive amfs_commit_outcome
     decay_half_life_days: float | None = None
     num_outcomes_analyzed: int
     signals: dict[str, TypeSignalView]

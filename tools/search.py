@@ -11,18 +11,14 @@ from pydantic import Field
 from ..core.service import MAX_QUERY_CHARS, MemoryService
 from ._params import EntityFilter, MinConfidence
 from ._registry import ToolRegistry, read_only
-from ._views import (
-    EntryList,
-    EntryView,
-    ListedEntry,
-    Listing,
-    MemoryTypeName,
-    RetrievedView,
-    RetrieveResult,
-    StrategyHitView,
-)
+from ._views import LIST_VALUE_CHARS, EntryList, Listing, MemoryTypeName, RetrieveResult, entry_views
 
 MemoryTypeFilter = Annotated[MemoryTypeName | None, Field(description="Only this memory type.")]
+Verbose = Annotated[
+    bool,
+    Field(description="Full entries (type, tier, provenance, counters, timestamps) instead of key, value, "
+          "confidence, version and age."),
+]
 
 
 def register(tools: ToolRegistry[MemoryService]) -> None:
@@ -42,6 +38,7 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
             memory_type: MemoryTypeFilter = None,
             depth: Annotated[int, Field(ge=1, le=3, description="Tiers searched: 1 hot, 2 hot+warm, 3 all.")] = 3,
             explain: Annotated[bool, Field(description="Add each strategy's rank and score per result.")] = False,
+            verbose: Verbose = False,
         ) -> RetrieveResult:
             """Find the memories most relevant to a question (semantic + keyword + recency + confidence),
             best first. Use before starting a task. Results count as reads for amfs_commit_outcome;
@@ -50,23 +47,7 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
                 tools.actor(ctx), query, entity_path=entity_path, limit=limit, min_confidence=min_confidence,
                 memory_type=memory_type, depth=depth, explain=explain,
             )
-            return RetrieveResult(
-                count=len(results),
-                results=[
-                    RetrievedView(
-                        rank=hit.rank,
-                        score=hit.score,
-                        entry=EntryView.of(hit.entry),
-                        explain=None
-                        if hit.strategies is None
-                        else {
-                            name: StrategyHitView(rank=s.rank, raw_score=s.raw_score, contribution=s.contribution)
-                            for name, s in hit.strategies.items()
-                        },
-                    )
-                    for hit in results
-                ],
-            )
+            return RetrieveResult.of(results, verbose=verbose)
 
     @tools.tool(read_only("Search memories"))
     async def amfs_search(
@@ -79,6 +60,7 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
         ] = None,
         sort_by: Literal["confidence", "recency", "recall_count", "priority"] = "confidence",
         limit: Annotated[int, Field(ge=1, le=100)] = 20,
+        verbose: Verbose = False,
     ) -> EntryList:
         """Filter current memories by entity, type, confidence, author or age (no query text), sorted.
         Does not count as reading them. To search by meaning use amfs_retrieve."""
@@ -88,16 +70,17 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
             entity_path=entity_path, memory_type=memory_type, min_confidence=min_confidence, agent_id=agent_id,
             since=since, sort_by=sort_by, limit=limit,
         )
-        return EntryList(count=len(entries), entries=[EntryView.of(entry) for entry in entries])
+        return EntryList(count=len(entries), entries=entry_views(entries, verbose))
 
     @tools.tool(read_only("List memories"))
     async def amfs_list(
         entity_path: EntityFilter = None,
         limit: Annotated[int, Field(ge=1, le=1000)] = 100,
+        verbose: Verbose = False,
     ) -> Listing:
         """List what memories exist (entry keys with a short value preview), ordered by path and key."""
         entries = await service.list(entity_path, limit=limit + 1)
         return Listing(
             count=min(len(entries), limit), more=len(entries) > limit,
-            entries=[ListedEntry.of(entry) for entry in entries[:limit]],
+            entries=entry_views(entries[:limit], verbose, LIST_VALUE_CHARS),
         )

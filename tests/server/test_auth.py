@@ -214,7 +214,7 @@ async def test_a_prefix_scoped_key_retrieves_only_under_its_prefix(settings: Set
             await admin.call_tool("amfs_write", {"entity_path": "team-a", "key": "retry", "value": "retry payments"})
             await admin.call_tool("amfs_write", {"entity_path": "team-b", "key": "retry", "value": "retry payments"})
         found = await call(asgi, TEAM_A, "amfs_retrieve", {"query": "retry payments"})
-        assert [r["entry"]["entry_key"] for r in found.structured_content["results"]] == ["team-a/retry"]
+        assert [r["entry_key"] for r in found.structured_content["results"]] == ["team-a/retry"]
         refused = await call(asgi, TEAM_A, "amfs_retrieve", {"query": "retry", "entity_path": "team-b"})
         assert refused.is_error
 

@@ -292,14 +292,14 @@ async def test_retrieve_ranks_matching_memories_and_explains_when_asked(client: 
     await write(client, "billing-service", "huge", "we retry payments nightly " + "p" * (LISTING_VALUE_CHARS * 2))
     result = await client.call_tool("amfs_retrieve", {"query": "how do we retry payments?", "explain": True})
     found = result.structured_content
-    keys = [r["entry"]["entry_key"] for r in found["results"]]
+    keys = [r["entry_key"] for r in found["results"]]
     assert "checkout-service/retry-pattern" in keys and "search-service/index" not in keys
     assert found["count"] == len(keys) and [r["rank"] for r in found["results"]] == list(range(1, len(keys) + 1))
     assert "keyword" in found["results"][0]["explain"]
-    huge = next(r for r in found["results"] if r["entry"]["key"] == "huge")
-    assert huge["entry"]["truncated"] is True and "amfs_read(" in huge["entry"]["value"]
+    huge = next(r for r in found["results"] if r["entry_key"] == "billing-service/huge")
+    assert huge["truncated"] is True and "amfs_read(" in huge["value"]
     scoped = await client.call_tool("amfs_retrieve", {"query": "retry payments", "entity_path": "billing-service"})
-    assert [r["entry"]["entry_key"] for r in scoped.structured_content["results"]] == ["billing-service/huge"]
+    assert [r["entry_key"] for r in scoped.structured_content["results"]] == ["billing-service/huge"]
     # retrieved entries count as reads of this session
     outcome = await client.call_tool("amfs_commit_outcome", {"outcome_ref": "r", "outcome_type": "failure"})
     assert "checkout-service/retry-pattern" in {u["entry_key"] for u in outcome.structured_content["updated"]}
