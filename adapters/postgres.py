@@ -47,6 +47,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
+from ..core.confidence import bounded_confidence
 from ..core.errors import ConflictError, StoreError, ValidationError
 from ..core.models import (
     AMFS_VERSION,
@@ -281,7 +282,7 @@ def _row_to_entry(row: Any, with_embedding: bool = True) -> MemoryEntry:
         key=row["key"],
         value=json.loads(row["value_json"]),
         version=row["version"],
-        confidence=row["confidence"],
+        confidence=bounded_confidence(row["confidence"]),
         provenance=Provenance(row["agent_id"], row["session_id"], row["written_at"]),
         outcome_count=row["outcome_count"],
         recall_count=row["recall_count"],

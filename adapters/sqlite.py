@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ..core.confidence import bounded_confidence
 from ..core.errors import ValidationError
 from ..core.models import (
     Actor,
@@ -152,7 +153,7 @@ def _row_to_entry(row: sqlite3.Row, with_embedding: bool = True) -> MemoryEntry:
         key=row["key"],
         value=json.loads(row["value_json"]),
         version=row["version"],
-        confidence=row["confidence"],
+        confidence=bounded_confidence(row["confidence"]),
         provenance=Provenance(row["agent_id"], row["session_id"], _dt(row["written_at"])),  # type: ignore[arg-type]
         outcome_count=row["outcome_count"],
         recall_count=row["recall_count"],

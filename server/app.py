@@ -21,7 +21,7 @@ from starlette.middleware import Middleware
 from ..core.errors import ValidationError
 from ..core.models import AMFS_VERSION
 from ..core.service import MemoryService
-from ..tools import ActorResolver, register_tools
+from ..tools import ActorResolver, ToolErrorMiddleware, register_tools
 from ..ml.service import MLService
 from ..tools.learning_tools import register_learning_tools
 from ..tools.answer_tools import register_answer_tools
@@ -84,8 +84,9 @@ def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence
         version=AMFS_VERSION,
         auth=ApiKeyVerifier(keys) if keys else None,
         lifespan=lifespan,
-        middleware=[KeyScopeMiddleware()],
+        middleware=[ToolErrorMiddleware(), KeyScopeMiddleware()],
         mask_error_details=True,
+        strict_input_validation=True,  # "0.5" is not a number; list parameters opt into leniency (tools/_params)
         on_duplicate="error",
     )
     actors = ActorResolver(settings.agent_id)  # one resolver, so learning sees the same session ids

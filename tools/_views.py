@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
+from ..core.confidence import bounded_confidence
 from ..core.models import MemoryEntry, Tier
 
 LISTING_VALUE_CHARS = 2000
@@ -19,6 +20,8 @@ LISTING_VALUE_CHARS = 2000
 LIST_VALUE_CHARS = 200
 """Value budget per entry in amfs_list, which is for seeing what exists."""
 
+# Never infinite or NaN on the way out: JSON would carry null where the schema declares a number.
+Confidence = Annotated[float, AfterValidator(bounded_confidence)]
 MemoryTypeName = Literal["fact", "belief", "experience"]
 OutcomeTypeName = Literal["critical_failure", "failure", "minor_failure", "success"]
 TierName = Literal["hot", "warm", "archive"]
@@ -42,7 +45,7 @@ class EntryView(BaseModel):
     version: int
     value: Any
     truncated: bool = Field(False, description="True when value was cut; amfs_read returns all of it.")
-    confidence: float
+    confidence: Confidence
     memory_type: MemoryTypeName
     tier: TierName
     provenance_tier: str
@@ -74,7 +77,7 @@ class WriteResult(BaseModel):
     entity_path: str
     key: str
     version: int = Field(description="1 for a new key; each write to the same key adds a version.")
-    confidence: float
+    confidence: Confidence
     memory_type: MemoryTypeName
 
 
@@ -86,7 +89,7 @@ class EntryList(BaseModel):
 class ListedEntry(BaseModel):
     entry_key: str
     version: int
-    confidence: float
+    confidence: Confidence
     memory_type: MemoryTypeName
     value: Any = Field(description=f"At most {LIST_VALUE_CHARS} characters; amfs_read returns the whole value.")
     truncated: bool = False
@@ -138,8 +141,8 @@ class OutcomeEffectView(BaseModel):
     entry_key: str
     version_read: int | None = Field(description="The version the session read, if it read this entry.")
     version_updated: int
-    confidence_before: float
-    confidence_after: float
+    confidence_before: Confidence
+    confidence_after: Confidence
 
 
 class OutcomeResult(BaseModel):
