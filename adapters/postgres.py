@@ -974,8 +974,8 @@ class PostgresStore:
         for e in effect_rows:
             effects.setdefault(e["outcome_ref"], []).append(
                 OutcomeEffect(
-                    e["entity_path"], e["key"], e["version_read"], e["version_updated"], e["confidence_before"],
-                    e["confidence_after"],
+                    e["entity_path"], e["key"], e["version_read"], e["version_updated"],
+                    bounded_confidence(e["confidence_before"]), bounded_confidence(e["confidence_after"]),
                 )
             )
         return [

@@ -443,7 +443,10 @@ class SQLiteStore(SQLiteDatabase):
                 OutcomeRecord(
                     row["outcome_ref"], OutcomeType(row["outcome_type"]), row["multiplier"], _dt(row["committed_at"]),  # type: ignore[arg-type]
                     row["agent_id"], row["session_id"],
-                    tuple(OutcomeEffect(e[0], e[1], e[2], e[3], e[4], e[5]) for e in effects),
+                    tuple(
+                        OutcomeEffect(e[0], e[1], e[2], e[3], bounded_confidence(e[4]), bounded_confidence(e[5]))
+                        for e in effects
+                    ),
                 )
             )
         return records
