@@ -162,7 +162,10 @@ def run_server(settings: Settings, transport: Transport = "stdio", host: str = "
     app = create_app(service, settings, api_keys=keys)
     try:
         if transport == "stdio":
-            app.run("stdio", show_banner=False)
+            from .stdio import checked_stdio
+
+            with checked_stdio():  # a malformed line gets a JSON-RPC error, not silence
+                app.run("stdio", show_banner=False)
         else:
             if not is_loopback(host):
                 logger.warning("Serving %s on %s: bearer-token auth is on (%d keys)", transport, host, len(keys))
