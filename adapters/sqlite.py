@@ -8,9 +8,12 @@ behind a lock so the event loop never blocks on disk.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import sqlite3
+import uuid
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,8 @@ from ..core.models import (
 from ..core.ports import OutcomeTarget, StoreSnapshot, TierUpdate
 from .sqlite_base import SQLiteDatabase, _dt, _ts
 from .vector_index import VectorIndex
+
+log = logging.getLogger(__name__)
 
 
 # Each entry is one migration step; the schema version is its 1-based position.
@@ -181,7 +186,7 @@ class SQLiteStore(SQLiteDatabase):
         self._vectors = VectorSync(self.path.with_suffix(".vectors.usearch"))
 
     def _before_close(self) -> None:
-        self._vectors.save()
+        self._vectors.save(self._connection())
 
     # -- entries ----------------------------------------------------------------------------
 
@@ -577,7 +582,12 @@ class SQLiteStore(SQLiteDatabase):
                         "ORDER BY event_id"
                     )
                 ]
-                meta = {r[0]: json.loads(r[1]) for r in conn.execute("SELECT name, value_json FROM meta ORDER BY name")}
+                meta = {
+                    r[0]: json.loads(r[1])
+                    for r in conn.execute(
+                        "SELECT name, value_json FROM meta WHERE name != ? ORDER BY name", (VECTOR_INDEX_META,)
+                    )
+                }
             finally:
                 conn.execute("COMMIT")
             return StoreSnapshot(entries, outcomes, traces, meta)
@@ -692,6 +702,18 @@ def _prefixed_columns(prefix: str) -> str:
     return ", ".join(prefix + column.strip() for column in _BASE_COLUMNS.split(","))
 
 
+VECTOR_INDEX_META = "vector_index"
+"""Meta row naming the generation of the index files last saved with this database (not exported)."""
+
+
+def _file_sha256(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.file_digest(handle, "sha256").hexdigest()
+    except FileNotFoundError:
+        return None
+
+
 class VectorSync:
     """Keeps the in-process ANN index in step with the entries table, across processes.
 
@@ -712,7 +734,7 @@ class VectorSync:
     def sync(self, conn: sqlite3.Connection, dimension: int) -> VectorIndex:
         data_version = conn.execute("PRAGMA data_version").fetchone()[0]
         if self.index is None or self.index.dimension != dimension:
-            self._load(dimension)
+            self._load(conn, dimension)
         elif not self.dirty and data_version == self.data_version:
             return self.index
         assert self.index is not None
@@ -743,26 +765,64 @@ class VectorSync:
         self.dirty = False
         return self.index
 
-    def _load(self, dimension: int) -> None:
+    def _load(self, conn: sqlite3.Connection, dimension: int) -> None:
         self.index = VectorIndex.open(dimension, self.path)
         self.watermark = 0
-        if self.meta_path.exists() and self.index.load_error is None and len(self.index):
-            try:
-                saved = json.loads(self.meta_path.read_text())
-                if saved.get("dimension") == dimension:
-                    self.watermark = int(saved["watermark"])
-            except (ValueError, KeyError, OSError):
-                self.watermark = 0
+        if self.index.load_error is None and len(self.index):
+            saved, reason = self._verified_state(conn, dimension)
+            if saved is not None:
+                self.watermark = saved
+            else:
+                log.warning("Rebuilding the vector index %s from the database: %s", self.path, reason)
         if self.watermark == 0:
             self.index.clear()
 
-    def save(self) -> None:
+    def _verified_state(self, conn: sqlite3.Connection, dimension: int) -> tuple[int | None, str]:
+        """The saved watermark when the index file is the one last saved beside this database, else why not.
+
+        The sidecar holds the file's checksum and a generation id that is also written into the
+        database's meta table: a damaged file, or a database restored from an older copy next to newer
+        index files, fails one of the checks (and would otherwise serve stale or missing hits).
+        """
+        try:
+            saved = json.loads(self.meta_path.read_text())
+            watermark, generation, digest = int(saved["watermark"]), saved["generation"], saved["sha256"]
+        except FileNotFoundError:
+            return None, f"{self.meta_path.name} is missing"
+        except (ValueError, KeyError, TypeError, OSError) as error:
+            return None, f"{self.meta_path.name} is unreadable or from an older version ({error!r})"
+        if saved.get("dimension") != dimension:
+            return None, f"it was built for dimension {saved.get('dimension')}, the embedder gives {dimension}"
+        if _file_sha256(self.path) != digest:
+            return None, "the file's checksum does not match the one saved with it (the file was damaged or replaced)"
+        row = conn.execute("SELECT value_json FROM meta WHERE name = ?", (VECTOR_INDEX_META,)).fetchone()
+        in_database = json.loads(row[0]) if row is not None else {}
+        if in_database.get("generation") != generation:
+            return None, "the database and the index were not saved together (a database restored from another copy?)"
+        top = conn.execute("SELECT COALESCE(MAX(row_id), 0) FROM entries").fetchone()[0]
+        if watermark > top:
+            return None, f"the index covers rows up to {watermark}, the database ends at {top}"
+        return watermark, ""
+
+    def save(self, conn: sqlite3.Connection) -> None:
         if self.index is None or not self.index.dirty:
             return
         self.index.save()
+        generation = uuid.uuid4().hex
         temporary = self.meta_path.with_suffix(".json.tmp")
-        temporary.write_text(json.dumps({"watermark": self.watermark, "dimension": self.index.dimension}))
+        temporary.write_text(json.dumps({
+            "watermark": self.watermark, "dimension": self.index.dimension, "generation": generation,
+            "sha256": _file_sha256(self.path),
+        }))
         os.replace(temporary, self.meta_path)
+        try:
+            conn.execute(
+                "INSERT INTO meta (name, value_json) VALUES (?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET value_json = excluded.value_json",
+                (VECTOR_INDEX_META, json.dumps({"generation": generation, "watermark": self.watermark})),
+            )
+        except sqlite3.Error as error:  # the next start rebuilds the index; closing must not fail for it
+            log.warning("Could not record the vector index generation in %s: %s", self.path, error)
 
     def reset(self) -> None:
         if self.index is not None:

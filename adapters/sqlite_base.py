@@ -28,6 +28,13 @@ def _dt(seconds: float | None) -> datetime | None:
     return None if seconds is None else datetime.fromtimestamp(seconds, tz=timezone.utc)
 
 
+def _has_content(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except FileNotFoundError:
+        return False
+
+
 class SQLiteDatabase:
     """Base of the SQLite stores. Subclasses set MIGRATIONS (each entry one schema step), DESCRIPTION
     (what the file is, for messages) and LOCATION_HINT (which setting moves it)."""
@@ -49,6 +56,11 @@ class SQLiteDatabase:
             if self._conn is not None:
                 return
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            existed = self.path.exists()
+            if existed and self.path.stat().st_size == 0 and not _has_content(self.path.with_name(self.path.name + "-wal")):
+                # Opening writes the header at once, so an empty file that exists was cut short (disk
+                # full, a failed copy); starting it empty would hide that every memory is gone.
+                raise StoreError(self._damaged("it is empty (0 bytes), yet it was not created by this start"))
             try:
                 conn = sqlite3.connect(
                     self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
@@ -58,13 +70,23 @@ class SQLiteDatabase:
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = NORMAL")
                 conn.execute("PRAGMA foreign_keys = ON")
+                if existed:
+                    problems = [row[0] for row in conn.execute("PRAGMA quick_check(5)").fetchall()]
+                    if problems != ["ok"]:
+                        conn.close()
+                        raise StoreError(self._damaged(f"the integrity check failed: {'; '.join(problems)[:300]}"))
                 self._conn = conn
                 self._migrate()
             except sqlite3.DatabaseError as error:
                 self._conn = None
-                raise StoreError(
-                    f"Cannot open the {self.DESCRIPTION} at {self.path}: {error}. Check the file or {self.LOCATION_HINT}."
-                ) from error
+                raise StoreError(self._damaged(str(error))) from error
+
+    def _damaged(self, reason: str) -> str:
+        return (
+            f"Cannot open the {self.DESCRIPTION} at {self.path}: {reason}. Nothing was changed. Restore the file "
+            f"from a backup, or move it aside and load your last export (`amfs-server memory import FILE`); "
+            f"or {self.LOCATION_HINT} to use another location."
+        )
 
     def _migrate(self) -> None:
         with self._transaction() as conn:
