@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from ..core.confidence import bounded_confidence
-from ..core.errors import ConflictError, StoreError, ValidationError
+from ..core.errors import ConflictError, StorageFullError, StoreError, ValidationError
 from ..core.models import (
     AMFS_VERSION,
     Actor,
@@ -618,6 +618,11 @@ class PostgresStore:
                 await asyncio.sleep(random.uniform(0.005, 0.02) * attempt)
             except asyncpg.CharacterNotInRepertoireError as error:
                 raise ValidationError(_NUL_MESSAGE) from error
+            except asyncpg.DiskFullError as error:
+                raise StorageFullError(
+                    f"PostgreSQL at {self.where} has no space left ({error}); nothing was written. Free space on "
+                    "the database server's disk. Reads keep working meanwhile."
+                ) from error
             except (OSError, asyncpg.PostgresConnectionError, asyncpg.ConnectionDoesNotExistError) as error:
                 raise StoreError(f"Lost the connection to PostgreSQL at {self.where}: {error}") from error
         raise AssertionError("unreachable")  # pragma: no cover

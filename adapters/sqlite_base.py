@@ -5,6 +5,7 @@ event loop never blocks on disk and concurrent writers in other processes serial
 from __future__ import annotations
 
 import asyncio
+import errno
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -13,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TypeVar
 
-from ..core.errors import StoreError
+from ..core.errors import StorageFullError, StoreError
 
 T = TypeVar("T")
 
@@ -26,6 +27,12 @@ def _ts(moment: datetime | None) -> float | None:
 
 def _dt(seconds: float | None) -> datetime | None:
     return None if seconds is None else datetime.fromtimestamp(seconds, tz=timezone.utc)
+
+
+def _is_disk_full(error: BaseException) -> bool:
+    if isinstance(error, OSError):
+        return error.errno == errno.ENOSPC
+    return getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
 
 
 def _has_content(path: Path) -> bool:
@@ -122,7 +129,8 @@ class SQLiteDatabase:
         try:
             yield conn
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:  # SQLite has already rolled back after some errors (SQLITE_FULL, SQLITE_IOERR)
+                conn.execute("ROLLBACK")
             raise
         else:
             conn.execute("COMMIT")
@@ -135,6 +143,17 @@ class SQLiteDatabase:
     async def _run(self, fn: Callable[[], T]) -> T:
         def locked() -> T:
             with self._lock:
-                return fn()
+                try:
+                    return fn()
+                except (sqlite3.Error, OSError) as error:
+                    if _is_disk_full(error):
+                        raise StorageFullError(self._disk_full_message(error)) from error
+                    raise
 
         return await asyncio.to_thread(locked)
+
+    def _disk_full_message(self, error: BaseException) -> str:
+        return (
+            f"The disk holding the {self.DESCRIPTION} ({self.path.parent}) is full ({error}); nothing was written. "
+            f"Free space there, or {self.LOCATION_HINT} to a disk with room. Reads keep working meanwhile."
+        )

@@ -53,7 +53,7 @@ _SECRET_COMPOUNDS = ("password", "passwd", "passphrase", "secret", "apikey", "pr
 
 _SECRET_VALUE = re.compile(
     r"""
-      \bsk-(?=[A-Za-z0-9_-]*[0-9])[A-Za-z0-9_-]{6,} # OpenAI / Anthropic style keys, short ones too (not sk-learn)
+      \bsk-(?=[A-Za-z0-9_-]{0,80}[0-9])[A-Za-z0-9_-]{6,} # OpenAI / Anthropic style keys, short ones too (not sk-learn)
     | \b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,} # Stripe
     | \bgh[pousr]_[A-Za-z0-9]{6,}                  # GitHub tokens
     | \bgithub_pat_[A-Za-z0-9_]{20,}
@@ -71,21 +71,22 @@ _SECRET_VALUE = re.compile(
 # prose ("basic functionality") stays visible.
 _SECRET_VALUE_ANY_CASE = re.compile(
     r"""
-      \b(?:bearer|basic)\s+(?=[A-Za-z0-9._~+/=-]*[0-9._~+/=])[A-Za-z0-9._~+/=-]{8,}
+      \b(?:bearer|basic)\s+(?=[A-Za-z0-9._~+/=-]{0,200}[0-9._~+/=])[A-Za-z0-9._~+/=-]{8,}
     | -----BEGIN\ [A-Z0-9 ]*PRIVATE\ KEY-----       # PEM private keys
-    | \b[a-z][a-z0-9+.-]*://[^\s/:@]*:[^\s/@]+@     # URLs carrying user:password@ (redis://:pw@host too)
+    | \b[a-z][a-z0-9+.-]{0,30}://[^\s/:@]*:[^\s/@]+@     # URLs carrying user:password@ (redis://:pw@host too)
     | \b(?:proxy-)?authorization\s*:\s*\S+         # an HTTP Authorization header, whatever its scheme
-    | \b(?:mysql|mysqldump|mysqladmin|mariadb)\b[^\n]*?\s-p(?![\s-])\S+  # mysql -pPASSWORD
+    | \b(?:mysql|mysqldump|mysqladmin|mariadb)\b[^\n]{0,200}?\s-p(?![\s-])\S+  # mysql -pPASSWORD
     | (?:^|\s)-u\s+[^\s:]+:\S+                      # curl -u user:password
     """,
     re.IGNORECASE | re.VERBOSE,
 )
 # name=value (connection strings, query strings, command-line flags) and name:value: the name decides.
-_NAMED_VALUE = re.compile(r"""([A-Za-z][A-Za-z0-9_.-]*)(?:\s*=\s*|:(?!//)\s*)("[^"]+"|'[^']+'|[^\s;&,"']+)""")
+# The name starts where a word starts and is bounded, so a long run of letters costs linear time.
+_NAMED_VALUE = re.compile(r"""(?<![A-Za-z0-9_.])([A-Za-z][A-Za-z0-9_.-]{0,63})(?:\s*=\s*|:(?!//)\s*)("[^"]+"|'[^']+'|[^\s;&,"']+)""")
 _BASIC_CREDENTIALS = re.compile(r"\bbasic\s+([A-Za-z0-9+/]{4,}={0,2})", re.IGNORECASE)
 _FLAG = re.compile(r"^--?[A-Za-z][A-Za-z0-9_-]*$")
 _TOKEN_RUN = re.compile(r"[A-Za-z0-9+/=_-]{32,}")
-_EMAIL = re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b")
+_EMAIL = re.compile(r"\b[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9.-]{1,253}\.[A-Za-z]{2,63}\b")  # bounded: linear time
 _CAMEL = re.compile(r"([a-z0-9])([A-Z])")
 HIGH_ENTROPY_BITS = 4.2
 """Shannon entropy per character above which a 32+ character token counts as random. Hex digests

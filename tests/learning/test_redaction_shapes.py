@@ -94,3 +94,15 @@ def test_ordinary_values_are_kept_as_they_were(shape: str, value: object) -> Non
 
 def test_the_table_covers_at_least_forty_shapes() -> None:
     assert len(CAUGHT) + len(KEPT) >= 40 and len(CAUGHT) >= 30
+
+
+@pytest.mark.parametrize(
+    "filler", ["x", "x=", "a:", "x-", "x.", "1-", "a@b.", "mysql ", "-u a", "Basic ", "Bearer ", "redis://", "sk-", "ghp_", "--token "]
+)
+def test_redaction_of_a_long_string_takes_linear_time(filler: str) -> None:
+    import time
+
+    text = filler * (200_000 // len(filler))
+    started = time.perf_counter()
+    redact(text, anonymize=True)
+    assert time.perf_counter() - started < 5.0  # quadratic scanning took minutes on 200 KB (generous: shared box)
