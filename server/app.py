@@ -37,6 +37,7 @@ from .auth import (
     parse_api_keys,
 )
 from .composition import build_service
+from .json_guard import DuplicateKeyGuard
 from .config_file import build_learning_service
 from .settings import Settings
 
@@ -135,7 +136,10 @@ def _uvicorn_log_config() -> dict[str, Any]:
 def http_options(host: str, allowed_origins: Sequence[str] = ()) -> dict[str, Any]:
     """Keyword arguments for FastMCP's run/http_app: our Origin/Host guard in place of FastMCP's own."""
     return {
-        "middleware": [Middleware(OriginGuard, allowed_origins=allowed_origins, loopback_bind=is_loopback(host))],
+        "middleware": [
+            Middleware(OriginGuard, allowed_origins=allowed_origins, loopback_bind=is_loopback(host)),
+            Middleware(DuplicateKeyGuard),
+        ],
         "host_origin_protection": False,  # OriginGuard does this, with AMFS_ALLOWED_ORIGINS
     }
 

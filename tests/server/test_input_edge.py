@@ -141,3 +141,27 @@ async def test_a_refused_input_is_not_logged_as_a_crash(client: Client, caplog: 
         text = await error_text(client, "amfs_read", {"entity_path": "svc", "key": "missing"})
     assert "No memory" in text or "not found" in text.lower()
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_http_refuses_a_body_with_a_duplicate_key(tmp_path, launch_server) -> None:
+    import httpx2
+
+    server = launch_server("http", tmp_path / "http-data")
+    try:
+        body = '{"jsonrpc":"2.0","id":5,"method":"ping","method":"tools/list"}'
+        async with httpx2.AsyncClient(timeout=10) as http:
+            refused = await http.post(
+                f"{server.base_url}/mcp", content=body,
+                headers={"Content-Type": "application/json", "Accept": "application/json, text/event-stream"},
+            )
+            accepted = await http.post(
+                f"{server.base_url}/mcp", content='{"jsonrpc":"2.0","id":6,"method":"ping"}',
+                headers={"Content-Type": "application/json", "Accept": "application/json, text/event-stream"},
+            )
+    finally:
+        server.stop()
+    assert refused.status_code == 400
+    assert refused.json() == {
+        "jsonrpc": "2.0", "id": 5, "error": {"code": -32600, "message": "Invalid request: duplicate key 'method' in one object"}
+    }
+    assert "duplicate key" not in accepted.text  # the transport answers it (here: no session yet)
