@@ -22,6 +22,17 @@ from .core.service import MemoryService, WriteRequest
 T = TypeVar("T")
 
 
+class OutcomeEntries(list[MemoryEntry]):
+    """What `commit_outcome` returns: the updated entries (a plain list to iterate or unpack), plus
+    `already_applied`, True when this `outcome_ref` was committed before and nothing changed now
+    (the entries are then those the first commit updated), and the `outcome_ref` itself."""
+
+    def __init__(self, entries: list[MemoryEntry], outcome_ref: str, already_applied: bool) -> None:
+        super().__init__(entries)
+        self.outcome_ref = outcome_ref
+        self.already_applied = already_applied
+
+
 class AsyncAgentMemory:
     """Memory for one agent and session. Opens its store on first use; close it with `await mem.close()`."""
 
@@ -138,15 +149,16 @@ class AsyncAgentMemory:
 
     async def commit_outcome(
         self, outcome_ref: str, outcome_type: OutcomeType | str, causal_entry_keys: list[str] | None = None
-    ) -> list[MemoryEntry]:
-        """Apply an outcome; returns the updated entries (confidence after). See `commit_outcome_record` for details."""
+    ) -> OutcomeEntries:
+        """Apply an outcome; returns the updated entries (confidence after) with `already_applied` set
+        when the ref was committed before. See `commit_outcome_record` for the confidence before/after."""
         record = await self.commit_outcome_record(outcome_ref, outcome_type, causal_entry_keys)
         service = await self._svc()
         updated = [
             await service.store.get_version(effect.entity_path, effect.key, effect.version_updated)
             for effect in record.effects
         ]
-        return [entry for entry in updated if entry is not None]
+        return OutcomeEntries([entry for entry in updated if entry is not None], record.outcome_ref, record.already_applied)
 
     async def commit_outcome_record(
         self, outcome_ref: str, outcome_type: OutcomeType | str, causal_entry_keys: list[str] | None = None
@@ -211,7 +223,7 @@ class AgentMemory:
 
     def commit_outcome(
         self, outcome_ref: str, outcome_type: OutcomeType | str, causal_entry_keys: list[str] | None = None
-    ) -> list[MemoryEntry]:
+    ) -> OutcomeEntries:
         return self._call(self._async.commit_outcome(outcome_ref, outcome_type, causal_entry_keys))
 
     def commit_outcome_record(

@@ -740,6 +740,26 @@ class PostgresStore:
         rows = await self._read(lambda conn: conn.fetch(sql, *params.values))
         return [_row_to_entry(row, with_embedding=False) for row in rows]
 
+    async def entity_counts(self, entity_path: str | None, now: datetime) -> dict[str, int]:
+        scope = "" if entity_path is None else "AND (entity_path = $2 OR (entity_path > $3 AND entity_path < $4))"
+        args: list[Any] = [now] if entity_path is None else [now, entity_path, entity_path + "/", entity_path + "0"]
+        sql = (
+            "SELECT entity_path, count(*) AS n FROM entries WHERE is_current AND (ttl_at IS NULL OR ttl_at > $1) "
+            f"{scope} GROUP BY entity_path"
+        )
+        rows = await self._read(lambda conn: conn.fetch(sql, *args))
+        return {row["entity_path"]: int(row["n"]) for row in rows}
+
+    async def entries_at(self, entity_path: str, now: datetime, offset: int, limit: int) -> list[MemoryEntry]:
+        sql = (
+            f"SELECT {_BASE_COLUMNS} FROM entries WHERE is_current AND (ttl_at IS NULL OR ttl_at > $1) "
+            "AND entity_path = $2 ORDER BY key LIMIT $3 OFFSET $4"
+        )
+        rows = await self._read(
+            lambda conn: conn.fetch(sql, now, entity_path, max(0, int(limit)), max(0, int(offset)))
+        )
+        return [_row_to_entry(row, with_embedding=False) for row in rows]
+
     async def keyword_candidates(
         self, terms: list[str], flt: EntryFilter, now: datetime, limit: int
     ) -> list[tuple[MemoryEntry, float]]:
@@ -996,10 +1016,12 @@ class PostgresStore:
     async def forget(self, entity_path: str, key: str) -> int:
         async def delete(conn: Any) -> int:
             await self._lock_keys(conn, [(entity_path, key)])
-            status = await conn.execute("DELETE FROM entries WHERE entity_path = $1 AND key = $2", entity_path, key)
-            return _rowcount(status)
+            return await self._erase_keys(conn, "entity_path = $1 AND key = $2", entity_path, key)
 
-        return await self._tx(delete)
+        removed = await self._tx(delete)
+        if removed:
+            await self._vacuum(*_ERASED_TABLES)
+        return removed
 
     async def purge_expired(self, now: datetime) -> int:
         async def delete(conn: Any) -> int:
@@ -1010,19 +1032,47 @@ class PostgresStore:
                 return 0
             await self._lock_keys(conn, ((r["entity_path"], r["key"]) for r in expired))
             # Re-check under the locks: a key rewritten meanwhile has a new, live current version.
-            status = await conn.execute(
-                "DELETE FROM entries WHERE (entity_path, key) IN (SELECT entity_path, key FROM entries "
+            return await self._erase_keys(
+                conn,
+                "(entity_path, key) IN (SELECT entity_path, key FROM entries "
                 "WHERE is_current AND ttl_at IS NOT NULL AND ttl_at <= $1)",
                 now,
             )
-            return _rowcount(status)
 
-        return await self._tx(delete)
+        removed = await self._tx(delete)
+        if removed:
+            await self._vacuum(*_ERASED_TABLES)
+        return removed
+
+    @staticmethod
+    async def _erase_keys(conn: Any, where: str, *params: Any) -> int:
+        """Delete every version of the keys `where` selects (on entries), with their traces and outcome
+        effects (an outcome left without effects goes too); the tsvector and vector index entries go with
+        the rows. Returns the versions removed."""
+        pairs = await conn.fetch(f"SELECT DISTINCT entity_path, key FROM entries WHERE {where}", *params)
+        if not pairs:
+            return 0
+        paths, keys = [r["entity_path"] for r in pairs], [r["key"] for r in pairs]
+        removed = _rowcount(await conn.execute(
+            "DELETE FROM entries WHERE (entity_path, key) IN (SELECT * FROM unnest($1::text[], $2::text[]))", paths, keys
+        ))
+        for table in ("trace_events", "outcome_effects"):
+            await conn.execute(
+                f"DELETE FROM {table} WHERE (entity_path, key) IN (SELECT * FROM unnest($1::text[], $2::text[]))",
+                paths, keys,
+            )
+        await conn.execute(
+            "DELETE FROM outcomes o WHERE NOT EXISTS (SELECT 1 FROM outcome_effects e WHERE e.outcome_ref = o.outcome_ref)"
+        )
+        return removed
+
+    async def _vacuum(self, *tables: str) -> None:
+        await vacuum(self._require_pool(), self.where, *tables)
 
     async def clear(self) -> None:
         async def delete(conn: Any) -> None:
-            for table in ("outcome_effects", "outcomes", "trace_events", "entries", "meta"):
-                await conn.execute(f"DELETE FROM {table}")
+            # TRUNCATE gives the tables new, empty files and drops the old ones: no dead tuples to vacuum.
+            await conn.execute("TRUNCATE outcome_effects, outcomes, trace_events, entries, meta")
 
         await self._tx(delete)
 
@@ -1136,6 +1186,21 @@ def _trace(row: Any) -> TraceEvent:
 
 def _detail_json(detail: dict[str, Any] | None) -> str | None:
     return None if detail is None else json.dumps(detail)
+
+
+async def vacuum(pool: Any, where: str, *tables: str) -> None:
+    """VACUUM after a delete that must not linger: dead tuples (the deleted values) stay readable in the
+    table files until vacuum reclaims them. It runs outside a transaction; a failure is logged, not
+    raised (autovacuum gets there later), since the delete itself has committed."""
+    try:
+        async with pool.acquire() as conn:
+            await conn.execute(f"VACUUM {', '.join(tables)}")
+    except Exception as error:
+        logger.warning("VACUUM of %s at %s failed: %s", ", ".join(tables), where, error)
+
+
+_ERASED_TABLES = ("entries", "trace_events", "outcome_effects", "outcomes")
+"""The tables a forget or TTL purge deletes from, vacuumed afterwards."""
 
 
 def _rowcount(status: str) -> int:

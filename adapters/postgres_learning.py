@@ -21,8 +21,9 @@ from typing import Any, TypeVar
 
 from ..core.errors import ConflictError, StoreError
 from ..core.learning_records import Interaction, LearningSnapshot, Pattern, Preference, PreferenceChange
-from .postgres import DEFAULT_SCHEMA, MIGRATION_LOCK_KEY, quote_ident, redact_dsn, schema_from_dsn
+from .postgres import DEFAULT_SCHEMA, MIGRATION_LOCK_KEY, quote_ident, redact_dsn, schema_from_dsn, vacuum
 from .sqlite_learning import (
+    LEGACY_CONTENT_SCRUB,
     _INTERACTION_COLUMNS,
     _PATTERN_COLUMNS,
     _PREFERENCE_COLUMNS,
@@ -84,14 +85,20 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX learning_patterns_user ON learning_patterns (user_id);
     """,
+    # The two-session rule (core.learning): how many sessions the current value was seen in, and the last one.
+    """
+    ALTER TABLE learning_preferences ADD COLUMN sessions integer NOT NULL DEFAULT 1;
+    ALTER TABLE learning_preferences ADD COLUMN last_session text NOT NULL DEFAULT '';
+    """ + LEGACY_CONTENT_SCRUB,
 ]
 
 _INSERT_INTERACTION = f"INSERT INTO learning_interactions ({_INTERACTION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
 _UPSERT_PREFERENCE = (
-    f"INSERT INTO learning_preferences ({_PREFERENCE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) "
+    f"INSERT INTO learning_preferences ({_PREFERENCE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) "
     "ON CONFLICT (user_id, category, key) DO UPDATE SET value_json = EXCLUDED.value_json, "
     "confidence = EXCLUDED.confidence, sample_size = EXCLUDED.sample_size, support = EXCLUDED.support, "
-    "source = EXCLUDED.source, updated_at = EXCLUDED.updated_at"
+    "source = EXCLUDED.source, updated_at = EXCLUDED.updated_at, sessions = EXCLUDED.sessions, "
+    "last_session = EXCLUDED.last_session"
 )
 _UPSERT_PATTERN = (
     f"INSERT INTO learning_patterns ({_PATTERN_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) "
@@ -257,7 +264,7 @@ class PostgresLearningStore:
         where, args = ("WHERE user_id = $1", [user_id]) if user_id is not None else ("", [])
         sql = f"SELECT {_INTERACTION_COLUMNS} FROM learning_interactions {where} ORDER BY at DESC, seq DESC"
         if limit is not None:
-            sql += f" LIMIT {int(limit)}"
+            sql += f" LIMIT {max(0, int(limit))}"  # a negative LIMIT is none to SQLite, an error to PostgreSQL
         rows = await self._fetch(sql, *args)
         return [row_to_interaction(row, row["at"]) for row in reversed(rows)]
 
@@ -275,7 +282,10 @@ class PostgresLearningStore:
         async def delete(conn: Any) -> int:
             return _rowcount(await conn.execute("DELETE FROM learning_interactions WHERE at < $1", before))
 
-        return await self._tx(delete)
+        removed = await self._tx(delete)
+        if removed:
+            await vacuum(self._require_pool(), self.where, "learning_interactions")
+        return removed
 
     async def preferences(self, user_id: str | None = None, category: str | None = None) -> list[Preference]:
         rows = await self._fetch(
@@ -293,7 +303,10 @@ class PostgresLearningStore:
                 category, key, user_id,
             ))
 
-        return await self._tx(delete)
+        removed = await self._tx(delete)
+        if removed:
+            await vacuum(self._require_pool(), self.where, "learning_preferences")
+        return removed
 
     # -- patterns ---------------------------------------------------------------------------
 

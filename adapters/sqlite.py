@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sqlite3
 import uuid
 from datetime import datetime
@@ -107,6 +108,8 @@ MIGRATIONS: list[str] = [
     CREATE INDEX trace_events_session ON trace_events (session_id, kind);
     CREATE TABLE meta (name TEXT PRIMARY KEY, value_json TEXT NOT NULL);
     """,
+    # 2: expiring entries found without reading every row (the memory browser's per-entity counts).
+    "CREATE INDEX entries_current_ttl ON entries (ttl_at) WHERE is_current = 1 AND ttl_at IS NOT NULL;",
 ]
 
 _BASE_COLUMNS = (
@@ -116,12 +119,23 @@ _BASE_COLUMNS = (
 )
 _ENTRY_COLUMNS = _BASE_COLUMNS + ", embedding"
 
+# Ties go to the newer write: written_at, then row_id (a batch shares one written_at). Same order as PostgreSQL.
 _SORT_SQL: dict[str, str] = {
-    "confidence": "confidence DESC, written_at DESC",
-    "recency": "written_at DESC",
-    "recall_count": "recall_count DESC, written_at DESC",
-    "priority": "priority_score DESC, written_at DESC",
+    "confidence": "confidence DESC, written_at DESC, row_id DESC",
+    "recency": "written_at DESC, row_id DESC",
+    "recall_count": "recall_count DESC, written_at DESC, row_id DESC",
+    "priority": "priority_score DESC, written_at DESC, row_id DESC",
 }
+_TOKEN = re.compile(r"\w+")
+
+
+def match_any(terms: list[str]) -> str:
+    """An FTS5 query matching any word of any term: `["retry policy", "ERR_42"]` -> `"retry" OR "policy" OR "ERR_42"`.
+
+    Words are `\\w+` runs, as the tokenizer (`tokenchars '_'`) and PostgreSQL's adapter split them; quoting
+    each one keeps FTS5 operators in user text inert. Empty when the terms hold no word."""
+    words = dict.fromkeys(word for term in terms for word in _TOKEN.findall(term or ""))
+    return " OR ".join(f'"{word}"' for word in words)
 
 
 def encode_embedding(embedding: list[float] | None) -> bytes | None:
@@ -194,9 +208,13 @@ class SQLiteStore(SQLiteDatabase):
         return await self._run(lambda: self._insert_versions_sync(drafts, actor))
 
     def _insert_versions_sync(self, drafts: list[NewEntry], actor: Actor) -> list[MemoryEntry]:
-        stored: list[MemoryEntry] = []
+        # Rows go in in key order (a stable sort keeps repeated keys in draft order), as PostgreSQL stores them:
+        # a batch shares one written_at, so row order is what breaks its ties. Results go back in draft order.
+        order = sorted(range(len(drafts)), key=lambda i: (drafts[i].entity_path, drafts[i].key))
+        stored: list[MemoryEntry | None] = [None] * len(drafts)
         with self._transaction() as conn:
-            for draft in drafts:
+            for index in order:
+                draft = drafts[index]
                 previous = conn.execute(
                     "SELECT row_id, version FROM entries WHERE entity_path = ? AND key = ? AND is_current = 1",
                     (draft.entity_path, draft.key),
@@ -227,9 +245,9 @@ class SQLiteStore(SQLiteDatabase):
                     (actor.session_id, actor.agent_id, draft.entity_path, draft.key, version, _ts(draft.written_at)),
                 )
                 row = conn.execute(f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE row_id = ?", (row_id,)).fetchone()
-                stored.append(_row_to_entry(row))
+                stored[index] = _row_to_entry(row)
         self._vectors.dirty = True
-        return stored
+        return stored  # type: ignore[return-value]
 
     async def get_current(self, entity_path: str, key: str, now: datetime) -> MemoryEntry | None:
         def fetch() -> MemoryEntry | None:
@@ -268,7 +286,45 @@ class SQLiteStore(SQLiteDatabase):
         clauses, params = self._filter_sql(flt, now)
         sql = f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE {' AND '.join(clauses)} ORDER BY {_SORT_SQL[sort_by]}"
         if limit is not None:
-            sql += f" LIMIT {int(limit)}"
+            sql += f" LIMIT {max(0, int(limit))}"  # SQLite reads a negative LIMIT as none
+
+        def fetch() -> list[MemoryEntry]:
+            return [_row_to_entry(row, with_embedding=False) for row in self._connection().execute(sql, params)]
+
+        return await self._run(fetch)
+
+    async def entity_counts(self, entity_path: str | None, now: datetime) -> dict[str, int]:
+        # Counted from the (entity_path, key) index alone, then the expired, found through the TTL index, are
+        # taken off: reading ttl_at from every row instead costs seconds at 100k entries. The scope is one
+        # index range, [path, path + '0'), that also holds siblings such as 'path-2'; they are dropped below.
+        scope, params = ("", []) if entity_path is None else (
+            "AND entity_path >= ? AND entity_path < ?", [entity_path, entity_path + "0"]
+        )
+        live = f"SELECT entity_path, count(*) FROM entries WHERE is_current = 1 {scope} GROUP BY entity_path"
+        expired = (
+            "SELECT entity_path, count(*) FROM entries WHERE is_current = 1 AND ttl_at IS NOT NULL AND ttl_at <= ? "
+            "GROUP BY entity_path"
+        )
+
+        def in_scope(path: str) -> bool:
+            return entity_path is None or path == entity_path or path.startswith(entity_path + "/")
+
+        def fetch() -> dict[str, int]:
+            conn = self._connection()
+            counts = {path: n for path, n in conn.execute(live, params).fetchall() if in_scope(path)}
+            for path, n in conn.execute(expired, [_ts(now)]).fetchall():
+                if path in counts:
+                    counts[path] -= n
+            return {path: n for path, n in counts.items() if n > 0}
+
+        return await self._run(fetch)
+
+    async def entries_at(self, entity_path: str, now: datetime, offset: int, limit: int) -> list[MemoryEntry]:
+        sql = (
+            f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE is_current = 1 AND (ttl_at IS NULL OR ttl_at > ?) "
+            "AND entity_path = ? ORDER BY key LIMIT ? OFFSET ?"
+        )
+        params = (_ts(now), entity_path, max(0, int(limit)), max(0, int(offset)))
 
         def fetch() -> list[MemoryEntry]:
             return [_row_to_entry(row, with_embedding=False) for row in self._connection().execute(sql, params)]
@@ -461,15 +517,15 @@ class SQLiteStore(SQLiteDatabase):
     async def keyword_candidates(
         self, terms: list[str], flt: EntryFilter, now: datetime, limit: int
     ) -> list[tuple[MemoryEntry, float]]:
-        if not terms:
+        match = match_any(terms)
+        if not match or limit <= 0:
             return []
-        # Any term may match (OR); bm25 ranks entries that match more and rarer terms first.
-        match = " OR ".join('"' + term.replace('"', "") + '"' for term in terms)
+        # Any word may match (OR); bm25 ranks entries that match more and rarer words first.
         clauses, params = self._filter_sql(flt, now, column_prefix="e.")
         sql = (
             f"SELECT {_prefixed_columns('e.')}, bm25(entries_fts) AS rank FROM entries_fts "
             f"JOIN entries e ON e.row_id = entries_fts.rowid "
-            f"WHERE entries_fts MATCH ? AND {' AND '.join(clauses)} ORDER BY rank LIMIT ?"
+            f"WHERE entries_fts MATCH ? AND {' AND '.join(clauses)} ORDER BY rank, e.written_at DESC, e.row_id DESC LIMIT ?"
         )
 
         def fetch() -> list[tuple[MemoryEntry, float]]:
@@ -500,6 +556,8 @@ class SQLiteStore(SQLiteDatabase):
         import numpy as np
 
         query = np.asarray(vector, dtype=np.float32)
+        if limit <= 0 or not np.all(np.isfinite(query)) or not np.any(query):
+            return []  # no cosine similarity to a zero / non-finite vector
         clauses, params = self._filter_sql(flt, now)
 
         def fetch() -> list[tuple[MemoryEntry, float]]:
@@ -522,7 +580,9 @@ class SQLiteStore(SQLiteDatabase):
                 if len(rows) >= limit or pool >= size:
                     break
                 pool = min(size, pool * 4)
-            ranked = sorted(rows, key=lambda row: similarity[row["row_id"]], reverse=True)[:limit]
+            ranked = sorted(
+                rows, key=lambda row: (similarity[row["row_id"]], row["written_at"], row["row_id"]), reverse=True
+            )[:limit]
             return [(_row_to_entry(row, with_embedding=False), similarity[row["row_id"]]) for row in ranked]
 
         return await self._run(fetch)
@@ -532,36 +592,67 @@ class SQLiteStore(SQLiteDatabase):
     async def forget(self, entity_path: str, key: str) -> int:
         def delete() -> int:
             with self._transaction() as conn:
-                conn.execute(
-                    "DELETE FROM entries_fts WHERE rowid IN "
-                    "(SELECT row_id FROM entries WHERE entity_path = ? AND key = ? AND is_current = 1)",
-                    (entity_path, key),
-                )
-                return conn.execute("DELETE FROM entries WHERE entity_path = ? AND key = ?", (entity_path, key)).rowcount
+                removed, erased = self._erase_keys_sync(conn, [(entity_path, key)])
+            self._after_erase(removed, erased)
+            return removed
 
         return await self._run(delete)
 
     async def purge_expired(self, now: datetime) -> int:
         def delete() -> int:
             with self._transaction() as conn:
-                expired = "SELECT entity_path, key FROM entries WHERE is_current = 1 AND ttl_at IS NOT NULL AND ttl_at <= ?"
-                conn.execute(
-                    "DELETE FROM entries_fts WHERE rowid IN (SELECT row_id FROM entries WHERE is_current = 1 "
-                    "AND ttl_at IS NOT NULL AND ttl_at <= ?)",
+                expired = conn.execute(
+                    "SELECT entity_path, key FROM entries WHERE is_current = 1 AND ttl_at IS NOT NULL AND ttl_at <= ?",
                     (_ts(now),),
-                )
-                return conn.execute(
-                    f"DELETE FROM entries WHERE (entity_path, key) IN ({expired})", (_ts(now),)
-                ).rowcount
+                ).fetchall()
+                removed, erased = self._erase_keys_sync(conn, [(row[0], row[1]) for row in expired])
+            self._after_erase(removed, erased)
+            return removed
 
         return await self._run(delete)
+
+    @staticmethod
+    def _erase_keys_sync(
+        conn: sqlite3.Connection, pairs: list[tuple[str, str]]
+    ) -> tuple[int, list[tuple[int, bytes | None]]]:
+        """Delete every version of each (entity_path, key), with its keyword-index row, its traces and its
+        outcome effects (an outcome left without effects goes too). Returns the versions removed and
+        their (row id, embedding) pairs, for the vector index. secure_delete zeroes the rows; 'optimize' rewrites the
+        FTS5 segments, which would otherwise keep the deleted terms until a merge."""
+        removed = 0
+        erased: list[tuple[int, bytes | None]] = []
+        for entity_path, key in pairs:
+            where, pair = "entity_path = ? AND key = ?", (entity_path, key)
+            rows = conn.execute(f"SELECT row_id, embedding FROM entries WHERE {where}", pair).fetchall()
+            if not rows:
+                continue
+            marks = ",".join("?" * len(rows))
+            conn.execute(f"DELETE FROM entries_fts WHERE rowid IN ({marks})", [row[0] for row in rows])
+            removed += conn.execute(f"DELETE FROM entries WHERE {where}", pair).rowcount
+            conn.execute(f"DELETE FROM trace_events WHERE {where}", pair)
+            conn.execute(f"DELETE FROM outcome_effects WHERE {where}", pair)
+            erased += [(row[0], row[1]) for row in rows]
+        if removed:
+            conn.execute("DELETE FROM outcomes WHERE outcome_ref NOT IN (SELECT outcome_ref FROM outcome_effects)")
+            conn.execute("INSERT INTO entries_fts (entries_fts) VALUES ('optimize')")
+        return removed, erased
+
+    def _after_erase(self, removed: int, erased: list[tuple[int, bytes | None]]) -> None:
+        if not removed:
+            return
+        self._checkpoint()
+        self._vectors.forget(
+            self._connection(), [row_id for row_id, _ in erased], [decode_embedding(blob) for _, blob in erased]
+        )
 
     async def clear(self) -> None:
         def delete() -> None:
             with self._transaction() as conn:
                 for table in ("entries_fts", "outcome_effects", "outcomes", "trace_events", "entries", "meta"):
                     conn.execute(f"DELETE FROM {table}")
-            self._vectors.reset()
+                conn.execute("INSERT INTO entries_fts (entries_fts) VALUES ('optimize')")
+            self._checkpoint(vacuum=True)
+            self._vectors.wipe()
 
         await self._run(delete)
 
@@ -805,9 +896,21 @@ class VectorSync:
         return watermark, ""
 
     def save(self, conn: sqlite3.Connection) -> None:
+        """Persist the index when it changed. Ids whose rows are no longer current (another process
+        forgot or superseded them since this one synced) are dropped first and their vectors scrubbed
+        from the file, so a save never writes a forgotten vector back."""
         if self.index is None or not self.index.dirty:
             return
-        self.index.save()
+        live = {row[0] for row in conn.execute("SELECT row_id FROM entries WHERE is_current = 1")}
+        gone = [i for i in self.index.ids().tolist() if i not in live]
+        vectors = [self.index.get(i) for i in gone]
+        self.index.remove(gone)
+        self.index.save_scrubbed([v for v in vectors if v is not None])
+        self._save_meta(conn)
+
+    def _save_meta(self, conn: sqlite3.Connection) -> None:
+        """The sidecar (watermark, checksum, generation) and the same generation in the database's meta."""
+        assert self.index is not None
         generation = uuid.uuid4().hex
         temporary = self.meta_path.with_suffix(".json.tmp")
         temporary.write_text(json.dumps({
@@ -829,3 +932,41 @@ class VectorSync:
             self.index.clear()
         self.watermark = 0
         self.dirty = True
+
+    def forget(self, conn: sqlite3.Connection, row_ids: list[int], vectors: list[list[float] | None]) -> None:
+        """Take these vectors (of deleted rows) out of the index and out of its file. The index is loaded
+        from the file first when this process has not used it yet; a file that cannot be read (or
+        whose dimension is unknown) is deleted, to be rebuilt from the store on the next search."""
+        import numpy as np
+
+        wanted = [np.asarray(v, dtype=np.float32) for v in vectors if v is not None]
+        if not wanted:
+            return
+        if self.index is None or self.index.dimension != len(wanted[0]):
+            saved = self._saved_dimension()
+            if saved != len(wanted[0]):
+                self.wipe()
+                return
+            self._load(conn, saved)
+        assert self.index is not None
+        self.index.remove(row_ids)
+        if self.index.load_error is not None:
+            self.wipe()
+            return
+        self.index.save_scrubbed(wanted)
+        self._save_meta(conn)
+
+    def wipe(self) -> None:
+        """Forget the index and delete its files (after `clear`): the next search rebuilds it from the store."""
+        self.index = None
+        self.watermark = 0
+        self.data_version = None
+        self.dirty = True
+        for path in (self.path, self.meta_path):
+            path.unlink(missing_ok=True)
+
+    def _saved_dimension(self) -> int | None:
+        try:
+            return int(json.loads(self.meta_path.read_text())["dimension"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None

@@ -49,6 +49,8 @@ class SQLiteDatabase:
     MIGRATIONS: list[str] = []
     DESCRIPTION = "SQLite store"
     LOCATION_HINT = "set AMFS_DATA_DIR"
+    secure_delete = True
+    """Zero deleted content (PRAGMA secure_delete). Off only to measure what it costs (`amfs-server bench erase`)."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
@@ -77,6 +79,9 @@ class SQLiteDatabase:
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = NORMAL")
                 conn.execute("PRAGMA foreign_keys = ON")
+                # Deleted rows are overwritten with zeros instead of lingering in free space (forget, clear,
+                # retention); `_checkpoint` then takes the old pages out of the WAL.
+                conn.execute(f"PRAGMA secure_delete = {'ON' if self.secure_delete else 'OFF'}")
                 if existed:
                     problems = [row[0] for row in conn.execute("PRAGMA quick_check(5)").fetchall()]
                     if problems != ["ok"]:
@@ -108,6 +113,17 @@ class SQLiteDatabase:
                     if statement.strip():
                         conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {number}")
+
+    def _checkpoint(self, vacuum: bool = False) -> None:
+        """After a delete that must leave no byte behind: copy the WAL into the file and truncate it
+        (pages that held the deleted rows live on in the WAL until then), and with `vacuum` rewrite
+        the file without free pages. A reader in another process that still holds an old snapshot
+        makes the checkpoint partial; the next one (at the latest when the last connection closes)
+        finishes it. Call with the lock held, outside a transaction."""
+        conn = self._connection()
+        if vacuum:
+            conn.execute("VACUUM")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def _before_close(self) -> None:
         """Hook: persist in-process state (called with the lock held, connection still open)."""

@@ -16,6 +16,15 @@ from ..core.learning_records import Interaction, LearningSnapshot, Pattern, Pref
 from .sqlite_base import SQLiteDatabase, _dt, _ts
 
 
+LEGACY_CONTENT_SCRUB = """
+    UPDATE learning_interactions SET parameters_json = '{}' WHERE tool_name LIKE 'amfs!_%' ESCAPE '!';
+    DELETE FROM learning_preferences WHERE category LIKE 'amfs!_%' ESCAPE '!';
+    DELETE FROM learning_patterns WHERE pattern_type = 'recurring_parameter' AND tool_name LIKE 'amfs!_%' ESCAPE '!'
+"""
+"""Before amfs 0.2 stopped recording memory content, calls to its own tools were stored with their
+arguments (a memory's value, a query) and learned as preferences: the upgrade drops those arguments
+and what was learned from them. Shared with the PostgreSQL learning store."""
+
 MIGRATIONS: list[str] = [
     """
     CREATE TABLE learning_interactions (
@@ -58,16 +67,32 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX learning_patterns_user ON learning_patterns (user_id);
     """,
+    # The two-session rule (core.learning): how many sessions the current value was seen in, and the last one.
+    """
+    ALTER TABLE learning_preferences ADD COLUMN sessions INTEGER NOT NULL DEFAULT 1;
+    ALTER TABLE learning_preferences ADD COLUMN last_session TEXT NOT NULL DEFAULT '';
+    """ + LEGACY_CONTENT_SCRUB,
 ]
 
 _INTERACTION_COLUMNS = (
     "interaction_id, user_id, session_id, tool_name, source, parameters_json, outcome_json, result_json, "
     "execution_ms, at"
 )
-_PREFERENCE_COLUMNS = "user_id, category, key, value_json, confidence, sample_size, support, source, updated_at"
+_PREFERENCE_COLUMNS = (
+    "user_id, category, key, value_json, confidence, sample_size, support, source, updated_at, sessions, last_session"
+)
 _PATTERN_COLUMNS = (
     "pattern_id, user_id, pattern_type, tool_name, data_json, occurrences, frequency, confidence, discovered_at, "
     "updated_at"
+)
+# A stored pattern id is replaced, whoever held it: replace_patterns and import agree, as in PostgreSQL.
+_UPSERT_PATTERN = (
+    f"INSERT INTO learning_patterns ({_PATTERN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (pattern_id) DO UPDATE SET user_id = excluded.user_id, "
+    "pattern_type = excluded.pattern_type, tool_name = excluded.tool_name, "
+    "data_json = excluded.data_json, occurrences = excluded.occurrences, "
+    "frequency = excluded.frequency, confidence = excluded.confidence, "
+    "discovered_at = excluded.discovered_at, updated_at = excluded.updated_at"
 )
 
 
@@ -83,7 +108,7 @@ def interaction_row(i: Interaction) -> tuple[Any, ...]:
 
 def preference_row(p: Preference) -> tuple[Any, ...]:
     return (p.user_id, p.category, p.key, dump_json(p.value), p.confidence, p.sample_size, p.support, p.source,
-            p.updated_at)
+            p.updated_at, p.sessions, p.last_session)
 
 
 def pattern_row(p: Pattern) -> tuple[Any, ...]:
@@ -102,7 +127,8 @@ def row_to_interaction(row: Any, at: datetime) -> Interaction:
 def row_to_preference(row: Any, updated_at: datetime) -> Preference:
     return Preference(
         row["user_id"], row["category"], row["key"], json.loads(row["value_json"]), row["confidence"],
-        row["sample_size"], row["support"], row["source"], updated_at,
+        row["sample_size"], row["support"], row["source"], updated_at, sessions=row["sessions"],
+        last_session=row["last_session"],
     )
 
 
@@ -152,10 +178,11 @@ class SQLiteLearningStore(SQLiteDatabase):
                     previous = None if row is None else row_to_preference(row, _dt(row["updated_at"]))  # type: ignore[arg-type]
                     preference = change.apply(previous)
                     conn.execute(
-                        f"INSERT INTO learning_preferences ({_PREFERENCE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                        f"INSERT INTO learning_preferences ({_PREFERENCE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                         "ON CONFLICT (user_id, category, key) DO UPDATE SET value_json = excluded.value_json, "
                         "confidence = excluded.confidence, sample_size = excluded.sample_size, "
-                        "support = excluded.support, source = excluded.source, updated_at = excluded.updated_at",
+                        "support = excluded.support, source = excluded.source, updated_at = excluded.updated_at, "
+                        "sessions = excluded.sessions, last_session = excluded.last_session",
                         _with_times(preference_row(preference), 8),
                     )
                     stored.append(preference)
@@ -167,7 +194,7 @@ class SQLiteLearningStore(SQLiteDatabase):
         where, params = ("WHERE user_id = ?", [user_id]) if user_id is not None else ("", [])
         sql = f"SELECT {_INTERACTION_COLUMNS} FROM learning_interactions {where} ORDER BY at DESC, rowid DESC"
         if limit is not None:
-            sql += f" LIMIT {int(limit)}"
+            sql += f" LIMIT {max(0, int(limit))}"  # a negative LIMIT is none to SQLite, an error to PostgreSQL
 
         def fetch() -> list[Interaction]:
             rows = self._connection().execute(sql, params).fetchall()
@@ -196,7 +223,10 @@ class SQLiteLearningStore(SQLiteDatabase):
     async def purge_interactions(self, before: datetime) -> int:
         def delete() -> int:
             with self._transaction() as conn:
-                return conn.execute("DELETE FROM learning_interactions WHERE at < ?", (_ts(before),)).rowcount
+                removed = conn.execute("DELETE FROM learning_interactions WHERE at < ?", (_ts(before),)).rowcount
+            if removed:
+                self._checkpoint()
+            return removed
 
         return await self._run(delete)
 
@@ -227,7 +257,10 @@ class SQLiteLearningStore(SQLiteDatabase):
 
         def delete() -> int:
             with self._transaction() as conn:
-                return conn.execute(sql, params).rowcount
+                removed = conn.execute(sql, params).rowcount
+            if removed:
+                self._checkpoint()
+            return removed
 
         return await self._run(delete)
 
@@ -248,10 +281,7 @@ class SQLiteLearningStore(SQLiteDatabase):
         def write() -> None:
             with self._transaction() as conn:
                 conn.execute("DELETE FROM learning_patterns WHERE user_id = ?", (user_id,))
-                conn.executemany(
-                    f"INSERT INTO learning_patterns ({_PATTERN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [_with_times(pattern_row(p), 8, 9) for p in patterns],
-                )
+                conn.executemany(_UPSERT_PATTERN, [_with_times(pattern_row(p), 8, 9) for p in patterns])
 
         await self._run(write)
 
@@ -262,6 +292,7 @@ class SQLiteLearningStore(SQLiteDatabase):
             with self._transaction() as conn:
                 for table in ("learning_interactions", "learning_preferences", "learning_patterns"):
                     conn.execute(f"DELETE FROM {table}")
+            self._checkpoint(vacuum=True)
 
         await self._run(delete)
 
@@ -313,17 +344,9 @@ class SQLiteLearningStore(SQLiteDatabase):
                     [_with_times(interaction_row(i), 9) for i in snapshot.interactions],
                 )
                 conn.executemany(
-                    f"INSERT INTO learning_preferences ({_PREFERENCE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    f"INSERT INTO learning_preferences ({_PREFERENCE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [_with_times(preference_row(p), 8) for p in snapshot.preferences],
                 )
-                conn.executemany(
-                    f"INSERT INTO learning_patterns ({_PATTERN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                    "ON CONFLICT (pattern_id) DO UPDATE SET user_id = excluded.user_id, "
-                    "pattern_type = excluded.pattern_type, tool_name = excluded.tool_name, "
-                    "data_json = excluded.data_json, occurrences = excluded.occurrences, "
-                    "frequency = excluded.frequency, confidence = excluded.confidence, "
-                    "discovered_at = excluded.discovered_at, updated_at = excluded.updated_at",
-                    [_with_times(pattern_row(p), 8, 9) for p in snapshot.patterns],
-                )
+                conn.executemany(_UPSERT_PATTERN, [_with_times(pattern_row(p), 8, 9) for p in snapshot.patterns])
 
         await self._run(write)

@@ -245,6 +245,52 @@ class VectorIndex:
             self.dirty = True
             self.load_error = None
 
+    def save_scrubbed(self, vectors: Sequence[np.ndarray]) -> Path | None:
+        """Save (when bound to a file), then make sure none of ``vectors`` is left in the file.
+
+        usearch keeps a removed vector's bytes in its slot, and writes them to the file, until the slot
+        is reused. After saving, each of ``vectors`` (the vectors of removed ids: call after
+        ``remove``) found exactly once in the file is overwritten in place with a random unit vector
+        (never zeros: the tombstoned node still routes graph searches, and a zero vector has no cosine).
+        A vector found more than once (another id has the same vector) cannot be told apart: then
+        the graph is rebuilt from the live vectors, which drops every tombstoned slot, and saved again.
+        Returns the path written, or None for an index without a file.
+        """
+        if self.path is None:
+            return None
+        rng = np.random.default_rng()
+        with self._lock:
+            self.save()
+            data = bytearray(self.path.read_bytes())
+            patches: list[tuple[int, bytes]] = []
+            for vector in vectors:
+                needle = np.asarray(vector, dtype=np.float32).reshape(-1).tobytes()
+                first = data.find(needle)
+                if first < 0:
+                    continue
+                if data.find(needle, first + 1) >= 0:
+                    self.compact()
+                    return self.save()
+                noise = rng.standard_normal(self.dimension).astype(np.float32)
+                patches.append((first, (noise / np.linalg.norm(noise)).astype(np.float32).tobytes()))
+            if patches:
+                with open(self.path, "rb+") as fh:
+                    for offset, replacement in patches:
+                        fh.seek(offset)
+                        fh.write(replacement)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                self.load()  # the in-memory tombstones now match the file
+        return self.path
+
+    def compact(self) -> None:
+        """Rebuild the graph from the live vectors only, dropping removed ids' slots (and their bytes)."""
+        with self._lock:
+            keys = np.asarray(self._index.keys, dtype=np.uint64)
+            vectors = np.asarray(self._index.get(keys), dtype=np.float32).reshape(len(keys), self.dimension) \
+                if len(keys) else np.empty((0, self.dimension), dtype=np.float32)
+        self.rebuild(keys.astype(np.int64), vectors)
+
     # -- queries ------------------------------------------------------------------ #
 
     def search(

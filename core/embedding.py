@@ -336,12 +336,27 @@ def embedding_text(entity_path: str, key: str, value: object) -> str:
 # Factory
 # --------------------------------------------------------------------------- #
 
+def _onnx_embedder(variant: str) -> Any:
+    # Imported on use: the adapter imports this module (and onnxruntime is optional).
+    from ..adapters.onnx_embedder import OnnxEmbedder
+
+    return OnnxEmbedder(variant=variant)
+
+
 # canonical name -> constructor; aliases map onto canonical names.
-KNOWN_EMBEDDERS: dict[str, type] = {DEFAULT_EMBEDDER: MiniLMEmbedder}
+KNOWN_EMBEDDERS: dict[str, Any] = {
+    DEFAULT_EMBEDDER: MiniLMEmbedder,
+    "all-MiniLM-L6-v2-onnx-int8": lambda: _onnx_embedder("int8"),
+    "all-MiniLM-L6-v2-onnx": lambda: _onnx_embedder("fp32"),
+}
 _ALIASES = {
     "all-minilm-l6-v2": DEFAULT_EMBEDDER,
     "sentence-transformers/all-minilm-l6-v2": DEFAULT_EMBEDDER,
     "minilm": DEFAULT_EMBEDDER,
+    "all-minilm-l6-v2-onnx-int8": "all-MiniLM-L6-v2-onnx-int8",
+    "minilm-onnx-int8": "all-MiniLM-L6-v2-onnx-int8",
+    "all-minilm-l6-v2-onnx": "all-MiniLM-L6-v2-onnx",
+    "minilm-onnx": "all-MiniLM-L6-v2-onnx",
 }
 
 _cache: dict[str, Embedder] = {}

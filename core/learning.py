@@ -5,13 +5,17 @@ MCP tools, the interaction recorder and the CLI call.
 What is learned, and from what:
 
 * Interactions: each MCP tool call (recorded by `tools.learning_tools.InteractionRecorder`) and each
-  call a client reports with `amfs_record_interaction`: tool name, redacted parameters
-  (`core.redaction`), result metadata (size, error flag, top-level field names; never the body), an
-  optional short outcome, execution time, user, session, time. Kept `retention_days` (default 90).
+  call a client reports with `amfs_record_interaction`: tool name, parameters, result metadata
+  (size, error flag, error type, top-level field names; never the body), an optional short outcome,
+  execution time, user, session, time. Kept `retention_days` (default 90). A call to this server's
+  own tools keeps only its options and the shapes of its other arguments
+  (`core.learning_signal.own_call_parameters`: never a memory's value, a query, a path or a key); a
+  refused call keeps no parameters; a reported call keeps its parameters redacted (`core.redaction`).
 * Preferences, per (user, category, key): every recorded interaction is an observation of each of
-  its scalar parameters (or short lists of scalars) as category = tool name, key = parameter name;
-  values touched by redaction and long text are never observed. `set_preference` is an explicit
-  correction. Confidence follows the curve in `preference_confidence`.
+  its parameters that is plausibly a user's choice (`core.learning_signal.is_plausible_choice`) as
+  category = tool name, key = parameter name. `set_preference` is an explicit correction.
+  Confidence follows the curve in `preference_confidence`; an observed preference seen in one
+  session only stays below `confirm` (`single_session_cap`).
 * Patterns (`core.patterns`): recurring parameter values, workflows and times of day, re-detected
   lazily when they are read and the user's interactions changed since the last detection.
 
@@ -41,6 +45,7 @@ from .patterns import (
     detect_patterns,
     pattern_id,
 )
+from .learning_signal import is_own_tool, is_plausible_choice, own_call_parameters
 from .learning_records import (
     ActionLevel,
     Interaction,
@@ -64,8 +69,6 @@ FIRST_EVIDENCE_CONFIDENCE = 0.4
 DOUBT_KEPT_PER_OBSERVATION = 0.7
 
 MAX_NAME_CHARS = 200
-MAX_OBSERVED_VALUE_CHARS = 200
-"""A parameter value longer than this (as JSON) is content, not a preference, and is not observed."""
 MAX_OUTCOME_CHARS = 500
 MAX_PARAMETERS_BYTES = 16_384
 """Stored parameters larger than this (as JSON, after redaction) keep only their top-level names and size."""
@@ -152,32 +155,52 @@ def _same(a: Any, b: Any) -> bool:
     return canonical_json(a) == canonical_json(b)
 
 
-def observed(previous: Preference | None, user_id: str, category: str, key: str, value: Any, now: datetime) -> Preference:
+def observed(
+    previous: Preference | None, user_id: str, category: str, key: str, value: Any, now: datetime, session: str = ""
+) -> Preference:
     """One passive observation. The same value adds support; a different one halves it, and replaces
     the value once no support is left (the new value then starts without support, so values that
-    change every call never get past confidence 0)."""
+    change every call never get past confidence 0). `sessions` counts the sessions the current value
+    was seen in (the two-session rule)."""
     if previous is None:
-        return Preference(user_id, category, key, value, preference_confidence(1), 1, 1, "observed", now)
+        return Preference(user_id, category, key, value, preference_confidence(1), 1, 1, "observed", now,
+                          sessions=1, last_session=session)
     if _same(previous.value, value):
         support = previous.support + 1
+        sessions = previous.sessions + (session != previous.last_session)
     else:
         support = previous.support // 2
+        sessions = previous.sessions
         if previous.support == 0:
             return replace(previous, value=value, confidence=0.0, sample_size=previous.sample_size + 1,
-                           support=0, source="observed", updated_at=now)
+                           support=0, source="observed", updated_at=now, sessions=1, last_session=session)
     return replace(previous, confidence=preference_confidence(support), sample_size=previous.sample_size + 1,
-                   support=support, updated_at=now)
+                   support=support, updated_at=now, sessions=sessions, last_session=session)
 
 
-def corrected(previous: Preference | None, user_id: str, category: str, key: str, value: Any, now: datetime) -> Preference:
+def corrected(
+    previous: Preference | None, user_id: str, category: str, key: str, value: Any, now: datetime, session: str = ""
+) -> Preference:
     """An explicit set: a new value starts over at support 1 (confidence 0.4); restating the current
     value counts as one more consistent observation."""
     if previous is not None and _same(previous.value, value):
         support = previous.support + 1
         return replace(previous, confidence=preference_confidence(support), sample_size=previous.sample_size + 1,
-                       support=support, source="corrected", updated_at=now)
+                       support=support, source="corrected", updated_at=now,
+                       sessions=previous.sessions + (session != previous.last_session), last_session=session)
     sample_size = 1 if previous is None else previous.sample_size + 1
-    return Preference(user_id, category, key, value, preference_confidence(1), sample_size, 1, "corrected", now)
+    return Preference(user_id, category, key, value, preference_confidence(1), sample_size, 1, "corrected", now,
+                      sessions=1, last_session=session)
+
+
+def single_session_cap(thresholds: Thresholds) -> float:
+    """The highest confidence an observed preference seen in one session only may show: the last point
+    of the confidence curve below `confirm` (0.58 with the default 0.6), so habits of a single
+    conversation are at most suggested, never applied."""
+    support, cap = 1, 0.0
+    while (c := preference_confidence(support)) < thresholds.confirm and support < 1000:
+        cap, support = c, support + 1
+    return cap
 
 
 # -- export / import records --------------------------------------------------------------------
@@ -210,6 +233,7 @@ class _PreferenceRecord(_Record):
     support: int = Field(ge=0)
     source: PreferenceSource
     updated_at: datetime
+    sessions: int = Field(default=1, ge=1)
 
 
 class _PatternRecord(_Record):
@@ -257,7 +281,7 @@ def parse_sections(sections: Mapping[str, Any], anonymize: bool = False) -> Lear
                     continue  # a preference whose value looks like a credential is dropped, not stored
                 snapshot.preferences.append(Preference(
                     record.user_id, record.category, record.key, record.value, record.confidence, record.sample_size,
-                    record.support, record.source, _aware(record.updated_at),
+                    record.support, record.source, _aware(record.updated_at), sessions=record.sessions,
                 ))
             else:
                 snapshot.patterns.append(Pattern(
@@ -315,15 +339,6 @@ def _bounded(parameters: dict[str, Any]) -> dict[str, Any]:
     if size <= MAX_PARAMETERS_BYTES:
         return parameters
     return {"[TRUNCATED]": {"size_bytes": size, "names": list(parameters)[:100]}}
-
-
-def _observable(name: str, value: Any) -> bool:
-    if value is None or "." in name or "/" in name or contains_redaction(value):
-        return False
-    scalar = (str, int, float, bool)
-    if not isinstance(value, scalar) and not (isinstance(value, list) and all(isinstance(v, scalar) for v in value)):
-        return False
-    return len(canonical_json(value)) <= MAX_OBSERVED_VALUE_CHARS
 
 
 class LearningService:
@@ -419,24 +434,31 @@ class LearningService:
         await self._ready()
         now = self._clock()
         user = self.user_key(actor.agent_id)
+        session = self._session_key(actor.session_id)
+        result = result or ResultMeta()
+        if source == "mcp" and result.is_error:
+            parameters = {}  # a refused or failed call keeps no arguments: its error type is in `result`
+        elif is_own_tool(tool_name):
+            # A call to this server's own tools keeps options and shapes only, never memory content.
+            parameters = own_call_parameters(parameters or {})
         clean = _bounded(redact(dict(parameters or {}), anonymize=self.config.anonymize))
         interaction = Interaction(
             interaction_id=uuid.uuid4().hex,
             user_id=user,
-            session_id=self._session_key(actor.session_id),
+            session_id=session,
             tool_name=tool_name,
             source=source,
             parameters=clean,
             outcome=redact(outcome, anonymize=self.config.anonymize, max_string=MAX_OUTCOME_CHARS),
-            result=(result or ResultMeta()).to_dict(),
+            result=result.to_dict(),
             execution_ms=execution_ms,
             at=now,
         )
         changes: list[PreferenceChange] = []
         if self.config.preference_learning:
             for name, value in clean.items():
-                if _observable(name, value):
-                    changes.append(self._change(observed, user, tool_name, name, value, now))
+                if is_plausible_choice(name, value):
+                    changes.append(self._change(observed, user, tool_name, name, value, now, session))
         await self.store.record(interaction, changes)
         await self._maybe_purge(now)
         return interaction
@@ -466,9 +488,12 @@ class LearningService:
 
     @staticmethod
     def _change(
-        transition: Callable[..., Preference], user: str, category: str, key: str, value: Any, now: datetime
+        transition: Callable[..., Preference], user: str, category: str, key: str, value: Any, now: datetime,
+        session: str = "",
     ) -> PreferenceChange:
-        return PreferenceChange(user, category, key, lambda previous: transition(previous, user, category, key, value, now))
+        return PreferenceChange(
+            user, category, key, lambda previous: transition(previous, user, category, key, value, now, session)
+        )
 
     def _checked_value(self, key: str, value: Any) -> Any:
         if contains_redaction(redact({key: value}, max_string=MAX_PREFERENCE_VALUE_CHARS)):  # the key's name counts
@@ -479,16 +504,18 @@ class LearningService:
         canonical_json(value)  # must be JSON
         return value
 
-    async def observe_preference(self, user_id: str, category: str, key: str, value: Any) -> Preference | None:
-        """One consistent-or-not observation of a preference (what a tool call does for its parameters).
-        None, recording nothing, when learning or preference learning is off."""
+    async def observe_preference(
+        self, user_id: str, category: str, key: str, value: Any, session_id: str = ""
+    ) -> Preference | None:
+        """One consistent-or-not observation of a preference (what a tool call does for its parameters),
+        made in session `session_id`. None, recording nothing, when learning or preference learning is off."""
         if not (self.config.enabled and self.config.preference_learning):
             return None
         category, key = validate_category(category), validate_preference_key(key)
         value = self._checked_value(key, value)
         await self._ready()
         user = self.user_key(user_id)
-        change = self._change(observed, user, category, key, value, self._clock())
+        change = self._change(observed, user, category, key, value, self._clock(), self._session_key(session_id))
         return self._with_action((await self.store.record(None, [change]))[0])
 
     async def set_preference(self, user_id: str, category: str, key: str, value: Any) -> Preference:
@@ -508,10 +535,16 @@ class LearningService:
         await self._ready()
         user = None if user_id is None else self.user_key(user_id)
         found = await self.store.preferences(user, None if category is None else validate_category(category))
-        return [self._with_action(p) for p in found if min_confidence is None or p.confidence >= min_confidence]
+        shown = [self._with_action(p) for p in found]
+        return [p for p in shown if min_confidence is None or p.confidence >= min_confidence]
 
     def _with_action(self, preference: Preference) -> Preference:
-        return replace(preference, action=self.action_for(preference.confidence))
+        """The preference as callers see it: its action level, and (the two-session rule) an observed
+        preference seen in a single session only shows at most `single_session_cap`, below `confirm`."""
+        confidence = preference.confidence
+        if preference.source == "observed" and preference.sessions < 2:
+            confidence = min(confidence, single_session_cap(self.config.thresholds))
+        return replace(preference, confidence=confidence, action=self.action_for(confidence))
 
     async def forget_preference(self, user_id: str | None, category: str, key: str) -> int:
         """Delete a preference for one user (or every user with None); NotFoundError when none existed."""

@@ -74,6 +74,11 @@ class Preference:
     updated_at: datetime
     action: ActionLevel = "none"
     """What a caller should do at this confidence (filled in on read from the thresholds in force)."""
+    sessions: int = 1
+    """Sessions the current value was consistently seen in (counted when the session changes): an
+    observed preference needs 2 before it may reach `confirm` (the two-session rule in core.learning)."""
+    last_session: str = ""
+    """The (pseudonymous, when anonymizing) session of the latest observation or correction."""
 
     @property
     def name(self) -> str:
@@ -83,7 +88,7 @@ class Preference:
         return {
             "user_id": self.user_id, "category": self.category, "key": self.key, "value": self.value,
             "confidence": self.confidence, "sample_size": self.sample_size, "support": self.support,
-            "source": self.source, "updated_at": _iso(self.updated_at),
+            "source": self.source, "updated_at": _iso(self.updated_at), "sessions": self.sessions,
         }
 
 

@@ -29,17 +29,13 @@ from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
 from .learning_records import Interaction, canonical_json
-from .redaction import contains_redaction
+from .learning_signal import is_plausible_choice
 
 
 PatternType = Literal["recurring_parameter", "workflow", "time_of_day", "insight"]
 PATTERN_TYPES: tuple[str, ...] = ("recurring_parameter", "workflow", "time_of_day", "insight")
 
 WILSON_Z = 1.0
-MAX_PATTERN_VALUE_CHARS = 200
-"""A parameter value longer than this (as JSON) is content, not a habit: never a recurring value."""
-
-
 @dataclass(frozen=True)
 class PatternOptions:
     min_support: int = 3
@@ -101,10 +97,8 @@ def recurring_parameters(interactions: Sequence[Interaction], options: PatternOp
         values: dict[str, Counter[str]] = defaultdict(Counter)
         for call in tool_calls:
             for name, value in call.parameters.items():
-                text = canonical_json(value)
-                if value is None or name.startswith("[") or len(text) > MAX_PATTERN_VALUE_CHARS or contains_redaction(value):
-                    continue
-                values[name][text] += 1
+                if is_plausible_choice(name, value):
+                    values[name][canonical_json(value)] += 1
         for name, counter in sorted(values.items()):
             text, matches = counter.most_common(1)[0]
             frequency = matches / len(tool_calls)

@@ -77,7 +77,11 @@ class MemoryStore(Protocol):
     async def close(self) -> None: ...
 
     async def insert_versions(self, drafts: list[NewEntry], actor: Actor) -> list[MemoryEntry]:
-        """Append version n+1 of each draft's key, in one transaction, and trace the writes."""
+        """Append version n+1 of each draft's key, in one transaction, and trace the writes.
+
+        Returned in draft order; stored (and traced) in (entity_path, key) order, which is the write order
+        that breaks ties between a batch's entries (they share one written_at) in every sorted read.
+        """
         ...
 
     async def get_current(self, entity_path: str, key: str, now: datetime) -> MemoryEntry | None: ...
@@ -88,7 +92,17 @@ class MemoryStore(Protocol):
 
     async def find_current(
         self, flt: EntryFilter, now: datetime, sort_by: SortBy, limit: int | None
-    ) -> list[MemoryEntry]: ...
+    ) -> list[MemoryEntry]:
+        """Current live entries, best first by `sort_by`; ties go to the newer write (written_at, then write order)."""
+        ...
+
+    async def entity_counts(self, entity_path: str | None, now: datetime) -> dict[str, int]:
+        """How many current live entries each entity path (exactly that path) holds, at or under `entity_path`."""
+        ...
+
+    async def entries_at(self, entity_path: str, now: datetime, offset: int, limit: int) -> list[MemoryEntry]:
+        """Current live entries at exactly `entity_path`, ordered by key, one page (`offset`, `limit`)."""
+        ...
 
     async def record_reads(
         self, actor: Actor, kind: TraceKind, reads: list[TierUpdate], now: datetime
@@ -120,7 +134,8 @@ class MemoryStore(Protocol):
     async def keyword_candidates(
         self, terms: list[str], flt: EntryFilter, now: datetime, limit: int
     ) -> list[tuple[MemoryEntry, float]]:
-        """Current live entries matching ANY of the terms, best full-text rank first (score: higher is better).
+        """Current live entries matching ANY word of the terms, best full-text rank first (score: higher is better;
+        ties go to the newer write).
 
         Entries come back without embeddings.
         """
@@ -133,7 +148,8 @@ class MemoryStore(Protocol):
     async def semantic_candidates(
         self, vector: list[float], flt: EntryFilter, now: datetime, limit: int
     ) -> list[tuple[MemoryEntry, float]]:
-        """Current live entries nearest to `vector` by cosine similarity, best first (approximate index allowed).
+        """Current live entries nearest to `vector` by cosine similarity, best first (approximate index allowed);
+        equally near entries in the result, newer write first. A zero vector has no neighbours.
 
         Entries come back without embeddings.
         """

@@ -1,9 +1,16 @@
-"""Hybrid retrieval: strategies that rank candidates, and weighted Reciprocal Rank Fusion over them.
+"""Hybrid retrieval: strategies that rank candidates, and the fusions that combine them.
 
 semantic and keyword search the store for the query; temporal (recency of the current version, to the hour),
 confidence (effective confidence after decay) and, once a ranker is trained, learned, order that
-same candidate pool: on their own they know nothing about the query. Fusion:
-`score = sum_s w_s / (k + rank_s)` with 1-based ranks.
+same candidate pool: on their own they know nothing about the query. Two fusions:
+
+* `hybrid` (the default): each strategy's raw scores are min-max normalised over its own pool (its best score is 1,
+  its `pool`-th best and anything below 0), then summed with weights. Semantic and keyword share the relevance
+  weight; the query-blind strategies get small weights, so they break near-ties between relevant entries and cannot
+  outvote a clear relevance gap. Score-aware, so a query whose keyword match is decisive (a rare name, an identifier)
+  is not flattened into ranks.
+* `rrf` (the seed's design, kept as a named configuration): weighted Reciprocal Rank Fusion,
+  `score = sum_s w_s / (k + rank_s)` with 1-based ranks, weights 0.4/0.2/0.2/0.2.
 """
 
 from __future__ import annotations
@@ -18,8 +25,14 @@ from .errors import ValidationError
 from .models import MemoryEntry
 
 STRATEGIES: tuple[str, ...] = ("semantic", "keyword", "temporal", "confidence", "learned")
-DEFAULT_WEIGHTS: dict[str, float] = {"semantic": 0.4, "keyword": 0.2, "temporal": 0.2, "confidence": 0.2, "learned": 0.0}
+QUERY_BLIND: frozenset[str] = frozenset({"temporal", "confidence", "learned"})
+FUSIONS: tuple[str, ...] = ("hybrid", "rrf")
+RRF_WEIGHTS: dict[str, float] = {"semantic": 0.4, "keyword": 0.2, "temporal": 0.2, "confidence": 0.2, "learned": 0.0}
+# Chosen on the conversation set's tuning half (session_bench/tune_retrieval.py); see the README for both halves.
+HYBRID_WEIGHTS: dict[str, float] = {"semantic": 0.5, "keyword": 0.5, "temporal": 0.05, "confidence": 0.05, "learned": 0.0}
+DEFAULT_WEIGHTS = HYBRID_WEIGHTS
 LEARNED_WEIGHT = 0.3
+HYBRID_POOL = 50
 DEFAULT_RRF_K = 60
 MAX_QUERY_TERMS = 32
 
@@ -54,9 +67,11 @@ def recency_bucket(written_at: datetime) -> float:
     return written_at.timestamp() // RECENCY_RESOLUTION_S * RECENCY_RESOLUTION_S
 
 
-def resolve_weights(overrides: Mapping[str, float] | None, learned_available: bool) -> dict[str, float]:
+def resolve_weights(
+    overrides: Mapping[str, float] | None, learned_available: bool, fusion: str = "hybrid"
+) -> dict[str, float]:
     """Default or configured weights; a trained ranker takes 30% and the others share the remaining 70%."""
-    weights = dict(DEFAULT_WEIGHTS)
+    weights = dict(HYBRID_WEIGHTS if fusion == "hybrid" else RRF_WEIGHTS)
     for name, weight in (overrides or {}).items():
         if name not in STRATEGIES:
             raise ValidationError(f"Unknown retrieval strategy {name!r}; use one of {list(STRATEGIES)}.")
@@ -129,6 +144,40 @@ def fuse(
             if index == 1 or raw != ranking.scores[index - 2]:
                 position = index
             contribution = weight / (k + position)
+            fused[key] = fused.get(key, 0.0) + contribution
+            hits.setdefault(key, {})[ranking.strategy] = StrategyHit(position, raw, contribution)
+    order = sorted(fused, key=lambda key: fused[key], reverse=True)
+    return [(key, fused[key], hits[key]) for key in order]
+
+
+def normalised(ranking: RankedList, pool: int = HYBRID_POOL) -> dict[str, float]:
+    """Min-max over the ranking's own scale: its best score is 1, its `pool`-th best (and below) 0.
+
+    Ties all at one value (every confidence 1.0, every turn in one hour) carry no order: all 0.
+    """
+    if not ranking.scores:
+        return {}
+    high = ranking.scores[0]
+    low = ranking.scores[min(pool, len(ranking.scores)) - 1]
+    if high <= low:
+        return {key: 0.0 for key in ranking.keys}
+    return {key: max(0.0, (raw - low) / (high - low)) for key, raw in zip(ranking.keys, ranking.scores)}
+
+
+def fuse_hybrid(
+    rankings: Sequence[RankedList], weights: Mapping[str, float], pool: int = HYBRID_POOL
+) -> list[tuple[str, float, dict[str, StrategyHit]]]:
+    """Weighted sum of min-max normalised scores (see the module docstring). Same shape as `fuse`."""
+    fused: dict[str, float] = {}
+    hits: dict[str, dict[str, StrategyHit]] = {}
+    for ranking in rankings:
+        weight = weights.get(ranking.strategy, 0.0)
+        norm = normalised(ranking, pool)
+        position = 0
+        for index, (key, raw) in enumerate(zip(ranking.keys, ranking.scores), start=1):
+            if index == 1 or raw != ranking.scores[index - 2]:
+                position = index
+            contribution = weight * norm[key]
             fused[key] = fused.get(key, 0.0) + contribution
             hits.setdefault(key, {})[ranking.strategy] = StrategyHit(position, raw, contribution)
     order = sorted(fused, key=lambda key: fused[key], reverse=True)

@@ -27,12 +27,22 @@ from .models import (
     OutcomeRecord,
     OutcomeType,
     SortBy,
+    TraceEvent,
     TraceKind,
     split_entry_key,
     utcnow,
 )
 from .retrieval import (
-    DEFAULT_RRF_K, LearnedScorer, RankedList, RetrievedEntry, fuse, keyword_terms, recency_bucket, resolve_weights,
+    DEFAULT_RRF_K,
+    FUSIONS,
+    LearnedScorer,
+    RankedList,
+    RetrievedEntry,
+    fuse,
+    fuse_hybrid,
+    keyword_terms,
+    recency_bucket,
+    resolve_weights,
 )
 from .tiers import priority_score, tier_for
 
@@ -63,13 +73,15 @@ class ServiceConfig:
     max_value_bytes: int = v.DEFAULT_MAX_VALUE_BYTES
     multipliers: dict[OutcomeType, float] = field(default_factory=lambda: dict(DEFAULT_MULTIPLIERS))
     retrieval_weights: dict[str, float] | None = None
+    # "hybrid" (score-aware, the default) or "rrf" (the seed's weighted RRF 0.4/0.2/0.2/0.2): core/retrieval.py.
+    fusion: str = "hybrid"
     rrf_k: int = DEFAULT_RRF_K
     candidate_pool: int = 50
     # Query-blind strategies (temporal, confidence, learned) re-order only the entries within this many
     # top places of the semantic or keyword list: they decide among relevant candidates, never bring in new ones.
     rerank_pool: int = 10
-    # Keyword hits scoring below this fraction of the best hit match only incidental words of the
-    # question; they are dropped so they cannot outvote the semantic ranking.
+    # rrf only: keyword hits scoring below this fraction of the best hit match only incidental words of the
+    # question; they are dropped so they cannot outvote the semantic ranking (hybrid weighs them by score instead).
     keyword_min_relative_score: float = 0.7
     # A word found in more entries than this says little about any one of them (its IDF is near zero), and
     # scoring every entry it matches is what makes keyword search slow at scale: such words are left to
@@ -86,12 +98,13 @@ class MemoryService:
         self.embedder = embedder
         self._calibrated_multipliers: dict[OutcomeType, float] | None = None
         self.learned_scorer: LearnedScorer | None = None
+        if self.config.fusion not in FUSIONS:
+            raise ValidationError(f"Unknown fusion {self.config.fusion!r}; use one of {list(FUSIONS)}.")
         resolve_weights(self.config.retrieval_weights, learned_available=False)  # fail fast on bad weights
 
     async def open(self) -> None:
         await self.store.open()
-        stored = await self.store.get_meta(MULTIPLIERS_META)
-        self._calibrated_multipliers = validate_multipliers(stored) if stored else None
+        await self.refresh_calibrated_multipliers()
 
     async def close(self) -> None:
         await self.store.close()
@@ -118,6 +131,40 @@ class MemoryService:
         await self.store.set_meta(MULTIPLIERS_META, {t.value: m for t, m in resolved.items()} if resolved else None)
         self._calibrated_multipliers = resolved
         return self.multipliers
+
+    # -- ML hooks: what `ml/` needs, so it never reaches the store or assigns attributes ----------
+
+    def install_learned_scorer(self, scorer: LearnedScorer | None) -> None:
+        """Serve `scorer` as the `learned` retrieval strategy (30% of the fusion); None turns it off."""
+        self.learned_scorer = scorer
+
+    async def refresh_calibrated_multipliers(self) -> dict[OutcomeType, float]:
+        """Re-read the persisted multipliers: another process sharing the store may have applied or reverted them."""
+        stored = await self.store.get_meta(MULTIPLIERS_META)
+        self._calibrated_multipliers = validate_multipliers(stored) if stored else None
+        return self.multipliers
+
+    async def trace_events(self) -> list[TraceEvent]:
+        return await self.store.trace_events()
+
+    async def entry_versions(self, entity_path: str, key: str) -> list[MemoryEntry]:
+        """Every stored version of an entry, oldest first; [] once forgotten (unlike `history`, which raises)."""
+        return await self.store.history(entity_path, key)
+
+    async def current_entries(self, entity_path: str | None = None) -> list[MemoryEntry]:
+        """Every current entry under `entity_path` (all when None), unsorted and without a limit."""
+        return await self.store.find_current(
+            EntryFilter(entity_path=v.validate_entity_prefix(entity_path)), utcnow(), "recency", None
+        )
+
+    async def get_shared_state(self, name: str) -> Any | None:
+        """A named JSON value that lives in the store, so every process on it sees the same one (ML artifacts)."""
+        return await self.store.get_meta(name)
+
+    async def set_shared_state(self, name: str, value: Any | None) -> None:
+        if name == MULTIPLIERS_META:
+            raise ValidationError(f"'{name}' is set through set_calibrated_multipliers, which validates it.")
+        await self.store.set_meta(name, value)
 
     # -- writes -------------------------------------------------------------------------------
 
@@ -197,6 +244,16 @@ class MemoryService:
         entry = self.with_current_tier(entry, now)
         await self._track(actor, "read", [entry], now)
         return entry
+
+    async def peek(self, entity_path: str, key: str) -> MemoryEntry:
+        """The current version with its current tier, for people inspecting the store: not an agent read, so
+        no recall count, tier write or trace (nothing links it to an outcome)."""
+        entity_path, key = v.validate_entity_path(entity_path), v.validate_key(key)
+        now = utcnow()
+        current = await self.store.get_current(entity_path, key, now)
+        if current is None:
+            raise NotFoundError(f"No memory at '{entity_path}/{key}'. It may have been forgotten or expired.")
+        return self.with_current_tier(current, now)
 
     async def _track(
         self,
@@ -285,10 +342,25 @@ class MemoryService:
         entries.sort(key=lambda e: (e.entity_path, e.key))
         return entries[: v.validate_limit(limit, maximum=100_000)]
 
+    async def entity_counts(self, entity_path: str | None = None) -> dict[str, int]:
+        """Current live entries per entity path (each path counts only the entries exactly at it)."""
+        return await self.store.entity_counts(v.validate_entity_prefix(entity_path), utcnow())
+
+    async def entries_at(self, entity_path: str, offset: int = 0, limit: int = 50) -> list[MemoryEntry]:
+        """One page of the current entries at exactly `entity_path`, by key; does not count as reading them."""
+        entity_path = v.validate_entity_path(entity_path)
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValidationError(f"offset must be an integer >= 0, got {offset!r}.")
+        now = utcnow()
+        entries = await self.store.entries_at(entity_path, now, offset, v.validate_limit(limit))
+        return [self.with_current_tier(entry, now) for entry in entries]
+
     # -- retrieval ----------------------------------------------------------------------------
 
     def retrieval_weights(self) -> dict[str, float]:
-        return resolve_weights(self.config.retrieval_weights, learned_available=self.learned_scorer is not None)
+        return resolve_weights(
+            self.config.retrieval_weights, learned_available=self.learned_scorer is not None, fusion=self.config.fusion
+        )
 
     async def retrieve(
         self,
@@ -301,12 +373,19 @@ class MemoryService:
         depth: int = 3,
         explain: bool = False,
         weights: Mapping[str, float] | None = None,
+        fusion: str | None = None,
+        *,
+        count_as_read: bool = True,
     ) -> list[RetrievedEntry]:
-        """Hybrid search for `query`, fused by weighted RRF; returned entries count as read by the session.
+        """Hybrid search for `query` (see core/retrieval.py); returned entries count as read by the session.
 
-        `depth` 1 searches hot entries, 2 adds warm, 3 adds archive. `weights` overrides the configured
-        strategy weights for this call (benchmarks use it to measure single strategies).
+        `depth` 1 searches hot entries, 2 adds warm, 3 adds archive. `weights` and `fusion` override the configured
+        strategy weights and fusion for this call (benchmarks use them to measure single strategies and the seed's
+        RRF). With `count_as_read=False` (a person looking, not an agent) recall counts, tiers and traces stay untouched.
         """
+        fusion = self.config.fusion if fusion is None else fusion
+        if fusion not in FUSIONS:
+            raise ValidationError(f"Unknown fusion {fusion!r}; use one of {list(FUSIONS)}.")
         if not isinstance(query, str) or not query.strip():
             raise ValidationError("query must be a non-empty string, e.g. 'how do we retry failed payments?'.")
         if len(query) > MAX_QUERY_CHARS:
@@ -320,8 +399,8 @@ class MemoryService:
             memory_type=None if memory_type is None else v.validate_memory_type(memory_type),
         )
         active = (
-            resolve_weights(weights, learned_available=self.learned_scorer is not None)
-            if weights is not None else self.retrieval_weights()
+            resolve_weights(weights, learned_available=self.learned_scorer is not None, fusion=fusion)
+            if weights is not None or fusion != self.config.fusion else self.retrieval_weights()
         )
         now = utcnow()
         pool_size = max(self.config.candidate_pool, limit * 5)
@@ -330,7 +409,7 @@ class MemoryService:
             self._semantic_candidates(query, flt, now, pool_size),
             self._keyword_candidates(query, flt, now, pool_size),
         )
-        if keyword:
+        if keyword and fusion == "rrf":
             cutoff = keyword[0][1] * self.config.keyword_min_relative_score
             keyword = [(entry, score) for entry, score in keyword if score >= cutoff]
         pool: dict[str, MemoryEntry] = {}
@@ -343,16 +422,23 @@ class MemoryService:
         }
         admitted = {key: entry for key, entry in admitted.items() if int(entry.tier) <= depth}
         rankings = self._rankings(admitted, semantic, keyword, now)
-        fused = fuse(rankings, active, self.config.rrf_k)[:limit]
+        if fusion == "hybrid":
+            fused = fuse_hybrid(rankings, active, self.config.candidate_pool)[:limit]
+        else:
+            fused = fuse(rankings, active, self.config.rrf_k)[:limit]
         results: list[RetrievedEntry] = []
         returned: list[MemoryEntry] = []
         details: list[dict[str, Any]] = []
         for rank, (key, score, hits) in enumerate(fused, start=1):
+            if not count_as_read:
+                results.append(RetrievedEntry(admitted[key], score, rank, hits if explain else None))
+                continue
             entry = admitted[key].with_changes(recall_count=admitted[key].recall_count + 1)
             returned.append(entry)
             details.append({"query": query, "rank": rank, "ranks": {name: hit.rank for name, hit in hits.items()}})
             results.append(RetrievedEntry(entry, score, rank, hits if explain else None))
-        await self._track(actor, "retrieve", returned, now, details)
+        if count_as_read:
+            await self._track(actor, "retrieve", returned, now, details)
         return results
 
     async def _keyword_candidates(
@@ -484,5 +570,4 @@ class MemoryService:
 
     async def import_snapshot(self, snapshot: StoreSnapshot) -> None:
         await self.store.import_snapshot(snapshot)
-        stored = await self.store.get_meta(MULTIPLIERS_META)
-        self._calibrated_multipliers = validate_multipliers(stored) if stored else None
+        await self.refresh_calibrated_multipliers()

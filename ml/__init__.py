@@ -1,7 +1,8 @@
 """The ML layer: learned retrieval ranking, outcome calibration and training-data export.
 
 Everything here learns from what the store already persists (decision traces and outcome records,
-see `ml.traces`) and reads it through the store Protocol; nothing here imports a front end.
+see `ml.traces`) and reads and writes it through MemoryService's public methods (never the store itself);
+nothing here imports a front end.
 """
 
 from __future__ import annotations

@@ -13,11 +13,20 @@ Only *relative* strengths are identifiable from outcome data (every read entry i
 absolute effect is diluted by how many were read), and only relative strengths are needed: each
 type's multiplier keeps its default's direction and moves its distance from 1.0 by
 `scale = strength / mean incident-type strength`, shrunk towards 1.0 when a type has few outcomes
-and bounded to [0.5, 2.0], so no type (and no single noisy entity) can run away. No detectable
-signal at all pulls every multiplier halfway to 1.0.
+and bounded to [0.5, 2.0], so no type (and no single noisy entity) can run away. With no
+detectable signal the proposal is pulled towards 1.0, and the evidence test keeps it from applying.
 
 The decay half-life estimate is the median age of the entry versions that sessions actually read
 (for exponentially fading use, the median age is the half-life).
+
+Apply only on evidence. Outcomes are resampled (a bootstrap over outcomes, `BOOTSTRAP_RESAMPLES`
+draws) to give each type's calibrated multiplier a 95% interval. A type's multiplier changes from its
+configured value only when it has `MIN_APPLY_OUTCOMES`+ outcomes, the mean incident signal is itself
+significantly above zero, and the interval excludes the configured value; otherwise it keeps the
+configured one and the report says why. The severity order (critical >= failure >= minor_failure > 1 >
+success) is kept unless the bootstrap shows the inversion itself is significant; the report notes each
+pair it held or let go. `apply=True` with no type to change refuses (the report's `apply_refused`
+says why) and changes nothing: on a pure-noise history nothing is applied.
 
 Per-entity overrides exist for entities with 5+ outcomes of a type; they are measured against the
 global signal and shrunk towards the global scale. `apply=True` makes the global multipliers the ones
@@ -27,6 +36,7 @@ global signal and shrunk towards the global scale. `apply=True` makes the global
 from __future__ import annotations
 
 import bisect
+import random
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping
@@ -38,6 +48,7 @@ from ..core.errors import InsufficientDataError, ValidationError
 from ..core.models import OutcomeRecord, OutcomeType, utcnow
 from ..core.service import MemoryService
 from ._common import Progress, no_progress, resolve_service
+from .shared import MULTIPLIERS, bump_version
 from .traces import INCIDENT_TYPES, OutcomeHistory
 
 MIN_OUTCOMES_PER_TYPE = 5
@@ -48,6 +59,11 @@ GLOBAL_PRIOR_OUTCOMES = 5.0
 ENTITY_PRIOR_OUTCOMES = 10.0
 """Shrinkage of an entity's scale towards the global one."""
 MIN_SIGNAL = 1e-3
+MIN_APPLY_OUTCOMES = 20
+"""A type's multiplier is changed only with at least this many outcomes of it (and a significant interval)."""
+BOOTSTRAP_RESAMPLES = 400
+CONFIDENCE_LEVEL = 0.95
+SEVERITY_ORDER: tuple[OutcomeType, ...] = (OutcomeType.CRITICAL_FAILURE, OutcomeType.FAILURE, OutcomeType.MINOR_FAILURE)
 MIN_READS_FOR_HALF_LIFE = 20
 ALL_TYPES: tuple[OutcomeType, ...] = (*INCIDENT_TYPES, OutcomeType.SUCCESS)
 
@@ -64,6 +80,12 @@ class TypeSignal:
     multiplier: float
     calibrated: bool
     note: str | None = None
+    proposed_multiplier: float | None = None
+    """What the point estimate alone would give; `multiplier` is what the evidence supports (global set only)."""
+    multiplier_ci: tuple[float, float] | None = None
+    strength_ci: tuple[float, float] | None = None
+    significant: bool = False
+    """The change from the configured multiplier is supported by the evidence (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +111,10 @@ class CalibrationReport:
     applied: bool
     multipliers_in_force: dict[str, float]
     calibrated_at: str
+    apply_refused: str | None = None
+    """Why `apply=True` applied nothing (no type's change is supported by the evidence)."""
+    evidence: list[str] = field(default_factory=list)
+    """Per-type and severity-order decisions of the evidence test, in words."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,6 +124,9 @@ class CalibrationReport:
 class _Measured:
     outcomes: dict[OutcomeType, int]
     rates: dict[OutcomeType, list[float]]
+    groups: dict[OutcomeType, list[list[float]]] = field(default_factory=dict)
+    """The same rates grouped by outcome: the bootstrap resamples outcomes, not links (links of one outcome
+    are not independent)."""
 
     def rate(self, outcome_type: OutcomeType) -> float | None:
         values = self.rates.get(outcome_type) or []
@@ -107,13 +136,20 @@ class _Measured:
         values = [r for t in types for r in self.rates.get(t, [])]
         return sum(values) / len(values) if values else None
 
+    def resample(self, rng: random.Random) -> _Measured:
+        groups = {}
+        for t, per_outcome in self.groups.items():
+            groups[t] = [per_outcome[rng.randrange(len(per_outcome))] for _ in per_outcome]
+        return _Measured(
+            {t: len(g) for t, g in groups.items()}, {t: [r for g in gs for r in g] for t, gs in groups.items()}, groups
+        )
+
 
 class ConfidenceCalibrator:
     """Learns outcome multipliers and a decay half-life from the outcome history."""
 
     def __init__(self, service_or_store: MemoryService | MemoryStore, *, min_outcomes: int = MIN_OUTCOMES_PER_TYPE) -> None:
         self.service, self._owns_service = resolve_service(service_or_store)
-        self.store = self.service.store
         self.min_outcomes = min_outcomes
 
     @property
@@ -128,12 +164,13 @@ class ConfidenceCalibrator:
         if apply and not self._owns_service:
             raise ValidationError("apply=True needs a MemoryService: this calibrator was built on a bare store.")
         report(0, 4, "reading the outcome history")
-        history = await OutcomeHistory.load(self.store)
+        history = await OutcomeHistory.load(self.service)
         records = history.outcomes
         report(1, 4, "measuring per-type signal")
         measured = _measure(records, None)
         self._check_enough(measured)
         global_signals, reference = self._signals(measured, None, None)
+        global_signals, evidence = self._evidence(measured, global_signals)
         global_set = MultiplierSet(
             entity_path=None,
             multipliers={name: signal.multiplier for name, signal in global_signals.items()},
@@ -159,10 +196,21 @@ class ConfidenceCalibrator:
                     )
                 )
         applied = False
+        refused = None
         if apply:
-            report(3, 4, "applying the global multipliers")
-            await self.service.set_calibrated_multipliers(global_set.multipliers)
-            applied = True
+            base = {t.value: m for t, m in self.base_multipliers.items()}
+            if all(global_set.multipliers[name] == base[name] for name in base):
+                refused = (
+                    "Nothing applied: no outcome type's calibrated multiplier differs significantly from its configured "
+                    "value (each needs " + f"{MIN_APPLY_OUTCOMES}+ outcomes and a {CONFIDENCE_LEVEL:.0%} bootstrap "
+                    "interval that excludes the configured multiplier). " + " ".join(evidence)
+                    + " Multipliers stay as they are; commit more outcomes and calibrate again."
+                )
+            else:
+                report(3, 4, "applying the global multipliers")
+                await self.service.set_calibrated_multipliers(global_set.multipliers)
+                await bump_version(self.service, MULTIPLIERS)  # other processes on this store pick them up
+                applied = True
         report(4, 4, "calibrated")
         return CalibrationReport(
             global_multipliers=global_set,
@@ -172,13 +220,110 @@ class ConfidenceCalibrator:
             applied=applied,
             multipliers_in_force={t.value: m for t, m in self.service.multipliers.items()},
             calibrated_at=utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
+            apply_refused=refused,
+            evidence=evidence,
         )
 
     async def revert(self) -> dict[str, float]:
         """Back to the configured multipliers (undoes `apply=True`); returns those now in force."""
         if not self._owns_service:
             raise ValidationError("revert needs a MemoryService: this calibrator was built on a bare store.")
-        return {t.value: m for t, m in (await self.service.set_calibrated_multipliers(None)).items()}
+        restored = await self.service.set_calibrated_multipliers(None)
+        await bump_version(self.service, MULTIPLIERS)
+        return {t.value: m for t, m in restored.items()}
+
+    def _evidence(
+        self, measured: _Measured, signals: dict[str, TypeSignal], seed: int = 0
+    ) -> tuple[dict[str, TypeSignal], list[str]]:
+        """Keep each type's configured multiplier unless the bootstrap supports the change; then hold the
+        severity order unless its inversion is itself significant. Returns the gated signals and the reasons."""
+        base = self.base_multipliers
+        rng = random.Random(seed)
+        draws: dict[OutcomeType, list[float]] = {t: [] for t in ALL_TYPES}
+        strengths: dict[OutcomeType, list[float]] = {t: [] for t in ALL_TYPES}
+        references: list[float] = []
+        for _ in range(BOOTSTRAP_RESAMPLES):
+            resampled = measured.resample(rng)
+            try:
+                sample, reference = self._signals(resampled, None, None)
+            except ZeroDivisionError:
+                continue
+            references.append(reference)
+            for t in ALL_TYPES:
+                draws[t].append(sample[t.value].multiplier)
+                if sample[t.value].signal_strength is not None:
+                    strengths[t].append(sample[t.value].signal_strength)
+        reference_ci = _interval(references)
+        signal_exists = reference_ci is not None and reference_ci[0] > 0
+        reasons: list[str] = []
+        if not signal_exists:
+            reasons.append(
+                "The mean incident signal is not significantly above zero "
+                f"({_fmt(reference_ci)}): outcomes say nothing measurable about the entries they name."
+            )
+        gated: dict[OutcomeType, float] = {}
+        result: dict[str, TypeSignal] = {}
+        for t in ALL_TYPES:
+            signal = signals[t.value]
+            ci = _interval(draws[t])
+            n = measured.outcomes.get(t, 0)
+            significant = (
+                signal_exists and signal.calibrated and n >= MIN_APPLY_OUTCOMES and ci is not None
+                and not ci[0] <= base[t] <= ci[1]
+            )
+            if significant:
+                why = f"{t.value}: {n} outcomes, multiplier {signal.multiplier} ({_fmt(ci)}) excludes {base[t]}."
+            elif n < MIN_APPLY_OUTCOMES:
+                why = f"{t.value}: {n} outcomes (< {MIN_APPLY_OUTCOMES}): kept {base[t]}."
+            else:
+                why = f"{t.value}: multiplier {signal.multiplier} ({_fmt(ci)}) does not exclude {base[t]}: kept."
+            reasons.append(why)
+            gated[t] = signal.multiplier if significant else base[t]
+            result[t.value] = TypeSignal(
+                **{**asdict(signal), "multiplier": gated[t], "proposed_multiplier": signal.multiplier,
+                   "multiplier_ci": ci, "strength_ci": _interval(strengths[t]), "significant": significant}
+            )
+        reasons += self._hold_severity_order(gated, draws, result)
+        for t in ALL_TYPES:
+            result[t.value] = TypeSignal(**{**asdict(result[t.value]), "multiplier": round(gated[t], 4)})
+        return result, reasons
+
+    @staticmethod
+    def _hold_severity_order(
+        gated: dict[OutcomeType, float], draws: dict[OutcomeType, list[float]], signals: dict[str, TypeSignal]
+    ) -> list[str]:
+        """critical >= failure >= minor_failure; an inversion stays only when the bootstrap makes it significant.
+        Otherwise the type that moved is held at its neighbour's value (both meet in the middle when both moved).
+        (minor_failure > 1 > success holds by construction: a multiplier never changes its side of 1.0.)"""
+        notes: list[str] = []
+        for _ in range(len(SEVERITY_ORDER)):
+            inverted = False
+            for higher, lower in zip(SEVERITY_ORDER, SEVERITY_ORDER[1:]):
+                if gated[lower] <= gated[higher]:
+                    continue
+                gaps = [b - a for a, b in zip(draws[higher], draws[lower])]
+                gap_ci = _interval(gaps)
+                if signals[higher.value].significant and signals[lower.value].significant and gap_ci and gap_ci[0] > 0:
+                    notes.append(
+                        f"Severity order inverted ({lower.value} {gated[lower]} > {higher.value} {gated[higher]}): the "
+                        f"bootstrap makes the inversion significant ({_fmt(gap_ci)}), so it stands."
+                    )
+                    continue
+                moved_higher, moved_lower = signals[higher.value].significant, signals[lower.value].significant
+                if moved_lower and not moved_higher:
+                    gated[lower] = gated[higher]
+                elif moved_higher and not moved_lower:
+                    gated[higher] = gated[lower]
+                else:
+                    gated[higher] = gated[lower] = (gated[higher] + gated[lower]) / 2
+                notes.append(
+                    f"Severity order held: {lower.value} would exceed {higher.value} but the inversion is not "
+                    f"significant ({_fmt(gap_ci)}); both now {gated[higher]:.4f}."
+                )
+                inverted = True
+            if not inverted:
+                break
+        return notes
 
     def _check_enough(self, measured: _Measured) -> None:
         counts = ", ".join(f"{t.value} {measured.outcomes.get(t, 0)}" for t in ALL_TYPES)
@@ -274,24 +419,43 @@ def _measure(records: list[OutcomeRecord], entity_path: str | None) -> _Measured
             timeline[effect.entry_key].append((index, incident))
     outcomes: dict[OutcomeType, int] = defaultdict(int)
     rates: dict[OutcomeType, list[float]] = defaultdict(list)
+    groups: dict[OutcomeType, list[list[float]]] = defaultdict(list)
     for index, record in enumerate(records):
         effects = [e for e in record.effects if entity_path is None or e.entity_path == entity_path]
         if not effects:
             continue
         outcomes[record.outcome_type] += 1
+        group: list[float] = []
         for effect in effects:
             line = timeline[effect.entry_key]
             start = bisect.bisect_right(line, (index, True))
             later = line[start : start + LATER_WINDOW]
             if later:
-                rates[record.outcome_type].append(sum(incident for _, incident in later) / len(later))
-    return _Measured(dict(outcomes), dict(rates))
+                group.append(sum(incident for _, incident in later) / len(later))
+        rates[record.outcome_type].extend(group)
+        groups[record.outcome_type].append(group)
+    return _Measured(dict(outcomes), dict(rates), dict(groups))
 
 
 def _half_life(ages_days: list[float]) -> float | None:
     if len(ages_days) < MIN_READS_FOR_HALF_LIFE:
         return None
     return float(f"{statistics.median(ages_days):.4g}")
+
+
+def _interval(values: list[float]) -> tuple[float, float] | None:
+    """The central CONFIDENCE_LEVEL percentile interval of bootstrap draws."""
+    if len(values) < 20:
+        return None
+    ordered = sorted(values)
+    tail = (1 - CONFIDENCE_LEVEL) / 2
+    lo = ordered[int(tail * (len(ordered) - 1))]
+    hi = ordered[int(round((1 - tail) * (len(ordered) - 1)))]
+    return (round(lo, 4), round(hi, 4))
+
+
+def _fmt(interval: tuple[float, float] | None) -> str:
+    return "no interval: too few resamples" if interval is None else f"95% CI {interval[0]}..{interval[1]}"
 
 
 def _clamp(scale: float) -> float:

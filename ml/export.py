@@ -89,7 +89,6 @@ def resolve_format(value: ExportFormat | str) -> ExportFormat:
 class TrainingDataExporter:
     def __init__(self, service_or_store: MemoryService | MemoryStore) -> None:
         self.service, _ = resolve_service(service_or_store)
-        self.store = self.service.store
 
     async def export(
         self, format: ExportFormat | str, entity_path: str | None = None, limit: int | None = None
@@ -149,7 +148,7 @@ class TrainingDataExporter:
         entity_path = v.validate_entity_prefix(entity_path)
         if limit is not None:
             limit = v.validate_limit(limit, maximum=1_000_000)
-        return fmt, await OutcomeHistory.load(self.store, entity_path), entity_path, limit
+        return fmt, await OutcomeHistory.load(self.service, entity_path), entity_path, limit
 
     async def _examples(
         self, format: ExportFormat | str, entity_path: str | None, limit: int | None

@@ -7,15 +7,16 @@ outcome-linked samples, so they cannot swamp the real signal). Each sample carri
 features as they were when the session saw it (`OutcomeHistory.as_of`) and the strategy ranks the
 retrieval gave it then.
 
-Once a model exists, `install` makes it the service's `learned_scorer`: the `learned` strategy then
+Once a model exists, `install` makes it the service's learned scorer: the `learned` strategy then
 takes 30% of the RRF fusion. With no model the scorer stays unset and retrieval is exactly the fixed-
 weight fusion. Training below 20 outcome-linked samples is refused (`InsufficientDataError`) and
 leaves any existing model and the retrieval behaviour untouched.
 
-Models live in `model_dir` (AMFS_ML_MODEL_DIR) as LightGBM's text format, never pickle (loading a
-pickle can execute code): `ranker-global.txt` and `ranker-<entity slug>.txt`, each with a `.json` of
-its metrics and feature names beside it. Fitting runs in a worker thread with one LightGBM thread and
-OMP_WAIT_POLICY=PASSIVE, so it neither blocks the event loop nor spins the CPU.
+Models live with the data they were trained on: in the store's shared state (`ml.shared`), as
+LightGBM's text format, never pickle (loading a pickle can execute code), one per scope (global, or
+an entity path) with its metrics and feature names. Every process on the same store picks up a newer
+model within seconds (`ml.shared.SharedStateWatcher`). Fitting runs in a worker thread with one
+LightGBM thread and OMP_WAIT_POLICY=PASSIVE, so it neither blocks the event loop nor spins the CPU.
 """
 
 from __future__ import annotations
@@ -28,22 +29,21 @@ import asyncio
 import hashlib
 import json
 import logging
-import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..core.ports import MemoryStore
 from ..core import validation as v
-from ..core.errors import InsufficientDataError, StoreError
-from ..core.models import EntryFilter, MemoryEntry, OutcomeType, utcnow
+from ..core.errors import InsufficientDataError
+from ..core.models import MemoryEntry, OutcomeType, utcnow
 from ..core.service import MemoryService
 from ._common import Progress, no_progress, resolve_service
 from .features import FEATURE_NAMES, feature_matrix, feature_row
+from .shared import RANKER, RANKER_MODELS, bump_version
 from .traces import OutcomeHistory, under
 
 logger = logging.getLogger("amfs_server.ml")
@@ -54,8 +54,7 @@ HOLDOUT_SHARE = 0.2
 EARLY_STOPPING_ROUNDS = 20
 NEUTRAL_SCORE = 0.5
 """Score for a candidate no model covers (a per-entity model exists, but not for its entity, and no global one)."""
-MODEL_FORMAT = 1
-DEFAULT_MODEL_DIR = Path(".amfs/ml")
+MODEL_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -78,7 +77,6 @@ class RankerMetrics:
     holdout_auc: float | None = None
     num_boost_rounds: int = 0
     """Chosen by early stopping on the newest part of the training samples."""
-    model_path: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,14 +115,6 @@ class _Model:
     metrics: RankerMetrics
 
 
-def model_slug(entity_path: str | None) -> str:
-    """File stem for a scope: `global`, or the entity path made file-safe plus a hash (so no two collide)."""
-    if entity_path is None:
-        return "global"
-    readable = re.sub(r"[^A-Za-z0-9_.-]+", "_", entity_path).strip("._")[:60] or "entity"
-    return f"{readable}-{hashlib.sha256(entity_path.encode()).hexdigest()[:10]}"
-
-
 class LearnedRanker:
     """Trains, persists, loads and serves the learned retrieval strategy.
 
@@ -135,20 +125,25 @@ class LearnedRanker:
     def __init__(
         self,
         service_or_store: MemoryService | MemoryStore,
-        model_dir: Path | str = DEFAULT_MODEL_DIR,
         *,
         min_samples: int = MIN_OUTCOME_LINKED_SAMPLES,
         num_boost_round: int = 150,
         seed: int = 0,
         clock: Callable[[], datetime] = utcnow,
+        never_linked_share: float = NEVER_LINKED_SHARE,
+        ignored_features: Sequence[str] = (),
     ) -> None:
         self.service, self._owns_service = resolve_service(service_or_store)
-        self.store = self.service.store
-        self.model_dir = Path(model_dir)
         self.min_samples = min_samples
         self.num_boost_round = num_boost_round
         self.seed = seed
         self.clock = clock
+        self.never_linked_share = never_linked_share
+        unknown = set(ignored_features) - set(FEATURE_NAMES)
+        if unknown:
+            raise ValueError(f"ignored_features names unknown features {sorted(unknown)}; see FEATURE_NAMES.")
+        # Ignored features are held constant in training and scoring, so no tree can split on them (ablations).
+        self._ignored = [FEATURE_NAMES.index(name) for name in ignored_features]
         self._models: dict[str | None, _Model] = {}
         self._train_lock = asyncio.Lock()
 
@@ -162,13 +157,18 @@ class LearnedRanker:
         model = self._models.get(entity_path)
         return model.metrics if model else None
 
+    def all_metrics(self) -> list[RankerMetrics]:
+        """Metrics of every model being served (the global one first), for status displays."""
+        models = self._models
+        return [models[scope].metrics for scope in sorted(models, key=lambda s: (s is not None, s or ""))]
+
     def install(self, service: MemoryService | None = None) -> bool:
         """Make this ranker the service's learned strategy when a model exists; unset it otherwise."""
         target = service or (self.service if self._owns_service else None)
         if target is None:
             raise ValueError("install() needs a MemoryService: this ranker was built on a bare store.")
-        target.learned_scorer = self.score if self._models else None
-        return target.learned_scorer is not None
+        target.install_learned_scorer(self.score if self._models else None)
+        return bool(self._models)
 
     def score(self, entries: Sequence[MemoryEntry], ranks: Mapping[str, Mapping[str, int]]) -> list[float]:
         """P(useful) per entry, from the most specific model covering its entity (the `LearnedScorer`)."""
@@ -186,6 +186,7 @@ class LearnedRanker:
             matrix = feature_matrix(
                 [entries[i] for i in indexes], [ranks.get(entries[i].entry_key) for i in indexes], now
             )
+            matrix[:, self._ignored] = 0.0
             for i, p in zip(indexes, models[scope].booster.predict(matrix, num_threads=1)):
                 scores[i] = float(p)
         return scores
@@ -199,41 +200,22 @@ class LearnedRanker:
 
     # -- persistence --------------------------------------------------------------------------
 
-    def load(self) -> list[RankerMetrics]:
-        """Load every persisted model in model_dir (replacing those in memory); returns their metrics."""
-        import lightgbm as lgb
+    async def load(self) -> list[RankerMetrics]:
+        """Load every model persisted in the store (replacing those in memory); returns their metrics."""
+        state = await self.service.get_shared_state(RANKER_MODELS)
+        self._models = await asyncio.to_thread(_parse_models, state)  # parsing a booster is CPU work
+        return [model.metrics for model in self._models.values()]
 
-        loaded: dict[str | None, _Model] = {}
-        if self.model_dir.is_dir():
-            for model_path in sorted(self.model_dir.glob("ranker-*.txt")):
-                meta_path = model_path.with_suffix(".json")
-                try:
-                    meta = json.loads(meta_path.read_text())
-                except (OSError, ValueError) as error:
-                    logger.warning("Skipping %s: no readable metrics beside it (%s); run amfs_retrain", model_path, error)
-                    continue
-                if meta.get("format") != MODEL_FORMAT or tuple(meta.get("feature_names", ())) != FEATURE_NAMES:
-                    logger.warning("Skipping %s: trained on other features; run amfs_retrain to replace it", model_path)
-                    continue
-                metrics = RankerMetrics.from_dict(meta["metrics"])
-                loaded[metrics.entity_path] = _Model(lgb.Booster(model_file=str(model_path)), metrics)
-        self._models = loaded
-        return [model.metrics for model in loaded.values()]
-
-    def _save(self, booster: Any, metrics: RankerMetrics) -> RankerMetrics:
-        self.model_dir.mkdir(parents=True, exist_ok=True)
-        stem = self.model_dir / f"ranker-{model_slug(metrics.entity_path)}"
-        model_path, meta_path = stem.with_suffix(".txt"), stem.with_suffix(".json")
-        metrics = RankerMetrics(**{**metrics.to_dict(), "model_path": str(model_path)})
-        try:
-            booster.save_model(str(model_path) + ".tmp")
-            os.replace(str(model_path) + ".tmp", model_path)
-            meta = {"format": MODEL_FORMAT, "feature_names": list(FEATURE_NAMES), "metrics": metrics.to_dict()}
-            meta_path.with_suffix(".json.tmp").write_text(json.dumps(meta, indent=2))
-            os.replace(meta_path.with_suffix(".json.tmp"), meta_path)
-        except OSError as error:
-            raise StoreError(f"Cannot write the ranker model to {self.model_dir}: {error}. Check AMFS_ML_MODEL_DIR.") from error
-        return metrics
+    async def _save(self, booster: Any, metrics: RankerMetrics) -> None:
+        """Store the model beside the data it was trained on, then bump the version other processes watch."""
+        text = await asyncio.to_thread(booster.model_to_string, num_iteration=-1)
+        state = await self.service.get_shared_state(RANKER_MODELS)
+        models = dict(state.get("models", {})) if _readable(state) else {}
+        models[_scope_name(metrics.entity_path)] = {"metrics": metrics.to_dict(), "model": text}
+        await self.service.set_shared_state(
+            RANKER_MODELS, {"format": MODEL_FORMAT, "feature_names": list(FEATURE_NAMES), "models": models}
+        )
+        await bump_version(self.service, RANKER)
 
     # -- training -----------------------------------------------------------------------------
 
@@ -244,18 +226,26 @@ class LearnedRanker:
         total = 3 + 2 * self.num_boost_round
         async with self._train_lock:
             report(0, total, "reading the outcome history")
-            history = await OutcomeHistory.load(self.store, entity_path)
-            current = await self.store.find_current(EntryFilter(entity_path=entity_path), self.clock(), "recency", None)
+            history = await OutcomeHistory.load(self.service, entity_path)
+            current = await self.service.current_entries(entity_path)
             report(1, total, "building samples")
             samples = await asyncio.to_thread(self._samples, history, current, entity_path)
             self._check_enough(samples, entity_path)
             booster, metrics = await asyncio.to_thread(self._fit, samples, entity_path, report, total)
-            metrics = await asyncio.to_thread(self._save, booster, metrics)
+            await self._save(booster, metrics)
             self._models = {**self._models, entity_path: _Model(booster, metrics)}
             if self._owns_service:
                 self.install()
             report(total, total, "trained")
             return metrics
+
+    async def training_samples(self, entity_path: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The feature rows and labels `train` would fit on (benchmarks pick baseline rules on them)."""
+        history = await OutcomeHistory.load(self.service, entity_path)
+        current = await self.service.current_entries(entity_path)
+        samples = await asyncio.to_thread(self._samples, history, current, entity_path)
+        x = np.asarray(samples.rows, dtype=np.float64).reshape(len(samples.rows), len(FEATURE_NAMES))
+        return x, np.asarray(samples.labels, dtype=np.float64)
 
     def _samples(self, history: OutcomeHistory, current: list[MemoryEntry], entity_path: str | None) -> _Samples:
         samples = _Samples()
@@ -283,7 +273,7 @@ class LearnedRanker:
         never = [e for e in current if e.entry_key not in history.effects_by_entry]
         never.sort(key=lambda e: hashlib.sha256(f"{self.seed}:{e.entry_key}".encode()).digest())
         now = self.clock()
-        for entry in never[: int(len(linked) * NEVER_LINKED_SHARE)]:
+        for entry in never[: int(len(linked) * self.never_linked_share)]:
             seen = history.last_retrieve_of(entry.entity_path, entry.key)
             stored = history.version(entry.entity_path, entry.key, seen.version) if seen else None
             if seen is not None and stored is not None:
@@ -334,6 +324,7 @@ class LearnedRanker:
         """Hold out the newest 20%; pick the number of boosting rounds by early stopping on the newest 20% of
         the rest; report accuracy on the held-out part; then fit the served model on everything."""
         x = np.asarray(samples.rows, dtype=np.float64).reshape(len(samples.rows), len(FEATURE_NAMES))
+        x[:, self._ignored] = 0.0
         y = np.asarray(samples.labels, dtype=np.float64)
         linked = np.asarray(samples.linked_mask, dtype=bool)
         held = _newest(linked, np.ones(len(y), dtype=bool))
@@ -343,7 +334,7 @@ class LearnedRanker:
         rounds = self.num_boost_round
         evaluated = _both_classes(y[inner]) and valid.any() and held.any()
         accuracy = baseline = 0.0
-        auc = None
+        holdout_auc = None
         if evaluated:
             evaluator = self._boost(
                 x[inner], y[inner], rounds, lambda i: report(2 + i, total, "held-out evaluation"), (x[valid], y[valid])
@@ -353,7 +344,7 @@ class LearnedRanker:
             accuracy = float(np.mean((predicted >= 0.5) == (y[held] == 1)))
             majority = float(y[inner].mean() >= 0.5)
             baseline = float(np.mean(y[held] == majority))
-            auc = _auc(y[held], predicted)
+            holdout_auc = auc(y[held], predicted)
         report(2 + self.num_boost_round, total, "fitting the model on all samples")
         booster = self._boost(
             x, y, rounds, lambda i: report(2 + self.num_boost_round + i, total, "fitting the model on all samples")
@@ -375,7 +366,7 @@ class LearnedRanker:
             num_outcome_linked=samples.linked, num_never_linked=samples.never_linked,
             num_holdout=int(held.sum()) if evaluated else 0,
             holdout_baseline_accuracy=round(baseline, 4),
-            holdout_auc=None if auc is None else round(auc, 4),
+            holdout_auc=None if holdout_auc is None else round(holdout_auc, 4),
             num_boost_rounds=rounds,
         )
         return booster, metrics
@@ -424,7 +415,7 @@ def _both_classes(y: np.ndarray) -> bool:
 _NO_MODEL = object()
 
 
-def _auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
+def auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
     """Rank-based ROC AUC (ties count half); None when only one class is present."""
     positives, negatives = scores[labels == 1], scores[labels == 0]
     if len(positives) == 0 or len(negatives) == 0:
@@ -433,14 +424,42 @@ def _auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
     return float(wins / (len(positives) * len(negatives)))
 
 
-def load_installed_models(service: MemoryService, model_dir: Path | str) -> LearnedRanker:
-    """At start-up: load the persisted models from `model_dir` and install them into `service`.
+def _scope_name(entity_path: str | None) -> str:
+    return "" if entity_path is None else entity_path
+
+
+def _readable(state: Any) -> bool:
+    return (
+        isinstance(state, dict) and state.get("format") == MODEL_FORMAT
+        and tuple(state.get("feature_names", ())) == FEATURE_NAMES and isinstance(state.get("models"), dict)
+    )
+
+
+def _parse_models(state: Any) -> dict[str | None, _Model]:
+    import lightgbm as lgb
+
+    if state is None:
+        return {}
+    if not _readable(state):
+        logger.warning("The stored ranker models were trained on other features; run amfs_retrain to replace them")
+        return {}
+    models: dict[str | None, _Model] = {}
+    for scope, stored in state["models"].items():
+        try:
+            models[scope or None] = _Model(lgb.Booster(model_str=stored["model"]), RankerMetrics.from_dict(stored["metrics"]))
+        except Exception as error:  # one unreadable model must not keep the server from starting
+            logger.warning("Skipping the stored ranker model for %r (%s); run amfs_retrain to replace it", scope or "global", error)
+    return models
+
+
+async def load_installed_models(service: MemoryService) -> LearnedRanker:
+    """At start-up: load the models persisted in the service's store and install them into `service`.
 
     Returns the ranker, which the ML tools keep using so `amfs_retrain` replaces what retrieval serves.
     """
-    ranker = LearnedRanker(service, model_dir)
-    loaded = ranker.load()
+    ranker = LearnedRanker(service)
+    loaded = await ranker.load()
     ranker.install()
     if loaded:
-        logger.info("Loaded %d learned ranker model(s) from %s", len(loaded), model_dir)
+        logger.info("Loaded %d learned ranker model(s) from the store", len(loaded))
     return ranker

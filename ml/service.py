@@ -1,8 +1,10 @@
 """MLService: the one object the ML front ends (MCP tools, CLI) call; each method is one ML operation.
 
-The composition root builds it next to the MemoryService and calls `start()` once at start-up, which
-loads the persisted ranker models and installs them into retrieval. Exports asked for by file name
-land under `export_dir` (default `<model_dir>/exports`): a caller over MCP names a file, never a path
+The composition root builds it next to the MemoryService and awaits `start()` once the service is
+open: it loads the ranker models persisted in the store, installs them into retrieval, and starts the
+watcher that picks up models and multipliers another process trained or applied (`ml.shared`);
+`stop()` ends the watcher. Exports asked for by file name land under `export_dir` (by default
+`<data dir>/ml/exports`, see `Settings.ml_dir`): a caller over MCP names a file, never a path
 elsewhere on the server.
 """
 
@@ -15,25 +17,36 @@ from ..core.service import MemoryService
 from ._common import Progress
 from .calibrator import CalibrationReport, ConfidenceCalibrator
 from .export import ExportFormat, ExportResult, TrainingDataExporter
-from .ranker import DEFAULT_MODEL_DIR, LearnedRanker, RankerMetrics
+from .ranker import LearnedRanker, RankerMetrics
+from .shared import MULTIPLIERS, POLL_SECONDS, RANKER, SharedStateWatcher
 
 DEFAULT_EXPORT_LIMIT = 100
 
 
 class MLService:
-    def __init__(
-        self, service: MemoryService, model_dir: Path | str = DEFAULT_MODEL_DIR, export_dir: Path | str | None = None
-    ) -> None:
+    def __init__(self, service: MemoryService, export_dir: Path | str, *, poll_seconds: float = POLL_SECONDS) -> None:
         self.service = service
-        self.model_dir = Path(model_dir)
-        self.export_dir = Path(export_dir) if export_dir is not None else self.model_dir / "exports"
-        self.ranker = LearnedRanker(service, self.model_dir)
+        self.export_dir = Path(export_dir)
+        self.ranker = LearnedRanker(service)
         self.calibrator = ConfidenceCalibrator(service)
         self.exporter = TrainingDataExporter(service)
+        self.watcher = SharedStateWatcher(
+            service, {RANKER: self._reload_ranker, MULTIPLIERS: service.refresh_calibrated_multipliers}, poll_seconds
+        )
 
-    def start(self) -> list[RankerMetrics]:
-        """Load the persisted ranker models and serve them (the learned strategy stays off without one)."""
-        loaded = self.ranker.load()
+    async def start(self, watch: bool = True) -> list[RankerMetrics]:
+        """Serve the persisted ranker models (the learned strategy stays off without one) and watch for newer ones."""
+        await self.watcher.mark_current()
+        loaded = await self._reload_ranker()
+        if watch:
+            self.watcher.start()
+        return loaded
+
+    async def stop(self) -> None:
+        await self.watcher.stop()
+
+    async def _reload_ranker(self) -> list[RankerMetrics]:
+        loaded = await self.ranker.load()
         self.ranker.install()
         return loaded
 

@@ -1,4 +1,4 @@
-"""The outcome history the ML layer learns from, and decision traces built from it (read through the store Protocol).
+"""The outcome history the ML layer learns from, and decision traces built from it (read through MemoryService).
 
 A **decision trace** is one session's story, assembled from what the store persists:
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ..core.ports import MemoryStore
+from ..core.service import MemoryService
 from ..core.models import MemoryEntry, OutcomeEffect, OutcomeRecord, OutcomeType, TraceEvent, entry_key
 
 INCIDENT_TYPES: tuple[OutcomeType, ...] = (
@@ -125,10 +125,10 @@ class OutcomeHistory:
                 self.effects_by_entry[effect.entry_key].append((record, effect))
 
     @classmethod
-    async def load(cls, store: MemoryStore, entity_path: str | None = None) -> OutcomeHistory:
+    async def load(cls, service: MemoryService, entity_path: str | None = None) -> OutcomeHistory:
         """Outcomes touching `entity_path` (all when None), every trace event, and the entry versions they name."""
-        outcomes = await store.outcome_records(entity_path)
-        events = await store.trace_events()
+        outcomes = await service.outcome_records(entity_path)
+        events = await service.trace_events()
         if entity_path is not None:
             # Keep the entity's own events plus whole sessions that committed its outcomes (their writes
             # elsewhere are still the decisions of those traces).
@@ -138,7 +138,7 @@ class OutcomeHistory:
         keys = {(e.entity_path, e.key) for e in events}
         keys |= {(f.entity_path, f.key) for o in outcomes for f in o.effects}
         for entity, key in sorted(keys):
-            for version in await store.history(entity, key):
+            for version in await service.entry_versions(entity, key):
                 history.versions[(entity, key, version.version)] = version
         return history
 

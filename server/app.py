@@ -58,13 +58,13 @@ def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence
     """
     keys = parse_api_keys(settings.api_keys) if api_keys is None else list(api_keys)
     learning = build_learning_service(settings) if settings.learning.enabled else None
-    ml = MLService(service, settings.ml_model_dir)
+    ml = MLService(service, settings.ml_dir / "exports")
     worker = LMWorker(settings.lm_backbone) if settings.lm_backbone else None  # off unless configured; loads lazily
 
     @asynccontextmanager
     async def lifespan(_: FastMCP) -> AsyncIterator[dict[str, Any]]:
         await service.open()
-        ml.start()  # persisted ranker models join retrieval as the learned strategy
+        await ml.start()  # stored ranker models join retrieval; a watcher picks up those other processes train
         if learning is not None:
             await learning.open()
         warm_up = _warm_up_embedder(service)
@@ -77,6 +77,7 @@ def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence
                 await learning.close()
             if worker is not None:
                 await asyncio.to_thread(worker.close)  # waits for an answer in progress
+            await ml.stop()
             await service.close()
 
     mcp = FastMCP(
@@ -97,6 +98,9 @@ def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence
         register_learning_tools(mcp, learning, actors)
     if worker is not None:
         register_answer_tools(mcp, service, worker, actors)
+    from .ui import UiServices, register_ui
+
+    register_ui(mcp, UiServices(service, learning, ml), keys)  # the memory browser at /ui on HTTP and SSE
     return mcp
 
 

@@ -105,6 +105,17 @@ def serve(
     run_server(settings, transport=transport, host=host, port=port)
 
 
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (loopback unless AMFS_API_KEYS is set).")
+@click.option("--port", default=8765, show_default=True, type=int)
+def ui(host: str, port: int) -> None:
+    """Serve the memory browser (a web page) for the configured store, e.g. beside a stdio server."""
+    from .ui import run_ui
+
+    settings, _ = _settings_with_learning()
+    run_ui(settings, host=host, port=port)
+
+
 @cli.group()
 def memory() -> None:
     """Inspect and manage what the store holds."""
@@ -285,9 +296,12 @@ def _bench_command(name: str, module: str, summary: str) -> None:
         importlib.import_module(f"amfs_server.session_bench.{module}").main(list(args))
 
 
-_bench_command("retrieval", "retrieval_bench", "Retrieval quality (`quality`) or latency/ingest at scale (`scale`).")
+_bench_command("retrieval", "retrieval_bench",
+               "Retrieval quality (`quality`), latency/ingest at scale (`scale`) or on conversations (`conversations`).")
 _bench_command("ml", "ml_bench", "Outcome simulator: learned vs fixed fusion, calibrator recovery.")
 _bench_command("mcp-latency", "mcp_latency", "Round-trip latency of amfs_write / amfs_retrieve over stdio and HTTP.")
+_bench_command("erase", "erase_bench",
+               "What forgetting costs on SQLite: writes/s with secure_delete off and on, forget latency by store size.")
 _bench_command("session", "session_bench",
                "Five-mode session benchmark (in process or --via-server): full history, RAG text, prefix injection.")
 

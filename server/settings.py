@@ -24,7 +24,8 @@ class Settings(BaseModel):
     decay_half_life_days: float | None = None
     max_value_bytes: int = 1024 * 1024
     embedder: str | None = DEFAULT_EMBEDDER
-    ml_model_dir: Path = Path(".amfs/ml")
+    ml_model_dir: Path | None = None
+    """Where ML exports go (models themselves live in the store); None: `<data_dir>/ml`, see `ml_dir`."""
     api_keys: str | None = None
     allowed_origins: str | None = None
     lm_backbone: str | None = None
@@ -46,6 +47,11 @@ class Settings(BaseModel):
     @property
     def sqlite_path(self) -> Path:
         return self.data_dir / "amfs.db"
+
+    @property
+    def ml_dir(self) -> Path:
+        """Under the data directory unless set: never the working directory (Claude Desktop starts servers in /)."""
+        return self.ml_model_dir if self.ml_model_dir is not None else self.data_dir / "ml"
 
 
 _ENV_FIELDS = {

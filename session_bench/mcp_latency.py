@@ -2,10 +2,13 @@
 
 Each transport gets a fresh `amfs-server` subprocess on a temporary store, driven by the official MCP
 SDK client (what Claude Desktop, Cursor and the Inspector speak): seed entries, warm up, then time
-sequential calls end to end (client serialisation, transport, tool, store, embedding).
+sequential calls end to end (client serialisation, transport, tool, store, embedding). Also measured per
+transport: the time from spawning the server to the answer of its first `amfs_write` (cold start), and the
+server process's resident memory after all calls.
 
     python -m amfs_server.session_bench.mcp_latency                    # both transports, default embedder
     python -m amfs_server.session_bench.mcp_latency --embedder none --calls 300 --json out.json
+    python -m amfs_server.session_bench.mcp_latency --transport stdio --preload-entries 10000   # retrieve at 10k
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import asyncio
 import json
 import os
 import queue
+import random
 import re
 import statistics
 import subprocess
@@ -59,10 +63,14 @@ class HttpServer:
                 self.process.wait(timeout=10)
 
 
-def spawn_http_server(transport: str, env: dict[str, str], timeout_s: float = 60.0) -> HttpServer:
-    """Start `amfs-server serve --transport {http,sse}` on 127.0.0.1:0; wait (bounded) for the bound port."""
+def spawn_http_server(
+    transport: str, env: dict[str, str], timeout_s: float = 60.0, command: list[str] | None = None
+) -> HttpServer:
+    """Start `amfs-server serve --transport {http,sse}` (or `amfs-server <command>`, e.g. `["ui"]`) on
+    127.0.0.1:0; wait (bounded) for the bound port."""
+    args = command if command is not None else ["serve", "--transport", transport]
     process = subprocess.Popen(
-        [*SERVER_COMMAND, "serve", "--transport", transport, "--host", "127.0.0.1", "--port", "0"],
+        [*SERVER_COMMAND, *args, "--host", "127.0.0.1", "--port", "0"],
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     lines: queue.Queue[str | None] = queue.Queue()
@@ -143,9 +151,56 @@ def _note(n: int) -> dict[str, Any]:
     }
 
 
+def _turn(n: int) -> str:
+    """A conversational memory, so that a preloaded store looks like chat turns, not copies of one note."""
+    rng = random.Random(n)
+    speaker = rng.choice(["Ana", "Ben", "Chen", "Dara", "Eli", "Femi"])
+    verb = rng.choice(["went to", "booked", "cancelled", "talked about", "finally tried", "is planning"])
+    thing = rng.choice([
+        "the pottery class", "a trip to Porto", "the dentist", "a new running route", "the book club",
+        "a cooking workshop", "the job interview", "a concert downtown", "the garden project", "a camping weekend",
+    ])
+    when = rng.choice(["yesterday", "last week", "next Friday", "this morning", "in March", "after work"])
+    return f"{speaker}: I {verb} {thing} {when}, and it reminded me of conversation {n % 97}."
+
+
+async def preload(env: dict[str, str], entries: int, batch: int = 256) -> None:
+    """Write `entries` memories straight into the server's store (batched embeddings), before it starts."""
+    from ..core.models import Actor
+    from ..core.service import WriteRequest
+    from ..server.composition import build_service
+    from ..server.settings import load_settings
+
+    service = build_service(load_settings(environ=env))
+    await service.open()
+    try:
+        actor = Actor("bench/preload", "preload")
+        for start in range(0, entries, batch):
+            requests = [
+                WriteRequest(f"conv-{n % 40:02d}", f"turn-{n:06d}", _turn(n)) for n in range(start, min(entries, start + batch))
+            ]
+            await service.write_many(actor, requests)
+            print(f"preloaded {min(entries, start + batch)}/{entries}", file=sys.stderr, flush=True)
+    finally:
+        await service.close()
+
+
+def server_rss_mb() -> float | None:
+    """Resident memory of the amfs-server child process (the newest one), or None without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    children = [c for c in psutil.Process().children(recursive=True) if "amfs_server" in " ".join(c.cmdline())]
+    return round(children[-1].memory_info().rss / 2**20, 1) if children else None
+
+
 async def measure(transport: str, env: dict[str, str], calls: int, seed: int, warmup: int) -> dict[str, Any]:
     session_factory = stdio_session if transport == "stdio" else http_session
+    spawned = time.perf_counter()
     async with session_factory(env) as session:
+        await _timed(session, "amfs_write", {"entity_path": "bench", "key": "cold-start", "value": "first write"})
+        first_write_s = time.perf_counter() - spawned
         tools = {tool.name for tool in (await session.list_tools()).tools}
         for n in range(seed):
             await session.call_tool("amfs_write", _note(n))
@@ -161,6 +216,8 @@ async def measure(transport: str, env: dict[str, str], calls: int, seed: int, wa
             row["amfs_retrieve"] = _summary(timings)
         else:
             row["amfs_retrieve"] = None
+        row["cold_start_first_write_s"] = round(first_write_s, 2)
+        row["server_rss_mb"] = server_rss_mb()
         return row
 
 
@@ -183,6 +240,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--embedder", default=None,
         help="AMFS_EMBEDDER for the server (default: the server's default; 'none' to skip embeddings).",
     )
+    parser.add_argument(
+        "--preload-entries", type=int, default=0,
+        help="Memories written straight into the store (batched) before the server starts, e.g. 10000.",
+    )
     parser.add_argument("--json", type=Path, default=None, help="Also write the results here.")
     args = parser.parse_args(argv)
 
@@ -192,9 +253,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for transport in transports:
             extra = {"AMFS_EMBEDDER": args.embedder} if args.embedder is not None else {}
             env = server_env(Path(tmp) / transport, **extra)
+            if args.preload_entries:
+                asyncio.run(preload(env, args.preload_entries))
             rows.append(asyncio.run(measure(transport, env, args.calls, args.seed_entries, args.warmup)))
 
-    print(f"MCP round-trip latency, sequential calls (embedder: {args.embedder or 'default'}; {os.cpu_count()} CPUs)")
+    print(
+        f"MCP round-trip latency, sequential calls (embedder: {args.embedder or 'default'}; "
+        f"{args.preload_entries + args.seed_entries} entries before timing; {os.cpu_count()} CPUs)"
+    )
     print(f"{'transport':<10} {'tool':<14} {'n':>5} {'p50 ms':>9} {'p95 ms':>9} {'mean ms':>9}")
     for row in rows:
         for tool in ("amfs_write", "amfs_retrieve"):
@@ -206,6 +272,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{row['transport']:<10} {tool:<14} {stats['n']:>5} {stats['p50_ms']:>9} "
                     f"{stats['p95_ms']:>9} {stats['mean_ms']:>9}"
                 )
+        print(
+            f"{row['transport']:<10} cold start to first amfs_write answered: {row['cold_start_first_write_s']} s; "
+            f"server RSS after the run: {row['server_rss_mb']} MB"
+        )
     if args.json is not None:
         args.json.write_text(json.dumps({"embedder": args.embedder or "default", "results": rows}, indent=2) + "\n")
     return 0

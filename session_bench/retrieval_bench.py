@@ -364,8 +364,16 @@ def plot_scale(report: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["conversations"]:
+        from .conversation_bench import main as conversations_main
+
+        conversations_main(argv[1:])
+        return
     parser = argparse.ArgumentParser(prog="amfs-server bench retrieval", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("conversations", add_help=False,
+                   help="recall@10 / MRR@10 on multi-session conversations (options: conversations --help)")
     quality = sub.add_parser("quality", help="recall@k / MRR per strategy and for the fusion")
     quality.add_argument("--stores", default="sqlite")
     quality.add_argument("--out", type=Path, default=Path("reports/retrieval"))

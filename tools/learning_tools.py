@@ -68,8 +68,9 @@ def result_meta(result: Any) -> ResultMeta:
 
 
 class InteractionRecorder(Middleware):
-    """Records each MCP tool call with LearningService.record_interaction: name, arguments (redacted
-    there), result metadata, execution time, caller. Recording never changes or fails the call."""
+    """Records each MCP tool call with LearningService.record_interaction: name, arguments (of amfs's
+    own tools only options and shapes, of a refused call none: decided there), result metadata,
+    execution time, caller. Recording never changes or fails the call."""
 
     def __init__(self, learning: LearningService, actors: ActorResolver) -> None:
         self.learning = learning
@@ -120,12 +121,13 @@ class PreferenceView(BaseModel):
     action: ActionLevel = Field(description="none | suggest | confirm (apply, then confirm) | auto_apply.")
     sample_size: int
     source: str = Field(description="observed (from tool calls) or corrected (set explicitly).")
+    sessions: int = Field(description="Sessions the value was used in; an observed one needs 2 to reach confirm.")
     updated_at: datetime
 
     @classmethod
     def of(cls, p: Preference) -> PreferenceView:
         return cls(category=p.category, key=p.key, value=p.value, confidence=round(p.confidence, 4), action=p.action,
-                   sample_size=p.sample_size, source=p.source, updated_at=p.updated_at)
+                   sample_size=p.sample_size, source=p.source, sessions=p.sessions, updated_at=p.updated_at)
 
 
 class PreferencesResult(BaseModel):

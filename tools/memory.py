@@ -67,7 +67,8 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
 
     @tools.tool(writes("Forget memory", destructive=True, idempotent=True))
     async def amfs_forget(entity_path: EntityPath, key: Key) -> ForgetResult:
-        """Permanently delete every version of one memory. Cannot be undone; prefer writing a
+        """Permanently delete every version of one memory, with its read traces and outcome effects,
+        from the keyword and vector indexes and the store's files. Cannot be undone; prefer writing a
         corrected version unless the memory must not exist (wrong, secret, personal)."""
         removed = await service.forget(entity_path, key)
         return ForgetResult(entry_key=f"{entity_path}/{key}", versions_removed=removed)

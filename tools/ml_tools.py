@@ -45,9 +45,13 @@ class TypeSignalView(BaseModel):
     later_incident_rate: float | None = None
     signal_strength: float | None = None
     scale: float
-    multiplier: float
+    multiplier: float = Field(description="What the evidence supports: the configured value unless the change is significant.")
     calibrated: bool
     note: str | None = None
+    proposed_multiplier: float | None = Field(None, description="The point estimate, before the evidence test.")
+    multiplier_ci: tuple[float, float] | None = Field(None, description="95% bootstrap interval (over outcomes).")
+    strength_ci: tuple[float, float] | None = None
+    significant: bool = False
 
 
 class MultiplierSetView(BaseModel):
@@ -67,6 +71,8 @@ class CalibrateResult(BaseModel):
     reverted: bool = False
     multipliers_in_force: dict[str, float]
     calibrated_at: str | None = None
+    apply_refused: str | None = Field(None, description="Why apply=true changed nothing (no significant evidence).")
+    evidence: list[str] = Field(default_factory=list, description="The evidence test's decisions, per type and order.")
 
 
 class ExportResultView(BaseModel):
@@ -90,9 +96,7 @@ def register_ml_tools(mcp: FastMCP, ml: MLService, actors: ActorResolver) -> Non
             metrics = await ml.retrain(entity_path, progress=progress)
         finally:
             await progress.drain()
-        data = metrics.to_dict()
-        data.pop("model_path", None)  # a server path: nothing the caller can use
-        return RetrainResult(**data, learned_weight=ml.service.retrieval_weights()["learned"])
+        return RetrainResult(**metrics.to_dict(), learned_weight=ml.service.retrieval_weights()["learned"])
 
     @tools.tool(writes("Calibrate confidence"))
     async def amfs_calibrate(
@@ -103,7 +107,8 @@ def register_ml_tools(mcp: FastMCP, ml: MLService, actors: ActorResolver) -> Non
     ) -> CalibrateResult:
         """Learn outcome multipliers from outcome history: how often entries behind each outcome type
         later end up in incidents. Reports only, unless apply=true; revert=true undoes an apply. Needs
-        5+ outcomes per type; says what is missing otherwise."""
+        5+ outcomes per type; says what is missing otherwise. apply changes only types whose change is
+        significant (20+ outcomes, bootstrap interval) and says why when it changes nothing."""
         if revert:
             in_force = await ml.revert_calibration()
             return CalibrateResult(applied=False, reverted=True, multipliers_in_force=in_force)

@@ -8,7 +8,7 @@ import pytest
 
 from amfs_server.core.errors import ValidationError
 from amfs_server.core.models import Actor, EntryFilter, utcnow
-from amfs_server.core.retrieval import RankedList, fuse, keyword_terms, resolve_weights
+from amfs_server.core.retrieval import RankedList, fuse, fuse_hybrid, keyword_terms, normalised, resolve_weights
 from amfs_server.core.service import MemoryService, ServiceConfig, WriteRequest
 
 NOTES = [
@@ -60,11 +60,44 @@ def test_tied_scores_share_a_rank() -> None:
 
 
 def test_a_trained_ranker_takes_thirty_percent_and_the_rest_scale_to_seventy() -> None:
-    weights = resolve_weights(None, learned_available=True)
+    weights = resolve_weights(None, learned_available=True, fusion="rrf")
     assert weights["learned"] == pytest.approx(0.3)
     assert weights["semantic"] == pytest.approx(0.28) and weights["keyword"] == pytest.approx(0.14)
     assert sum(weights.values()) == pytest.approx(1.0)
     assert resolve_weights(None, learned_available=False)["learned"] == 0.0
+
+
+def test_normalised_maps_the_best_score_to_one_and_the_pool_floor_to_zero() -> None:
+    ranking = RankedList.from_scored("keyword", [("a", 9.0), ("b", 5.0), ("c", 1.0), ("d", 0.5)])
+    assert normalised(ranking, pool=3) == {"a": 1.0, "b": 0.5, "c": 0.0, "d": 0.0}
+
+
+def test_normalised_gives_ties_no_order_of_their_own() -> None:
+    assert normalised(RankedList.from_scored("confidence", [("a", 1.0), ("b", 1.0)])) == {"a": 0.0, "b": 0.0}
+
+
+def test_hybrid_fusion_lets_a_decisive_keyword_match_win_over_a_semantic_near_tie() -> None:
+    semantic = RankedList.from_scored("semantic", [("a", 0.62), ("b", 0.61), ("c", 0.30)])
+    keyword = RankedList.from_scored("keyword", [("b", 12.0), ("a", 1.0), ("c", 0.5)])
+    fused = fuse_hybrid([semantic, keyword], {"semantic": 0.5, "keyword": 0.5}, pool=3)
+    assert [key for key, _, _ in fused][:2] == ["b", "a"]
+    assert fused[0][2]["keyword"].contribution == pytest.approx(0.5)
+
+
+def test_query_blind_strategies_break_near_ties_but_never_outvote_a_clear_relevance_gap() -> None:
+    semantic = RankedList.from_scored("semantic", [("relevant", 0.9), ("close", 0.895), ("weak", 0.5), ("floor", 0.1)])
+    recent = RankedList.from_scored("temporal", [("weak", 3.0), ("close", 2.0), ("relevant", 1.0)])
+    weights = resolve_weights(None, learned_available=False)
+    fused = [key for key, _, _ in fuse_hybrid([semantic, recent], weights, pool=4)]
+    assert fused[:2] == ["close", "relevant"]  # a near-tie goes to the more recent entry
+    assert fused.index("weak") > fused.index("relevant")  # recency alone cannot lift a weak match above a strong one
+
+
+def test_unknown_fusion_is_refused() -> None:
+    from amfs_server.adapters.sqlite import SQLiteStore
+
+    with pytest.raises(ValidationError, match="Unknown fusion"):
+        MemoryService(SQLiteStore(":memory:"), ServiceConfig(fusion="borda"))
 
 
 def test_unknown_strategy_weight_is_refused() -> None:

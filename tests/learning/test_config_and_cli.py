@@ -165,8 +165,10 @@ def learn(data_dir: Path) -> None:
     async def main() -> None:
         learning = LearningService(SQLiteLearningStore(data_dir / "learning.db"))
         actor = Actor("agent/cli", "session-1")
-        for _ in range(5):
-            await learning.record_interaction(actor, "format_code", {"style": "black", "token": SECRET})
+        for n in range(5):  # in two sessions: a habit of one session only is never applied
+            await learning.record_interaction(
+                actor if n < 2 else Actor("agent/cli", "session-2"), "format_code", {"style": "black", "token": SECRET}
+            )
         await learning.set_preference(actor.agent_id, "code_formatting", "line_length", 120)
         for day in range(3):
             session = Actor("agent/cli", f"day-{day}")

@@ -52,17 +52,32 @@ async def stored_text(store: Any) -> str:
 # -- preferences: the document's examples -------------------------------------------------------
 
 
-async def test_after_five_consistent_uses_a_preference_is_applied_automatically(learning, actor, clock) -> None:
+async def test_after_five_consistent_uses_in_two_sessions_a_preference_is_applied_automatically(
+    learning, actor, clock
+) -> None:
     for n in range(5):
-        await use(learning, actor, clock, "format_code", code=f"print({n})", style="black", line_length=120)
+        session = actor if n < 2 else Actor(actor.agent_id, "a-later-session")
+        await use(learning, session, clock, "format_code", code=f"print({n})", style="black", line_length=120)
         (style,) = [p for p in await learning.get_preferences(actor.agent_id, "format_code") if p.key == "style"]
         if n == 3:
             assert style.action == "confirm" and style.confidence < 0.8
     (style,) = [p for p in await learning.get_preferences(actor.agent_id, "format_code") if p.key == "style"]
     assert (style.value, style.sample_size, style.source) == ("black", 5, "observed")
     assert style.confidence == pytest.approx(0.856, abs=0.001) and style.action == "auto_apply"
-    code = [p for p in await learning.get_preferences(actor.agent_id) if p.key == "code"]
-    assert code[0].confidence == 0.0 and code[0].action == "none"  # a value that changes every call is no preference
+    assert style.sessions == 2
+    # `code` is content (a free-text value that changes every call), never a preference
+    assert [p for p in await learning.get_preferences(actor.agent_id) if p.key == "code"] == []
+
+
+async def test_a_habit_of_a_single_session_is_suggested_but_never_applied(learning, actor, clock) -> None:
+    for _ in range(10):
+        await use(learning, actor, clock, "format_code", style="black")
+    (style,) = await learning.get_preferences(actor.agent_id, "format_code")
+    assert style.sessions == 1 and style.action == "suggest"
+    assert round(style.confidence, 2) == 0.58 and style.confidence < learning.config.thresholds.confirm
+    await use(learning, Actor(actor.agent_id, "the-next-day"), clock, "format_code", style="black")
+    (style,) = await learning.get_preferences(actor.agent_id, "format_code")
+    assert style.sessions == 2 and style.action == "auto_apply" and style.confidence > 0.98
 
 
 async def test_one_correction_moves_a_preference_and_consistent_uses_rebuild_it(learning, actor, clock) -> None:
@@ -289,7 +304,8 @@ async def test_export_import_round_trip_is_exact_and_a_second_import_is_refused(
     await learning.set_preference(actor.agent_id, "code_formatting", "style", "black")
     await learning.patterns()
     exported = await learning.export()
-    assert {name: len(rows) for name, rows in exported.items()} == {"interactions": 9, "preferences": 4, "patterns": 7}
+    # preferences: labels, assignee and the correction; the issue titles are free text, never a preference
+    assert {name: len(rows) for name, rows in exported.items()} == {"interactions": 9, "preferences": 3, "patterns": 7}
     document = json.loads(json.dumps(exported))  # through JSON, as in an export file
 
     await learning.clear()

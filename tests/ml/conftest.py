@@ -28,7 +28,7 @@ from amfs_server.core.models import (
 from amfs_server.core.service import MemoryService
 from amfs_server.session_bench.ml_bench import OutcomeSimulator, SimClock, SimConfig, open_service, simulate, simulated_time
 
-SIM_CONFIG = SimConfig(sessions=40, topics=4, services=2, entries_per_topic=10)
+SIM_CONFIG = SimConfig(sessions=40, topics=4, services=2, entries_per_topic=10, scenario="static")
 
 
 def _simulate(sessions: int) -> StoreSnapshot:
@@ -111,11 +111,12 @@ def _entry(entity: str, key: str, written_at: datetime, confidence: float = 1.0)
 
 def planted_history(
     outcomes: int = 600, entities: int = 3, per_entity: int = 20, seed: int = 0, per_outcome_reads: int = 1,
-    only: dict[str, int] | None = None,
+    only: dict[str, int] | None = None, noise_only: bool = False,
 ) -> StoreSnapshot:
     """Entries with hidden badness; each outcome links `per_outcome_reads` entries. Bad entries cause
     incidents of mostly critical type; chance incidents are mostly minor. So critical carries the
-    strongest signal and minor the weakest. `only` caps how many outcomes of a type are produced."""
+    strongest signal and minor the weakest. `only` caps how many outcomes of a type are produced.
+    `noise_only`: no entry causes anything; 35% of outcomes are incidents of a random type."""
     rng = random.Random(seed)
     entries = [
         _entry(f"svc-{e}", f"note-{i}", T0 - timedelta(days=rng.uniform(1, 40)))
@@ -129,9 +130,11 @@ def planted_history(
     for n in range(outcomes):
         at = T0 + timedelta(hours=n)
         linked = rng.sample(entries, per_outcome_reads)
-        caused = any(bad[e.entry_key] for e in linked) and rng.random() < 0.7
+        caused = any(bad[e.entry_key] for e in linked) and rng.random() < 0.7 and not noise_only
         if caused:
             outcome_type = _pick(CAUSED, rng.random())
+        elif noise_only:
+            outcome_type = OutcomeType.SUCCESS if rng.random() >= 0.35 else rng.choice(list(CAUSED))
         elif rng.random() < 0.25:
             outcome_type = _pick(NOISE, rng.random())
         else:

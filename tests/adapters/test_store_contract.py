@@ -1,0 +1,750 @@
+"""The `MemoryStore` contract (core/ports.py), proven at the store level on every adapter ([sqlite], [postgres]).
+
+Every test runs on both stores through the shared `store` fixture and expects the same answer from each: a
+behaviour that differs between them is a bug in one adapter. Time is a fixed clock (`NOW`), passed explicitly,
+so nothing depends on when the suite runs. Behaviour through `MemoryService` is in tests/core/test_service.py;
+what only PostgreSQL has (migrations, index options, statistics, concurrency) is in test_postgres_specific.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import numpy as np
+import pytest
+
+from amfs_server.core.embedding import embedding_text
+from amfs_server.core.errors import ValidationError
+from amfs_server.core.models import (
+    Actor,
+    EntryFilter,
+    MemoryEntry,
+    MemoryType,
+    NewEntry,
+    OutcomeType,
+    Provenance,
+    Tier,
+    TraceEvent,
+)
+from amfs_server.core.ports import MemoryStore, OutcomeTarget, StoreSnapshot, TierUpdate
+
+NOW = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
+DIM = 384  # the [postgres] fixture's embedding dimension
+ACTOR = Actor("agent/contract", "session-contract")
+OTHER = Actor("agent/other", "session-other")
+
+
+def at(seconds: float) -> datetime:
+    return NOW + timedelta(seconds=seconds)
+
+
+def draft(
+    entity_path: str,
+    key: str,
+    value: Any = None,
+    *,
+    written_at: datetime = NOW,
+    actor: Actor = ACTOR,
+    confidence: float = 1.0,
+    memory_type: MemoryType = MemoryType.FACT,
+    ttl_at: datetime | None = None,
+    importance_score: float | None = None,
+    importance_dimensions: dict[str, float] | None = None,
+    tier: Tier = Tier.HOT,
+    priority_score: float = 0.5,
+    embedding: list[float] | None = None,
+    search_text: str | None = None,
+) -> NewEntry:
+    value = {"note": key} if value is None else value
+    return NewEntry(
+        entity_path=entity_path, key=key, value=value, value_json=json.dumps(value, ensure_ascii=False),
+        confidence=confidence, memory_type=memory_type, agent_id=actor.agent_id, session_id=actor.session_id,
+        written_at=written_at, ttl_at=ttl_at, importance_score=importance_score,
+        importance_dimensions=importance_dimensions, tier=tier, priority_score=priority_score, embedding=embedding,
+        search_text=embedding_text(entity_path, key, value) if search_text is None else search_text,
+    )
+
+
+def direction(degrees: float) -> list[float]:
+    """The unit vector at `degrees` from axis 0 towards axis 1: its cosine with `direction(0)` is cos(degrees)."""
+    vector = np.zeros(DIM, dtype=np.float64)
+    vector[0], vector[1] = math.cos(math.radians(degrees)), math.sin(math.radians(degrees))
+    return vector.tolist()
+
+
+def as_float32(vector: list[float]) -> list[float]:
+    """What a store gives back: embeddings are kept as float32 by both."""
+    return np.asarray(vector, dtype=np.float32).astype(np.float64).tolist()
+
+
+def keys(entries: list[MemoryEntry] | list[tuple[MemoryEntry, float]]) -> list[str]:
+    return [item[0].key if isinstance(item, tuple) else item.key for item in entries]
+
+
+async def write(store: MemoryStore, *drafts: NewEntry, actor: Actor = ACTOR) -> list[MemoryEntry]:
+    return await store.insert_versions(list(drafts), actor)
+
+
+async def current(store: MemoryStore, entity_path: str, key: str, now: datetime = NOW) -> MemoryEntry:
+    entry = await store.get_current(entity_path, key, now)
+    assert entry is not None, f"{entity_path}/{key} is not current at {now}"
+    return entry
+
+
+def test_both_adapters_satisfy_the_protocol(store: MemoryStore) -> None:
+    assert isinstance(store, MemoryStore)
+
+
+# -- insert_versions, get_current, get_version, history ----------------------------------------------
+
+
+async def test_each_write_of_a_key_is_the_next_version_and_history_keeps_them_oldest_first(store: MemoryStore) -> None:
+    for number in range(1, 4):
+        [entry] = await write(store, draft("svc/a", "k", {"n": number}, written_at=at(number)))
+        assert (entry.version, entry.value) == (number, {"n": number})
+    [other] = await write(store, draft("svc/a", "other"))
+    assert other.version == 1  # versions count per key
+    history = await store.history("svc/a", "k")
+    assert [(e.version, e.value, e.provenance.written_at) for e in history] == [
+        (1, {"n": 1}, at(1)), (2, {"n": 2}, at(2)), (3, {"n": 3}, at(3))
+    ]
+    assert (await current(store, "svc/a", "k")).version == 3
+    for number in (1, 2, 3):
+        found = await store.get_version("svc/a", "k", number)
+        assert found is not None and found.value == {"n": number}
+    assert await store.get_version("svc/a", "k", 4) is None
+    assert await store.get_version("svc/a", "missing", 1) is None
+    assert await store.history("svc/a", "missing") == []
+    assert await store.get_current("svc/a", "missing", NOW) is None
+
+
+async def test_a_batch_returns_its_entries_in_draft_order_with_per_key_versions(store: MemoryStore) -> None:
+    stored = await write(
+        store, draft("svc/b", "k", {"n": 1}), draft("svc/a", "k", {"n": 2}), draft("svc/b", "k", {"n": 3})
+    )
+    assert [(e.entity_path, e.version, e.value) for e in stored] == [
+        ("svc/b", 1, {"n": 1}), ("svc/a", 1, {"n": 2}), ("svc/b", 2, {"n": 3})
+    ]
+    assert (await current(store, "svc/b", "k")).value == {"n": 3}
+    assert [e.version for e in await store.history("svc/b", "k")] == [1, 2]
+
+
+async def test_every_field_of_a_draft_is_stored_and_returned(store: MemoryStore) -> None:
+    new = draft(
+        "myapp/auth", "decision", {"summary": "use JWT"}, written_at=at(1.234567), confidence=0.85,
+        memory_type=MemoryType.BELIEF, ttl_at=at(3600.5), importance_score=0.7,
+        importance_dimensions={"behavioral_alignment": 0.8, "novelty": 0.25}, tier=Tier.WARM, priority_score=0.375,
+        embedding=direction(30),
+    )
+    [returned] = await write(store, new)
+    for entry in (returned, await current(store, "myapp/auth", "decision"), await store.get_version("myapp/auth", "decision", 1)):
+        assert entry is not None
+        assert entry == MemoryEntry(
+            entity_path="myapp/auth", key="decision", value={"summary": "use JWT"}, version=1, confidence=0.85,
+            provenance=Provenance(ACTOR.agent_id, ACTOR.session_id, at(1.234567)), outcome_count=0, recall_count=0,
+            ttl_at=at(3600.5), memory_type=MemoryType.BELIEF, tier=Tier.WARM, priority_score=0.375,
+            importance_score=0.7, importance_dimensions={"behavioral_alignment": 0.8, "novelty": 0.25},
+            embedding=as_float32(direction(30)), amfs_version="0.2.0",
+        )
+        assert entry.provenance.written_at.utcoffset() == timedelta(0)
+
+
+async def test_a_batch_is_traced_one_write_per_draft(store: MemoryStore) -> None:
+    await write(store, draft("svc/a", "k", written_at=at(1)))
+    await write(store, draft("svc/a", "k", written_at=at(2)), draft("svc/b", "k", written_at=at(2)), actor=OTHER)
+    assert await store.trace_events() == [
+        TraceEvent(ACTOR.session_id, ACTOR.agent_id, "write", "svc/a", "k", 1, at(1)),
+        TraceEvent(OTHER.session_id, OTHER.agent_id, "write", "svc/a", "k", 2, at(2)),
+        TraceEvent(OTHER.session_id, OTHER.agent_id, "write", "svc/b", "k", 1, at(2)),
+    ]
+
+
+async def test_a_batch_that_fails_part_way_writes_nothing(store: MemoryStore) -> None:
+    await write(store, draft("svc/a", "k", {"n": 1}))
+    broken = draft("svc/z", "k")
+    object.__setattr__(broken, "tier", None)  # fails inside the transaction, after svc/a's version 2 was inserted
+    with pytest.raises(Exception):
+        await write(store, draft("svc/a", "k", {"n": 2}), broken)
+    assert [e.version for e in await store.history("svc/a", "k")] == [1]
+    assert (await current(store, "svc/a", "k")).value == {"n": 1}
+    assert await store.history("svc/z", "k") == []
+    assert len(await store.trace_events()) == 1
+    [entry] = await write(store, draft("svc/a", "k", {"n": 2}))  # the store is still usable
+    assert entry.version == 2
+
+
+async def test_an_empty_batch_writes_nothing(store: MemoryStore) -> None:
+    assert await store.insert_versions([], ACTOR) == []
+    assert await store.trace_events() == []
+
+
+async def test_expired_versions_are_invisible_to_get_current_at_now(store: MemoryStore) -> None:
+    await write(store, draft("svc/a", "temp", ttl_at=at(60)))
+    assert (await current(store, "svc/a", "temp", at(59.999999))).key == "temp"
+    assert await store.get_current("svc/a", "temp", at(60)) is None  # expiry is exclusive: gone at ttl_at
+    assert await store.get_current("svc/a", "temp", at(3600)) is None
+    assert await store.get_current("svc/a", "temp", at(-3600)) is not None  # `now` is the caller's, not the wall clock
+    # get_version and history show every stored version, expired or not.
+    assert await store.get_version("svc/a", "temp", 1) is not None
+    assert [e.version for e in await store.history("svc/a", "temp")] == [1]
+    # A new version without a TTL makes the key live again.
+    [entry] = await write(store, draft("svc/a", "temp", written_at=at(120)))
+    assert entry.version == 2 and (await current(store, "svc/a", "temp", at(3600))).version == 2
+
+
+async def test_reopening_the_store_keeps_its_data(store: MemoryStore) -> None:
+    await store.open()  # open is idempotent
+    await write(store, draft("svc/a", "k"))
+    await store.close()
+    await store.open()
+    await store.open()
+    assert (await current(store, "svc/a", "k")).version == 1
+
+
+# -- find_current --------------------------------------------------------------------------------
+
+
+async def test_find_current_applies_every_filter(store: MemoryStore) -> None:
+    await write(
+        store,
+        draft("svc", "root", written_at=at(0), confidence=1.0),
+        draft("svc/a", "child", written_at=at(10), confidence=0.4, memory_type=MemoryType.BELIEF),
+        draft("svc-other", "sibling", written_at=at(20), confidence=0.5),
+        draft("svcx/a", "lookalike", written_at=at(30), confidence=0.5, actor=OTHER),
+        draft("svc/b", "expired", written_at=at(40), ttl_at=at(100)),
+        draft("a_b", "underscore", written_at=at(50)),  # `_` and `%` are LIKE wildcards: prefixes must be exact
+        draft("axb/c", "wildcard-lookalike", written_at=at(60)),
+        draft("a%b", "percent", written_at=at(70)),
+    )
+    await write(store, draft("svc/a", "superseded", written_at=at(5)))
+    await write(store, draft("svc/a", "superseded", written_at=at(80), confidence=0.9))
+    now = at(100)
+    cases = [
+        (EntryFilter(), {"root", "child", "sibling", "lookalike", "underscore", "wildcard-lookalike", "percent", "superseded"}),
+        (EntryFilter(entity_path="svc"), {"root", "child", "superseded"}),
+        (EntryFilter(entity_path="svc/a"), {"child", "superseded"}),
+        (EntryFilter(entity_path="svc/a/child"), set()),  # a path is not a key
+        (EntryFilter(entity_path="a_b"), {"underscore"}),
+        (EntryFilter(entity_path="a%b"), {"percent"}),
+        (EntryFilter(memory_type=MemoryType.BELIEF), {"child"}),
+        (EntryFilter(agent_id=OTHER.agent_id), {"lookalike"}),
+        (EntryFilter(since=at(60)), {"wildcard-lookalike", "percent", "superseded"}),  # since is inclusive
+        (EntryFilter(min_stored_confidence=0.5), {"root", "sibling", "lookalike", "underscore", "wildcard-lookalike",
+                                                  "percent", "superseded"}),  # inclusive too
+        (EntryFilter(entity_path="svc", min_stored_confidence=0.95), {"root"}),
+        (EntryFilter(entity_path="svc", memory_type=MemoryType.BELIEF, since=at(11)), set()),
+    ]
+    for flt, expected in cases:
+        found = await store.find_current(flt, now, "recency", None)
+        assert set(keys(found)) == expected, flt
+        assert all(e.embedding is None for e in found)
+    superseded = [e for e in await store.find_current(EntryFilter(entity_path="svc/a"), now, "recency", None)
+                  if e.key == "superseded"]
+    assert [e.version for e in superseded] == [2]
+    assert "expired" in keys(await store.find_current(EntryFilter(), at(99), "recency", None))
+
+
+async def test_find_current_sorts_by_each_sort_key_best_first(store: MemoryStore) -> None:
+    await write(
+        store,
+        draft("svc", "a", written_at=at(1), confidence=0.2, priority_score=0.9),
+        draft("svc", "b", written_at=at(3), confidence=0.9, priority_score=0.1),
+        draft("svc", "c", written_at=at(2), confidence=0.5, priority_score=0.5),
+    )
+    reads = [TierUpdate("svc", key, 1, Tier.HOT, priority) for key, priority in [("c", 0.5), ("c", 0.5), ("a", 0.9)]]
+    await store.record_reads(ACTOR, "read", reads, at(10))
+    expected = {"confidence": ["b", "c", "a"], "recency": ["b", "c", "a"], "recall_count": ["c", "a", "b"],
+                "priority": ["a", "c", "b"]}
+    for sort_by, order in expected.items():
+        assert keys(await store.find_current(EntryFilter(), at(10), sort_by, None)) == order, sort_by  # type: ignore[arg-type]
+        assert keys(await store.find_current(EntryFilter(), at(10), sort_by, 2)) == order[:2], sort_by  # type: ignore[arg-type]
+        assert await store.find_current(EntryFilter(), at(10), sort_by, 0) == []  # type: ignore[arg-type]
+        assert await store.find_current(EntryFilter(), at(10), sort_by, -1) == []  # type: ignore[arg-type]
+
+
+async def test_find_current_breaks_ties_newest_write_first_the_same_way_on_every_store(store: MemoryStore) -> None:
+    """A batch (write_many) stamps one `written_at` on all its drafts, so every entry below ties on every sort key.
+
+    Ties go to the later write; within one batch, rows are stored in (entity_path, key) order, so the batch's
+    last key in that order counts as its newest write."""
+    await write(store, draft("svc", "x", written_at=NOW), draft("svc", "m", written_at=NOW), draft("svc", "b", written_at=NOW))
+    await write(store, draft("svc", "c", written_at=NOW), draft("svc", "a", written_at=NOW))
+    await write(store, draft("other", "z", written_at=NOW))
+    order = ["z", "c", "a", "x", "m", "b"]
+    for sort_by in ("confidence", "recency", "recall_count", "priority"):
+        assert keys(await store.find_current(EntryFilter(), NOW, sort_by, None)) == order, sort_by  # type: ignore[arg-type]
+        assert keys(await store.find_current(EntryFilter(), NOW, sort_by, 4)) == order[:4], sort_by  # type: ignore[arg-type]
+    # A tie on the sort key alone goes to the newer written_at.
+    await write(store, draft("svc", "late", written_at=at(-1), confidence=1.0))
+    assert keys(await store.find_current(EntryFilter(entity_path="svc"), NOW, "confidence", 2)) == ["c", "a"]
+    assert [t.key for t in await store.trace_events()][:3] == ["b", "m", "x"]  # the batch, traced in stored order
+
+
+async def test_priority_sort_puts_entries_without_a_priority_last(store: MemoryStore) -> None:
+    snapshot = StoreSnapshot(entries=[
+        _entry("svc", "none", priority_score=None, written_at=at(3)),
+        _entry("svc", "low", priority_score=0.1, written_at=at(1)),
+        _entry("svc", "high", priority_score=0.8, written_at=at(2)),
+    ])
+    await store.import_snapshot(snapshot)
+    assert keys(await store.find_current(EntryFilter(), NOW, "priority", None)) == ["high", "low", "none"]
+
+
+# -- record_reads, session_reads, update_tiers, trace_events --------------------------------------
+
+
+async def test_record_reads_bumps_each_read_version_once_per_read_and_keeps_the_last_tier(store: MemoryStore) -> None:
+    await write(store, draft("svc/a", "k"), draft("svc/b", "k"))
+    await write(store, draft("svc/a", "k", written_at=at(1)))  # version 2
+    reads = [
+        TierUpdate("svc/a", "k", 2, Tier.WARM, 0.4),
+        TierUpdate("svc/b", "k", 1, Tier.HOT, 0.9),
+        TierUpdate("svc/a", "k", 2, Tier.ARCHIVE, 0.05, {"query": "retry?", "rank": 1}),  # duplicates count
+        TierUpdate("svc/a", "k", 1, Tier.WARM, 0.3),  # an old version is bumped, not the current one
+    ]
+    await store.record_reads(ACTOR, "retrieve", reads, at(5))
+    a2, b1, a1 = await current(store, "svc/a", "k"), await current(store, "svc/b", "k"), await store.get_version("svc/a", "k", 1)
+    assert a1 is not None
+    assert (a2.recall_count, a2.tier, a2.priority_score) == (2, Tier.ARCHIVE, 0.05)
+    assert (b1.recall_count, b1.tier, b1.priority_score) == (1, Tier.HOT, 0.9)
+    assert (a1.recall_count, a1.tier, a1.priority_score) == (1, Tier.WARM, 0.3)
+    assert a2.version == 2 and len(await store.history("svc/a", "k")) == 2  # reads create no version
+    traces = [t for t in await store.trace_events(ACTOR.session_id) if t.kind != "write"]
+    assert traces == [
+        TraceEvent(ACTOR.session_id, ACTOR.agent_id, "retrieve", r.entity_path, r.key, r.version, at(5), r.detail)
+        for r in reads
+    ]
+    await store.record_reads(ACTOR, "read", [], at(6))  # nothing read: no trace
+    assert len(await store.trace_events(ACTOR.session_id)) == len(traces) + 3
+
+
+async def test_trace_detail_round_trips_with_its_key_order(store: MemoryStore) -> None:
+    await write(store, draft("svc/a", "k"))
+    detail = {"query": "why retries? ünï", "rank": 1, "ranks": {"semantic": 2, "keyword": 1}, "score": 0.125}
+    await store.record_reads(ACTOR, "retrieve", [TierUpdate("svc/a", "k", 1, Tier.HOT, 0.7, detail)], at(1))
+    traces = await store.trace_events(ACTOR.session_id)
+    assert [(t.kind, t.detail) for t in traces] == [("write", None), ("retrieve", detail)]
+    assert list(traces[1].detail["ranks"]) == ["semantic", "keyword"]  # type: ignore[index]
+
+
+async def test_trace_events_are_in_event_order_and_filter_by_session(store: MemoryStore) -> None:
+    await write(store, draft("svc/a", "k", written_at=at(1)))
+    await store.record_reads(OTHER, "read", [TierUpdate("svc/a", "k", 1, Tier.HOT, 0.5)], at(2))
+    await store.record_reads(ACTOR, "read", [TierUpdate("svc/a", "k", 1, Tier.HOT, 0.5)], at(0))  # an earlier `now`
+    assert [(t.session_id, t.kind, t.at) for t in await store.trace_events()] == [
+        (ACTOR.session_id, "write", at(1)), (OTHER.session_id, "read", at(2)), (ACTOR.session_id, "read", at(0))
+    ]
+    assert [t.kind for t in await store.trace_events(OTHER.session_id)] == ["read"]
+    assert await store.trace_events("no-such-session") == []
+
+
+async def test_session_reads_lists_each_entry_read_once_with_the_newest_version_read(store: MemoryStore) -> None:
+    await write(store, draft("svc/a", "k"), draft("svc/b", "k"), draft("svc/c", "k"))
+    await write(store, draft("svc/a", "k", written_at=at(1)))
+    read = [TierUpdate("svc/b", "k", 1, Tier.HOT, 0.5), TierUpdate("svc/a", "k", 1, Tier.HOT, 0.5)]
+    await store.record_reads(ACTOR, "read", read, at(2))
+    await store.record_reads(ACTOR, "retrieve", [TierUpdate("svc/a", "k", 2, Tier.HOT, 0.5)], at(3))
+    await store.record_reads(ACTOR, "read", [TierUpdate("svc/a", "k", 1, Tier.HOT, 0.5)], at(4))
+    await store.record_reads(OTHER, "read", [TierUpdate("svc/c", "k", 1, Tier.HOT, 0.5)], at(5))
+    assert await store.session_reads(ACTOR.session_id) == [
+        OutcomeTarget("svc/b", "k", 1), OutcomeTarget("svc/a", "k", 2)  # first read first; writes do not count
+    ]
+    assert await store.session_reads(OTHER.session_id) == [OutcomeTarget("svc/c", "k", 1)]
+    assert await store.session_reads("no-such-session") == []
+
+
+async def test_update_tiers_sets_tier_and_priority_of_the_named_version_only(store: MemoryStore) -> None:
+    await write(store, draft("svc/a", "k", tier=Tier.HOT, priority_score=0.9))
+    await write(store, draft("svc/a", "k", tier=Tier.HOT, priority_score=0.8, written_at=at(1)))
+    await store.update_tiers([TierUpdate("svc/a", "k", 1, Tier.ARCHIVE, 0.01), TierUpdate("svc/a", "missing", 1, Tier.WARM, 0.2)])
+    old, new = await store.get_version("svc/a", "k", 1), await current(store, "svc/a", "k")
+    assert old is not None and (old.tier, old.priority_score, old.recall_count) == (Tier.ARCHIVE, 0.01, 0)
+    assert (new.tier, new.priority_score) == (Tier.HOT, 0.8)
+    await store.update_tiers([])
+    assert [t.kind for t in await store.trace_events()] == ["write", "write"]  # tier refreshes are not reads
+
+
+# -- apply_outcome, outcome_records ---------------------------------------------------------------
+
+
+async def test_an_outcome_multiplies_the_current_version_of_each_target(store: MemoryStore) -> None:
+    await write(store, draft("svc/a", "k", confidence=0.8), draft("svc/b", "k", confidence=0.5))
+    await write(store, draft("svc/a", "k", confidence=0.6, written_at=at(1)))
+    targets = [OutcomeTarget("svc/b", "k", None), OutcomeTarget("svc/a", "k", 1)]  # session read version 1 of svc/a
+    record = await store.apply_outcome("INC-1", OutcomeType.FAILURE, 1.1, ACTOR, at(10), targets)
+    assert (record.outcome_ref, record.outcome_type, record.multiplier, record.committed_at) == (
+        "INC-1", OutcomeType.FAILURE, 1.1, at(10)
+    )
+    assert (record.agent_id, record.session_id, record.already_applied) == (ACTOR.agent_id, ACTOR.session_id, False)
+    assert [(e.entity_path, e.key, e.version_read, e.version_updated) for e in record.effects] == [
+        ("svc/b", "k", None, 1), ("svc/a", "k", 1, 2)  # in target order; the current version is the one changed
+    ]
+    assert [(e.confidence_before, e.confidence_after) for e in record.effects] == [
+        (0.5, pytest.approx(0.55)), (0.6, pytest.approx(0.66))
+    ]
+    a, b = await current(store, "svc/a", "k"), await current(store, "svc/b", "k")
+    assert (a.confidence, a.outcome_count, a.version, a.value) == (pytest.approx(0.66), 1, 2, {"note": "k"})
+    assert (b.confidence, b.outcome_count) == (pytest.approx(0.55), 1)
+    old = await store.get_version("svc/a", "k", 1)
+    assert old is not None and (old.confidence, old.outcome_count) == (0.8, 0)
+    assert await store.outcome_records() == [record]
+
+
+async def test_an_outcome_ref_applies_once_and_a_repeat_returns_the_stored_record(store: MemoryStore) -> None:
+    await write(store, draft("svc/a", "k", confidence=0.5), draft("svc/b", "k", confidence=0.5))
+    first = await store.apply_outcome("INC-7", OutcomeType.FAILURE, 1.1, ACTOR, at(1), [OutcomeTarget("svc/a", "k", None)])
+    again = await store.apply_outcome(
+        "INC-7", OutcomeType.SUCCESS, 0.5, ACTOR, at(2), [OutcomeTarget("svc/a", "k", None), OutcomeTarget("svc/b", "k", None)]
+    )
+    assert again.already_applied and not first.already_applied
+    assert (again.outcome_type, again.multiplier, again.committed_at, again.effects) == (
+        OutcomeType.FAILURE, 1.1, at(1), first.effects
+    )  # the stored record, whatever the repeat asked for
+    assert ((await current(store, "svc/a", "k")).confidence, (await current(store, "svc/a", "k")).outcome_count) == (
+        pytest.approx(0.55), 1
+    )
+    assert (await current(store, "svc/b", "k")).confidence == 0.5
+    assert await store.outcome_records() == [first]
+    second = await store.apply_outcome("INC-8", OutcomeType.FAILURE, 1.1, ACTOR, at(3), [OutcomeTarget("svc/a", "k", None)])
+    assert second.effects[0].confidence_before == pytest.approx(0.55)  # another ref compounds
+    assert (await current(store, "svc/a", "k")).outcome_count == 2
+
+
+async def test_an_outcome_naming_a_missing_entry_records_nothing_and_keeps_the_ref_free(store: MemoryStore) -> None:
+    await write(store, draft("svc/a", "k"))
+    targets = [OutcomeTarget("svc/a", "k", 1), OutcomeTarget("svc/a", "missing", None)]
+    with pytest.raises(ValidationError, match="svc/a/missing"):
+        await store.apply_outcome("ref", OutcomeType.FAILURE, 1.1, ACTOR, NOW, targets)
+    assert await store.outcome_records() == []
+    entry = await current(store, "svc/a", "k")
+    assert (entry.confidence, entry.outcome_count) == (1.0, 0)
+    # The ref was not consumed: it can be committed once the targets exist.
+    record = await store.apply_outcome("ref", OutcomeType.FAILURE, 1.1, ACTOR, NOW, targets[:1])
+    assert not record.already_applied and len(record.effects) == 1
+    await store.forget("svc/a", "k")
+    with pytest.raises(ValidationError, match="svc/a/k"):  # a forgotten entry is missing too
+        await store.apply_outcome("ref-2", OutcomeType.SUCCESS, 0.9, ACTOR, NOW, [OutcomeTarget("svc/a", "k", 1)])
+
+
+async def test_outcome_records_come_in_commit_order_and_filter_by_entity_path_prefix(store: MemoryStore) -> None:
+    await write(store, draft("svc", "root"), draft("svc/a", "k"), draft("svc-other", "k"), draft("web", "k"))
+    one = await store.apply_outcome("R1", OutcomeType.SUCCESS, 0.9, ACTOR, at(5), [OutcomeTarget("svc/a", "k", None)])
+    two = await store.apply_outcome(
+        "R2", OutcomeType.FAILURE, 1.1, ACTOR, at(1), [OutcomeTarget("web", "k", None), OutcomeTarget("svc", "root", None)]
+    )
+    three = await store.apply_outcome("R3", OutcomeType.MINOR_FAILURE, 1.08, ACTOR, at(5), [OutcomeTarget("svc-other", "k", None)])
+    assert await store.outcome_records() == [two, one, three]  # by committed_at, then commit order
+    assert await store.outcome_records("svc") == [two, one]  # a record with any effect in scope comes whole
+    assert await store.outcome_records("svc/a") == [one]
+    assert await store.outcome_records("svc-other") == [three]
+    assert await store.outcome_records("sv") == []
+
+
+# -- keyword_candidates, common_terms ---------------------------------------------------------------
+
+
+async def test_keyword_candidates_match_any_term_best_first(store: MemoryStore) -> None:
+    await write(
+        store,
+        draft("svc/payments", "retry", search_text="svc payments retry: retry failed charges with exponential backoff"),
+        draft("svc/payments", "timeout", search_text="svc payments timeout: gateway timeout is 30 seconds"),
+        draft("svc/auth", "tokens", search_text="svc auth tokens: rotate signing keys monthly"),
+    )
+    hits = await store.keyword_candidates(["retry backoff", "gateway", "unicorn"], EntryFilter(), NOW, 10)
+    assert [(e.entity_path, e.key) for e, _ in hits] == [("svc/payments", "retry"), ("svc/payments", "timeout")]
+    assert hits[0][1] > hits[1][1] > 0
+    assert all(e.embedding is None for e, _ in hits)
+    assert keys(await store.keyword_candidates(["retries"], EntryFilter(), NOW, 10)) == ["retry"]  # stemmed
+    assert keys(await store.keyword_candidates(["monthly"], EntryFilter(), NOW, 10)) == ["tokens"]
+    assert await store.keyword_candidates(["unicorn"], EntryFilter(), NOW, 10) == []
+    assert await store.keyword_candidates([], EntryFilter(), NOW, 10) == []
+    assert await store.keyword_candidates(['"quoted"', "&|!():*'"], EntryFilter(), NOW, 10) == []
+    assert len(await store.keyword_candidates(["svc"], EntryFilter(), NOW, 2)) == 2
+    assert await store.keyword_candidates(["svc"], EntryFilter(), NOW, 0) == []
+    assert await store.keyword_candidates(["svc"], EntryFilter(), NOW, -1) == []
+
+
+async def test_keyword_candidates_rank_a_rare_word_above_a_common_one(store: MemoryStore) -> None:
+    await write(store, *[draft("svc/common", f"k{i}", search_text=f"deploy pipeline step {i}") for i in range(6)])
+    await write(store, draft("svc/rare", "k", search_text="kubernetes cluster"))
+    hits = await store.keyword_candidates(["pipeline", "kubernetes"], EntryFilter(), NOW, 3)
+    assert hits[0][0].entity_path == "svc/rare"
+    assert [score for _, score in hits] == sorted((score for _, score in hits), reverse=True)
+
+
+async def test_only_current_live_versions_are_keyword_candidates(store: MemoryStore) -> None:
+    await write(store, draft("svc/a", "k", search_text="svc a k: exponential backoff"))
+    await write(store, draft("svc/a", "k", search_text="svc a k: give up", written_at=at(1)))
+    await write(store, draft("svc/b", "temp", search_text="svc b temp: backoff later", ttl_at=at(60)))
+    hits = await store.keyword_candidates(["backoff", "give"], EntryFilter(), at(2), 10)
+    assert [(e.key, e.version) for e, _ in hits] == [("k", 2), ("temp", 1)]
+    assert keys(await store.keyword_candidates(["backoff"], EntryFilter(), at(60), 10)) == []
+    await store.forget("svc/a", "k")
+    assert await store.keyword_candidates(["give"], EntryFilter(), at(2), 10) == []
+
+
+async def test_keyword_candidates_break_ties_newest_write_first(store: MemoryStore) -> None:
+    text = "identical text about ledgers"
+    await write(store, draft("svc", "x", search_text=text), draft("svc", "b", search_text=text))
+    await write(store, draft("svc", "m", search_text=text))
+    await write(store, draft("svc", "old", search_text=text, written_at=at(-5)))
+    hits = await store.keyword_candidates(["ledgers"], EntryFilter(), NOW, 10)
+    assert keys(hits) == ["m", "x", "b", "old"]
+    assert len({score for _, score in hits}) == 1
+    assert keys(await store.keyword_candidates(["ledgers"], EntryFilter(), NOW, 2)) == ["m", "x"]
+
+
+async def test_common_terms_are_those_matching_more_than_max_matches_current_entries(store: MemoryStore) -> None:
+    await write(store, *[draft("svc", f"k{i}", search_text=f"alpha widget number {i}") for i in range(6)])
+    await write(store, draft("svc", "beta", search_text="beta widget gamma"))
+    assert await store.common_terms(["alpha", "beta", "gamma", "unicorn"], 3) == {"alpha"}
+    assert await store.common_terms(["alpha", "widget"], 6) == {"widget"}
+    assert await store.common_terms([], 0) == set()
+
+
+# -- semantic_candidates --------------------------------------------------------------------------
+
+
+async def test_semantic_candidates_are_nearest_first_by_cosine(store: MemoryStore) -> None:
+    angles = {"same": 0, "near": 30, "mid": 60, "right": 90, "opposite": 180}
+    await write(store, *[draft("svc", key, embedding=direction(degrees)) for key, degrees in angles.items()])
+    await write(store, draft("svc", "no-vector"))
+    hits = await store.semantic_candidates(direction(0), EntryFilter(), NOW, 10)
+    assert keys(hits) == ["same", "near", "mid", "right", "opposite"]
+    for (entry, score), degrees in zip(hits, angles.values()):
+        assert score == pytest.approx(math.cos(math.radians(degrees)), abs=1e-5)
+        assert entry.embedding is None
+    assert keys(await store.semantic_candidates(direction(50), EntryFilter(), NOW, 2)) == ["mid", "near"]
+    assert await store.semantic_candidates(direction(0), EntryFilter(), NOW, 0) == []
+    assert await store.semantic_candidates(direction(0), EntryFilter(), NOW, -1) == []
+
+
+async def test_semantic_candidates_use_only_current_live_versions(store: MemoryStore) -> None:
+    await write(store, draft("svc", "moved", embedding=direction(0)), draft("svc", "temp", embedding=direction(10), ttl_at=at(60)))
+    await write(store, draft("svc", "moved", embedding=direction(90), written_at=at(1)))
+    await write(store, draft("svc", "gone", embedding=direction(5)))
+    await store.forget("svc", "gone")
+    hits = await store.semantic_candidates(direction(0), EntryFilter(), at(2), 10)
+    assert [(e.key, e.version) for e, _ in hits] == [("temp", 1), ("moved", 2)]
+    assert hits[1][1] == pytest.approx(0.0, abs=1e-5)
+    assert keys(await store.semantic_candidates(direction(0), EntryFilter(), at(60), 10)) == ["moved"]
+
+
+async def test_semantic_candidates_break_ties_newest_write_first(store: MemoryStore) -> None:
+    await write(store, draft("svc", "x", embedding=direction(20)), draft("svc", "b", embedding=direction(20)))
+    await write(store, draft("svc", "m", embedding=direction(20)))
+    await write(store, draft("svc", "old", embedding=direction(20), written_at=at(-5)))
+    hits = await store.semantic_candidates(direction(20), EntryFilter(), NOW, 10)
+    assert keys(hits) == ["m", "x", "b", "old"]
+
+
+async def test_a_zero_query_vector_has_no_candidates(store: MemoryStore) -> None:
+    await write(store, draft("svc", "k", embedding=direction(0)))
+    assert await store.semantic_candidates([0.0] * DIM, EntryFilter(), NOW, 5) == []
+
+
+async def test_candidate_searches_apply_every_filter(store: MemoryStore) -> None:
+    rows = [
+        ("svc", "root", MemoryType.FACT, None, 1.0, ACTOR),
+        ("svc/a", "child", MemoryType.BELIEF, None, 0.4, ACTOR),
+        ("svc-other", "sibling", MemoryType.FACT, None, 1.0, ACTOR),
+        ("svcx/a", "lookalike", MemoryType.FACT, None, 1.0, OTHER),
+        ("svc/b", "expired", MemoryType.FACT, at(-1), 1.0, ACTOR),
+    ]
+    await write(store, *[
+        draft(path, key, search_text=f"shared words {key}", embedding=direction(0), memory_type=kind, ttl_at=ttl,
+              confidence=conf, actor=actor, written_at=at(-10))
+        for path, key, kind, ttl, conf, actor in rows
+    ])
+    await write(store, draft("svc/new", "fresh", search_text="shared words fresh", embedding=direction(0), written_at=at(-2)))
+    for flt, expected in [
+        (EntryFilter(), {"root", "child", "sibling", "lookalike", "fresh"}),
+        (EntryFilter(entity_path="svc"), {"root", "child", "fresh"}),
+        (EntryFilter(entity_path="svc/a"), {"child"}),
+        (EntryFilter(memory_type=MemoryType.BELIEF), {"child"}),
+        (EntryFilter(min_stored_confidence=0.5), {"root", "sibling", "lookalike", "fresh"}),
+        (EntryFilter(agent_id=OTHER.agent_id), {"lookalike"}),
+        (EntryFilter(since=at(-2)), {"fresh"}),
+        (EntryFilter(since=at(5)), set()),
+    ]:
+        keyword = await store.keyword_candidates(["shared"], flt, NOW, 10)
+        semantic = await store.semantic_candidates(direction(0), flt, NOW, 10)
+        assert set(keys(keyword)) == expected, flt
+        assert set(keys(semantic)) == expected, flt
+        assert all(score == pytest.approx(1.0, abs=1e-5) for _, score in semantic)
+
+
+# -- forget, purge_expired, clear -------------------------------------------------------------------
+
+
+async def test_forget_deletes_every_version_of_one_key(store: MemoryStore) -> None:
+    await write(store, draft("svc/a", "k", embedding=direction(0)), draft("svc/a", "kept"))
+    await write(store, draft("svc/a", "k", written_at=at(1), embedding=direction(0)))
+    await store.apply_outcome("R1", OutcomeType.SUCCESS, 0.9, ACTOR, at(2), [OutcomeTarget("svc/a", "k", None)])
+    assert await store.forget("svc/a", "k") == 2
+    assert await store.history("svc/a", "k") == [] and await store.get_current("svc/a", "k", at(3)) is None
+    assert keys(await store.find_current(EntryFilter(), at(3), "recency", None)) == ["kept"]
+    assert await store.forget("svc/a", "k") == 0
+    assert await store.forget("svc/a", "never") == 0
+    assert [r.outcome_ref for r in await store.outcome_records()] == ["R1"]  # the outcome history stays
+    [again] = await write(store, draft("svc/a", "k", written_at=at(4)))
+    assert again.version == 1  # a forgotten key starts over
+
+
+async def test_purge_expired_deletes_every_version_of_keys_whose_current_version_expired(store: MemoryStore) -> None:
+    await write(store, draft("svc", "gone", ttl_at=at(100)), draft("svc", "boundary", ttl_at=at(50)), draft("svc", "live"))
+    await write(store, draft("svc", "gone", ttl_at=at(10), written_at=at(1)))  # its current version expires first
+    await write(store, draft("svc", "renewed", ttl_at=at(5)))
+    await write(store, draft("svc", "renewed", written_at=at(2)))  # the old version expired, the current one lives
+    assert await store.purge_expired(at(49)) == 2  # both versions of gone
+    assert await store.purge_expired(at(50)) == 1  # expiry at exactly `now` counts
+    assert await store.purge_expired(at(50)) == 0
+    assert sorted(keys(await store.find_current(EntryFilter(), at(1000), "recency", None))) == ["live", "renewed"]
+    assert [e.version for e in await store.history("svc", "renewed")] == [1, 2]
+    assert await store.history("svc", "gone") == []
+
+
+async def test_clear_empties_the_store_and_leaves_it_usable(store: MemoryStore) -> None:
+    await write(store, draft("svc", "k", embedding=direction(0)))
+    await store.record_reads(ACTOR, "read", [TierUpdate("svc", "k", 1, Tier.HOT, 0.5)], NOW)
+    await store.apply_outcome("R1", OutcomeType.SUCCESS, 0.9, ACTOR, NOW, [OutcomeTarget("svc", "k", None)])
+    await store.set_meta("m", {"x": 1})
+    await store.clear()
+    assert await store.export_snapshot() == StoreSnapshot()
+    assert await store.semantic_candidates(direction(0), EntryFilter(), NOW, 5) == []
+    assert await store.keyword_candidates(["svc"], EntryFilter(), NOW, 5) == []
+    [entry] = await write(store, draft("svc", "k", embedding=direction(90)))
+    assert entry.version == 1
+    assert keys(await store.semantic_candidates(direction(90), EntryFilter(), NOW, 5)) == ["k"]
+
+
+# -- export_snapshot, import_snapshot, meta ---------------------------------------------------------
+
+# Values that must come back exactly: unicode, nested JSON in its key order, big and negative integers beyond
+# 64 bits, floats at the edges of double precision, empty strings, and strings that look binary.
+EXACT_VALUES: dict[str, Any] = {
+    "unicode": {"text": "ünïcødé — 中文 — עברית — 🧪👩‍💻", "combining": "e\u0301", "astral": "\U0010fffd"},
+    "nested": {"z": 1, "a": [1.5, None, True, False, "s", {"y": 2, "b": [[], {}]}], "m": {"": ""}},
+    "ints": [12345678901234567890, -(2**63), 2**64 + 1, 0, -1, 10**30],
+    "floats": [0.1, 1e300, 5e-324, -2.5e-10, 1.7976931348623157e308, 3.141592653589793, -0.5],
+    "empty": "",
+    "empty_structures": [[], {}, ""],
+    "binaryish": ["\x00nul\x00", "\x01\x02\x1f\x7f", "\u00ff\u00fe", "\\x00\\xff", "AAEC/w==", "\ufeffbom", "\u2028\u2029"],
+    "top_level_string": "plain",
+}
+
+
+def _entry(
+    entity_path: str, key: str, value: Any = None, *, version: int = 1, priority_score: float | None = 0.5,
+    written_at: datetime = NOW, embedding: list[float] | None = None, **changes: Any,
+) -> MemoryEntry:
+    entry = MemoryEntry(
+        entity_path=entity_path, key=key, value={"note": key} if value is None else value, version=version,
+        confidence=0.75, provenance=Provenance("agent/importer", "session-import", written_at), outcome_count=0,
+        recall_count=0, ttl_at=None, memory_type=MemoryType.FACT, tier=Tier.WARM, priority_score=priority_score,
+        importance_score=None, importance_dimensions=None, embedding=embedding, amfs_version="0.2.0",
+    )
+    return entry.with_changes(**changes) if changes else entry
+
+
+async def test_values_round_trip_exactly_through_writes(store: MemoryStore) -> None:
+    for name, value in EXACT_VALUES.items():
+        await write(store, draft("svc/values", name, value))
+    for name, value in EXACT_VALUES.items():
+        stored = await current(store, "svc/values", name)
+        assert stored.value == value and json.dumps(stored.value) == json.dumps(value), name
+    nested = (await current(store, "svc/values", "nested")).value
+    assert list(nested) == ["z", "a", "m"] and list(nested["a"][5]) == ["y", "b"]
+
+
+async def test_a_value_holding_nul_is_stored_and_still_found_by_its_words(store: MemoryStore) -> None:
+    value = {"raw": "nul\x00widget"}
+    await write(store, draft("svc/a", "k", value, search_text="svc a k: nul\x00widget"))
+    assert (await current(store, "svc/a", "k")).value == value
+    assert keys(await store.keyword_candidates(["widget"], EntryFilter(), NOW, 5)) == ["k"]
+
+
+async def test_export_then_import_restores_everything_exactly(store: MemoryStore) -> None:
+    await write(store, *[
+        draft("svc/values", name, value, written_at=at(0.000001 * index), embedding=direction(index * 7))
+        for index, (name, value) in enumerate(EXACT_VALUES.items())
+    ])
+    await write(store, draft("svc/values", "nested", {"second": "version"}, written_at=at(1), confidence=0.3,
+                             ttl_at=at(10**6), importance_score=0.2, importance_dimensions={"novelty": 0.5},
+                             memory_type=MemoryType.EXPERIENCE))
+    await write(store, draft("ünï/çødé", "ключ", "unicode path and key", written_at=at(2)), actor=OTHER)
+    detail = {"query": "q", "ranks": {"semantic": 1, "keyword": 2}}
+    await store.record_reads(ACTOR, "retrieve", [TierUpdate("svc/values", "nested", 1, Tier.ARCHIVE, 0.01, detail)], at(3))
+    await store.apply_outcome("INC-1", OutcomeType.FAILURE, 1.1, ACTOR, at(4), [OutcomeTarget("svc/values", "nested", 1)])
+    await store.apply_outcome("INC-2", OutcomeType.SUCCESS, 0.97, OTHER, at(4), [OutcomeTarget("ünï/çødé", "ключ", None)])
+    await store.set_meta("outcome_multipliers", {"failure": 1.5, "nested": {"b": [1, 2], "a": None}})
+    await store.set_meta("ünï", "value")
+    snapshot = await store.export_snapshot()
+    assert [(e.entity_path, e.key, e.version) for e in snapshot.entries] == sorted(
+        (e.entity_path, e.key, e.version) for e in snapshot.entries
+    )
+    assert len(snapshot.entries) == len(EXACT_VALUES) + 2 and len(snapshot.outcomes) == 2
+    assert len(snapshot.traces) == len(EXACT_VALUES) + 3 and list(snapshot.meta) == ["outcome_multipliers", "ünï"]
+
+    await store.clear()
+    await store.import_snapshot(snapshot)
+    restored = await store.export_snapshot()
+    assert restored == snapshot
+    for name, value in EXACT_VALUES.items():
+        [first] = [e for e in restored.entries if (e.key, e.version) == (name, 1)]
+        assert json.dumps(first.value) == json.dumps(value), name
+    assert list(restored.meta["outcome_multipliers"]["nested"]) == ["b", "a"]
+    # The imported store behaves like the original: current versions searchable, versions continue.
+    assert (await current(store, "svc/values", "nested", at(5))).version == 2
+    assert "ключ" in keys(await store.keyword_candidates(["unicode"], EntryFilter(), at(5), 5))
+    assert keys(await store.semantic_candidates(direction(0), EntryFilter(), at(5), 1)) == ["unicode"]
+    [next_version] = await write(store, draft("svc/values", "nested", written_at=at(6)))
+    assert next_version.version == 3
+    assert [r.outcome_ref for r in await store.outcome_records()] == ["INC-1", "INC-2"]
+
+
+async def test_import_refuses_a_snapshot_whose_key_exists_and_writes_nothing(store: MemoryStore) -> None:
+    await write(store, draft("svc", "existing"))
+    before = await store.export_snapshot()
+    clashing = StoreSnapshot(
+        entries=[_entry("svc", "new"), _entry("svc", "existing", version=7)],
+        traces=[TraceEvent("s", "a", "read", "svc", "new", 1, NOW)],
+        meta={"m": 1},
+    )
+    with pytest.raises(ValidationError, match="svc/existing"):
+        await store.import_snapshot(clashing)
+    assert await store.export_snapshot() == before
+
+
+async def test_import_refuses_an_outcome_ref_already_committed_and_writes_nothing(store: MemoryStore) -> None:
+    await write(store, draft("svc", "existing"))
+    committed = await store.apply_outcome("INC-1", OutcomeType.FAILURE, 1.1, ACTOR, NOW, [OutcomeTarget("svc", "existing", None)])
+    before = await store.export_snapshot()
+    with pytest.raises(ValidationError, match="INC-1"):
+        await store.import_snapshot(StoreSnapshot(entries=[_entry("svc", "new")], outcomes=[committed], meta={"m": 1}))
+    assert await store.export_snapshot() == before
+
+
+async def test_export_orders_paths_and_keys_by_their_bytes(store: MemoryStore) -> None:
+    names = ["b", "B", "_x", "a-b", "a.b", "a", "Z", "é", "a b", "~", "0"]
+    await write(store, *[draft("svc/order", name) for name in names], *[draft(name, "k") for name in names])
+    snapshot = await store.export_snapshot()
+    pairs = [(e.entity_path, e.key) for e in snapshot.entries]
+    assert pairs == sorted(pairs, key=lambda pair: (pair[0].encode(), pair[1].encode()))
+    assert [key for path, key in pairs if path == "svc/order"] == sorted(names)
+
+
+async def test_meta_stores_json_values_until_set_to_none(store: MemoryStore) -> None:
+    assert await store.get_meta("absent") is None
+    for value in ({"failure": 1.5, "a": [1, None]}, [1, "two"], 3, 0.25, "text ünï", True, 12345678901234567890):
+        await store.set_meta("name", value)
+        assert await store.get_meta("name") == value
+    await store.set_meta("other", {"z": 1, "a": 2})
+    assert list(await store.get_meta("other")) == ["z", "a"]
+    await store.set_meta("name", None)
+    assert await store.get_meta("name") is None
+    await store.set_meta("never-set", None)  # deleting an absent name is fine
+    assert (await store.export_snapshot()).meta == {"other": {"z": 1, "a": 2}}

@@ -1,0 +1,250 @@
+"""Forget and clear leave no byte: a unique marker planted in a memory, used (read, retrieve, outcome,
+export) through a real MCP client on the real app with the real embedding model, then forgotten
+(`amfs_forget`, `amfs-server memory forget`) or cleared (`memory clear`), is found in no file under the
+data directory (database, WAL, -shm, vector index, learning database: the raw bytes) and not in
+`memory export`; nor is the memory's embedding in the vector index file. On PostgreSQL: in no table
+of the schema. Each test first checks that the marker (and the vector) *were* there, so a pass means
+they were removed, not that the check looked in the wrong place."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+from click.testing import CliRunner
+from fastmcp import Client
+
+from amfs_server.adapters.sqlite import SQLiteStore
+from amfs_server.core.models import Actor, EntryFilter, utcnow
+from amfs_server.core.service import MemoryService, WriteRequest
+from amfs_server.server.app import create_app
+from amfs_server.server.cli import cli
+from amfs_server.server.composition import build_service
+from amfs_server.server.settings import load_settings
+
+
+ENTITY, KEY = "people/ada", "home-address"
+
+
+def new_marker() -> str:
+    # No English suffix for the porter stemmer to cut: the FTS5 index would keep the token as written.
+    return "zqx" + uuid.uuid4().hex[:12] + "vk"
+
+
+def raw_files(data_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(data_dir)): p.read_bytes() for p in sorted(data_dir.rglob("*")) if p.is_file()}
+
+
+def files_holding(data_dir: Path, needle: bytes) -> list[str]:
+    return [name for name, data in raw_files(data_dir).items() if needle in data]
+
+
+async def run_cli(data_dir: Path, monkeypatch, *args: str) -> str:
+    """`amfs-server ARGS` on data_dir; in a thread, since the command runs its own event loop."""
+    monkeypatch.setenv("AMFS_DATA_DIR", str(data_dir))
+    result = await asyncio.to_thread(CliRunner().invoke, cli, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+async def export_text(data_dir: Path, monkeypatch) -> str:
+    return await run_cli(data_dir, monkeypatch, "memory", "export")
+
+
+async def use_the_memory(data_dir: Path, marker: str) -> None:
+    """Write, read, retrieve and commit an outcome through MCP, then shut the app down (which saves the
+    vector index and checkpoints the WAL): the marker is then at rest in every place it can live."""
+    settings = load_settings({}, data_dir=data_dir)
+    app = create_app(build_service(settings), settings)
+    async with Client(app) as client:
+        await client.call_tool("amfs_write", {"entity_path": ENTITY, "key": KEY, "value": f"lives at 12 {marker} street"})
+        await client.call_tool("amfs_write", {"entity_path": ENTITY, "key": KEY,
+                                              "value": f"moved to 14 {marker} street", "confidence": 0.9})
+        await client.call_tool("amfs_write", {"entity_path": "services/checkout", "key": "retry",
+                                              "value": "exponential backoff, max 3 attempts"})
+        await client.call_tool("amfs_read", {"entity_path": ENTITY, "key": KEY})
+        hits = (await client.call_tool("amfs_retrieve", {"query": "where does ada live?", "limit": 3})).structured_content
+        assert any(h["entry"]["entry_key"] == f"{ENTITY}/{KEY}" for h in hits["results"]), hits
+        await client.call_tool("amfs_commit_outcome", {"outcome_ref": "INC-7", "outcome_type": "success"})
+
+
+def current_embedding(data_dir: Path) -> bytes:
+    import sqlite3
+
+    conn = sqlite3.connect(data_dir / "amfs.db")
+    try:
+        (blob,) = conn.execute(
+            "SELECT embedding FROM entries WHERE entity_path = ? AND key = ? AND is_current = 1", (ENTITY, KEY)
+        ).fetchone()
+    finally:
+        conn.close()
+    return bytes(blob)
+
+
+async def planted(tmp_path: Path, monkeypatch) -> tuple[Path, str, bytes]:
+    data_dir = tmp_path / "data"
+    marker = new_marker()
+    await use_the_memory(data_dir, marker)
+    vector = current_embedding(data_dir)
+    # the controls: before forgetting, the marker is in the database and the export, the vector in its index
+    assert "amfs.db" in files_holding(data_dir, marker.encode())
+    assert any(name.endswith(".usearch") for name in files_holding(data_dir, vector)), raw_files(data_dir).keys()
+    assert marker in await export_text(data_dir, monkeypatch)
+    return data_dir, marker, vector
+
+
+async def assert_gone(data_dir: Path, marker: str, vector: bytes, monkeypatch) -> None:
+    assert files_holding(data_dir, marker.encode()) == []
+    assert files_holding(data_dir, vector) == []
+    exported = await export_text(data_dir, monkeypatch)
+    assert marker not in exported and f"{ENTITY}/{KEY}" not in exported and KEY not in exported
+    assert files_holding(data_dir, marker.encode()) == []  # the export opened the store again: still nothing
+
+
+async def test_amfs_forget_leaves_no_byte_of_the_memory_in_any_file_or_the_export(tmp_path, monkeypatch) -> None:
+    data_dir, marker, vector = await planted(tmp_path, monkeypatch)
+    settings = load_settings({}, data_dir=data_dir)
+    app = create_app(build_service(settings), settings)
+    async with Client(app) as client:
+        forgotten = (await client.call_tool("amfs_forget", {"entity_path": ENTITY, "key": KEY})).structured_content
+        assert forgotten["versions_removed"] == 2
+        # checked while the server still runs: nothing waits for the shutdown
+        assert files_holding(data_dir, marker.encode()) == []
+        assert files_holding(data_dir, vector) == []
+        left = (await client.call_tool("amfs_retrieve", {"query": "checkout retries", "limit": 5})).structured_content
+        assert [h["entry"]["entry_key"] for h in left["results"]] == ["services/checkout/retry"]
+    await assert_gone(data_dir, marker, vector, monkeypatch)
+
+
+async def test_memory_forget_command_leaves_no_byte_in_any_file_or_the_export(tmp_path, monkeypatch) -> None:
+    data_dir, marker, vector = await planted(tmp_path, monkeypatch)
+    await run_cli(data_dir, monkeypatch, "memory", "forget", f"{ENTITY}/{KEY}")
+    await assert_gone(data_dir, marker, vector, monkeypatch)
+    exported = json.loads(await export_text(data_dir, monkeypatch))
+    assert [e["entity_path"] for e in exported["entries"]] == ["services/checkout"]  # the rest is untouched
+
+
+async def test_memory_clear_leaves_no_byte_in_any_file_or_the_export(tmp_path, monkeypatch) -> None:
+    data_dir, marker, vector = await planted(tmp_path, monkeypatch)
+    await run_cli(data_dir, monkeypatch, "memory", "clear", "--yes")
+    await assert_gone(data_dir, marker, vector, monkeypatch)
+    assert files_holding(data_dir, b"exponential backoff") == []
+
+
+async def test_ttl_expiry_leaves_no_byte_of_the_expired_memory(tmp_path) -> None:
+    marker = new_marker()
+    store = SQLiteStore(tmp_path / "amfs.db")
+    service = MemoryService(store)
+    await service.open()
+    try:
+        actor = Actor("agent/test", "s1")
+        await service.write(actor, WriteRequest(ENTITY, KEY, f"temporary {marker}", ttl_seconds=60))
+        await service.write(actor, WriteRequest("keep", "this", "a memory that stays"))
+        await store.close()
+        await store.open()
+        assert files_holding(tmp_path, marker.encode())
+        assert await store.purge_expired(utcnow() + timedelta(minutes=2)) == 1
+        assert files_holding(tmp_path, marker.encode()) == []
+    finally:
+        await service.close()
+    assert files_holding(tmp_path, marker.encode()) == []
+    assert files_holding(tmp_path, b"a memory that stays")
+
+
+async def test_the_keyword_index_drops_a_forgotten_term_from_its_segments(tmp_path) -> None:
+    """FTS5 keeps a deleted row's terms in its segment blobs until they merge; forget rewrites them."""
+    marker = new_marker()
+    store = SQLiteStore(tmp_path / "amfs.db")
+    service = MemoryService(store)
+    await service.open()
+    try:
+        actor = Actor("agent/test", "s1")
+        await service.write(actor, WriteRequest(ENTITY, KEY, f"term {marker}"))
+        for n in range(3):
+            await service.write(actor, WriteRequest("other", f"k{n}", f"unrelated note {n}"))
+
+        def segment_bytes() -> bytes:
+            return b"".join(bytes(row[0]) for row in store._connection().execute("SELECT block FROM entries_fts_data"))
+
+        assert marker.encode() in segment_bytes()
+        await service.forget(ENTITY, KEY)
+        assert marker.encode() not in segment_bytes()
+        found = await store.keyword_candidates(["unrelated"], EntryFilter(), utcnow(), 10)
+        assert sorted(entry.key for entry, _ in found) == ["k0", "k1", "k2"]  # the rest of the index still works
+    finally:
+        await service.close()
+
+
+async def every_table_text(store) -> dict[str, str]:
+    """Every table of the store's schema (SQLite: of its file) as text, row by row."""
+    if store.name == "postgres":
+        pool = store._require_pool()
+        names = [r[0] for r in await pool.fetch(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = $1", store.schema)]
+        return {name: "\n".join(r["row"] for r in await pool.fetch(f'SELECT t::text AS row FROM "{store.schema}"."{name}" t'))
+                for name in names}
+    conn = store._connection()
+    names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    return {name: "\n".join(repr(tuple(row)) for row in conn.execute(f'SELECT * FROM "{name}"')) for name in names}
+
+
+async def tables_holding(store, text: str) -> list[str]:
+    tables = await every_table_text(store)
+    assert {"entries", "trace_events", "outcomes", "outcome_effects", "meta"} <= set(tables)
+    return sorted(name for name, rows in tables.items() if text in rows)
+
+
+async def test_forget_and_clear_leave_the_memory_in_no_table_of_the_schema(service, actor) -> None:
+    marker = new_marker()
+    await service.write(actor, WriteRequest(ENTITY, KEY, f"lives at {marker} street"))
+    await service.write(actor, WriteRequest(ENTITY, KEY, f"moved to {marker} avenue"))
+    await service.write(actor, WriteRequest("keep", "this", "a memory that stays"))
+    await service.read(actor, ENTITY, KEY)
+    await service.retrieve(actor, "where does ada live", limit=3)
+    await service.commit_outcome(actor, "INC-9", "success")
+    assert "entries" in await tables_holding(service.store, marker)
+    assert {"trace_events", "outcome_effects"} <= set(await tables_holding(service.store, ENTITY))
+
+    assert await service.forget(ENTITY, KEY) == 2
+    assert await tables_holding(service.store, marker) == []
+    assert await tables_holding(service.store, ENTITY) == []  # its traces and outcome effects went too
+    assert await service.outcome_records() == []  # the outcome touched only the forgotten memory
+    assert "entries" in await tables_holding(service.store, "a memory that stays")
+    await service.clear()
+    assert await tables_holding(service.store, "a memory that stays") == []
+
+
+async def test_a_process_that_still_holds_the_vector_does_not_write_it_back(tmp_path) -> None:
+    """Another process (here: a second store on the same file) has the index loaded with the vector;
+    after this one forgets, that one writes, and its save on close must not restore the vector."""
+    from amfs_server.session_bench.erase_bench import HashEmbedder
+
+    embedder = HashEmbedder()
+    holder = MemoryService(SQLiteStore(tmp_path / "amfs.db"), embedder=embedder)
+    forgetter = MemoryService(SQLiteStore(tmp_path / "amfs.db"), embedder=embedder)
+    await holder.open()
+    await forgetter.open()
+    actor = Actor("agent/test", "s1")
+    try:
+        await holder.write(actor, WriteRequest(ENTITY, KEY, "to be forgotten"))
+        await holder.write(actor, WriteRequest("keep", "this", "a memory that stays"))
+        await holder.retrieve(actor, "anything", limit=2)  # the holder's index now has the vector
+        vector = np.asarray(embedder.embed([_text(ENTITY, KEY, "to be forgotten")])[0], dtype=np.float32).tobytes()
+        await forgetter.forget(ENTITY, KEY)
+        await holder.write(actor, WriteRequest("keep", "that", "another memory"))
+        await holder.retrieve(actor, "anything", limit=2)  # syncs: the holder's index is dirty again
+    finally:
+        await holder.close()
+        await forgetter.close()
+    assert files_holding(tmp_path, vector) == []
+    assert any(name.endswith(".usearch") for name in raw_files(tmp_path))
+
+
+def _text(entity_path: str, key: str, value: str) -> str:
+    from amfs_server.core.embedding import embedding_text
+
+    return embedding_text(entity_path, key, value)

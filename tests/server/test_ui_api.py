@@ -1,0 +1,312 @@
+"""The memory browser's HTTP API, in process through the real ASGI apps (the FastMCP HTTP app with keys, and
+the standalone `amfs-server ui` app): keys, scopes, refusals, and that looking is not an agent read."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from fastmcp.utilities.asgi_transport import StreamingASGITransport
+
+from amfs_server.core.models import Actor
+from amfs_server.core.service import MemoryService, WriteRequest
+from amfs_server.ml.service import MLService
+from amfs_server.server.app import create_app, http_options
+from amfs_server.server.auth import parse_api_keys
+from amfs_server.server.composition import build_service
+from amfs_server.server.settings import Settings, load_settings
+from amfs_server.server.ui import UiServices, create_ui_app
+from amfs_server.server.ui.api import CONTENT_SECURITY_POLICY
+
+ADMIN = "admin-key-0000000000000001"
+READER = "reader-key-000000000000002"
+TEAM_A = "team-a-key-000000000000003"
+KEYS = f"{ADMIN},{READER}:ro,{TEAM_A}:rw@team-a"
+BASE = "http://127.0.0.1"
+WRITER = Actor("agent/seed", "seed-session")
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def seed(service: MemoryService) -> None:
+    await service.write_many(WRITER, [
+        WriteRequest("team-a/payments", "retry-policy", {"retries": 3, "backoff": "exponential"}),
+        WriteRequest("team-a/payments", "timeout", "30 seconds for the payments gateway"),
+        WriteRequest("team-a/payments/eu", "provider", "adyen handles eu payments"),
+        WriteRequest("team-b/search", "index", "the search index rebuilds nightly at 02:00"),
+        WriteRequest("team-b/search", "xss", "<img src=x onerror=alert(1)>"),
+    ])
+    await service.write(WRITER, WriteRequest("team-a/payments", "retry-policy", {"retries": 5, "backoff": "exponential"}))
+    await service.commit_outcome(
+        WRITER, "deploy-1", "success", ["team-a/payments/retry-policy", "team-b/search/index"]
+    )
+    await service.commit_outcome(WRITER, "incident-2", "failure", ["team-b/search/index"])
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return load_settings({}, data_dir=tmp_path, embedder="none")
+
+
+@asynccontextmanager
+async def mcp_http(
+    settings: Settings, keys: str = KEYS, transport: str = "http"
+) -> AsyncIterator[tuple[httpx2.AsyncClient, MemoryService]]:
+    service = build_service(settings)
+    app = create_app(service, settings, api_keys=parse_api_keys(keys))
+    asgi = app.http_app(transport=transport, **http_options("127.0.0.1"))
+    async with asgi.router.lifespan_context(asgi):
+        await seed(service)
+        async with httpx2.AsyncClient(transport=StreamingASGITransport(asgi), base_url=BASE) as http:
+            yield http, service
+
+
+async def get(
+    http: httpx2.AsyncClient, endpoint: str, key: str | None = ADMIN, /, **params: Any
+) -> httpx2.Response:
+    return await http.get(f"/ui/api/{endpoint}", params=params, headers=bearer(key) if key else {})
+
+
+async def forget(http: httpx2.AsyncClient, key: str, entity_path: str, entry: str) -> httpx2.Response:
+    return await http.post(
+        "/ui/api/forget", json={"entity_path": entity_path, "key": entry},
+        headers={**bearer(key), "Content-Type": "application/json"},
+    )
+
+
+API_CALLS = [
+    ("whoami", {}), ("tree", {}), ("entries", {"path": "team-a/payments"}),
+    ("entry", {"path": "team-a/payments", "key": "timeout"}), ("outcomes", {}), ("search", {"q": "payments"}),
+    ("learning", {}), ("ml", {}),
+]
+
+
+@pytest.mark.parametrize("key", [None, "wrong-key-00000000000000000"])
+async def test_every_api_call_without_a_valid_key_gets_401_and_no_data(settings: Settings, key: str | None) -> None:
+    async with mcp_http(settings) as (http, service):
+        for path, params in API_CALLS:
+            response = await get(http, path, key, **params)
+            assert response.status_code == 401, path
+            assert response.headers["www-authenticate"] == "Bearer"
+            assert "team-a" not in response.text and "payments" not in response.text
+        refused = await forget(http, key or "wrong-key-00000000000000000", "team-a/payments", "timeout")
+        assert refused.status_code == 401
+        assert (await service.peek("team-a/payments", "timeout")).key == "timeout"
+
+
+async def test_the_sse_transport_serves_the_same_page_and_api_behind_the_same_keys(settings: Settings) -> None:
+    async with mcp_http(settings, transport="sse") as (http, _):
+        assert (await http.get("/ui/")).status_code == 200
+        assert (await get(http, "tree", None)).status_code == 401
+        assert (await get(http, "tree", READER)).json()["total"] == 5
+        assert (await get(http, "tree", TEAM_A, path="team-b")).status_code == 403
+
+
+async def test_the_page_and_its_assets_load_without_a_key_under_a_strict_csp_and_hold_no_data(settings: Settings) -> None:
+    async with mcp_http(settings) as (http, _):
+        for path in ("/ui", "/ui/", "/ui/static/app.js", "/ui/static/style.css"):
+            response = await http.get(path)
+            assert response.status_code == 200, path
+            assert response.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+            assert response.headers["x-content-type-options"] == "nosniff"
+            assert "retry-policy" not in response.text
+        csp = CONTENT_SECURITY_POLICY
+        assert "default-src 'self'" in csp and "'unsafe-inline'" not in csp and "'unsafe-eval'" not in csp
+        page = (await http.get("/ui")).text
+        assert "<script src=" in page and "<script>" not in page and " style=" not in page
+        assert (await http.get("/ui/static/../app.py")).status_code == 404
+        assert (await http.get("/ui/static/nope.js")).status_code == 404
+        api = await get(http, "whoami")
+        assert api.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+        assert api.headers["cache-control"] == "no-store"
+
+
+async def test_the_tree_counts_entries_per_entity_and_lists_them_a_page_at_a_time(settings: Settings) -> None:
+    async with mcp_http(settings) as (http, _):
+        root = (await get(http, "tree")).json()
+        assert root["total"] == 5
+        assert [(c["path"], c["total"], c["has_children"]) for c in root["children"]] == [
+            ("team-a", 3, True), ("team-b", 2, True),
+        ]
+        payments = (await get(http, "tree", path="team-a/payments")).json()
+        assert (payments["here"], payments["total"]) == (2, 3)
+        assert [(c["path"], c["here"]) for c in payments["children"]] == [("team-a/payments/eu", 1)]
+        first = (await get(http, "entries", path="team-a/payments", limit=1)).json()
+        second = (await get(http, "entries", path="team-a/payments", limit=1, offset=1)).json()
+        assert first["total"] == 2
+        assert [e["key"] for e in first["entries"] + second["entries"]] == ["retry-policy", "timeout"]
+        assert (await get(http, "entries", path="team-a/payments", offset=-1)).status_code == 400
+        assert (await get(http, "entries", path="team-a/payments", limit=10_000)).status_code == 400
+
+
+async def test_an_entry_shows_every_version_a_diff_and_its_outcomes(settings: Settings) -> None:
+    async with mcp_http(settings) as (http, _):
+        data = (await get(http, "entry", path="team-a/payments", key="retry-policy")).json()
+        assert data["entry"]["value"] == {"retries": 5, "backoff": "exponential"}
+        assert [v["version"] for v in data["versions"]] == [2, 1]
+        assert data["entry"]["provenance"]["agent_id"] == "agent/seed"
+        assert data["entry"]["tier_name"] in {"hot", "warm", "archive"}
+        assert 0 < data["entry"]["effective_confidence"] <= 1
+        assert [(o["outcome_ref"], o["version_updated"]) for o in data["outcomes"]] == [("deploy-1", 2)]
+        diff = (await get(http, "diff", path="team-a/payments", key="retry-policy", **{"from": 1, "to": 2})).json()
+        changed = [(line["op"], line["text"].strip()) for line in diff["lines"] if line["op"] != "same"]
+        assert changed == [("remove", '"retries": 3'), ("add", '"retries": 5')]
+        assert (await get(http, "diff", path="team-a/payments", key="retry-policy", **{"from": 1, "to": 9})).status_code == 404
+        assert (await get(http, "entry", path="team-a/payments", key="missing")).status_code == 404
+
+
+async def test_search_runs_retrieval_with_explain_and_outcomes_list_newest_first(settings: Settings) -> None:
+    async with mcp_http(settings) as (http, _):
+        found = (await get(http, "search", q="search index rebuild")).json()
+        top = found["results"][0]
+        assert top["entry"]["entry_key"] == "team-b/search/index"
+        assert top["strategies"]["keyword"]["rank"] == 1 and top["strategies"]["keyword"]["contribution"] > 0
+        assert (await get(http, "search", q="   ")).status_code == 400
+        outcomes = (await get(http, "outcomes")).json()
+        assert [o["outcome_ref"] for o in outcomes["outcomes"]] == ["incident-2", "deploy-1"]
+        deploy = outcomes["outcomes"][1]
+        assert {e["entry_key"] for e in deploy["effects"]} == {"team-a/payments/retry-policy", "team-b/search/index"}
+
+
+async def test_looking_through_the_ui_is_not_an_agent_read(settings: Settings) -> None:
+    async with mcp_http(settings) as (http, service):
+        traces_before = await service.store.trace_events()
+        before = await service.peek("team-b/search", "index")
+        await get(http, "entry", path="team-b/search", key="index")
+        await get(http, "entries", path="team-b/search")
+        assert (await get(http, "search", q="search index")).json()["results"]
+        after = await service.peek("team-b/search", "index")
+        assert after.recall_count == before.recall_count
+        assert await service.store.trace_events() == traces_before
+        assert await service.store.session_reads("ui") == []
+
+
+async def test_a_read_only_key_reads_but_cannot_forget(settings: Settings) -> None:
+    async with mcp_http(settings) as (http, service):
+        me = (await get(http, "whoami", READER)).json()
+        assert (me["access"], me["can_forget"]) == ("ro", False)
+        assert (await get(http, "entry", READER, path="team-a/payments", key="timeout")).status_code == 200
+        refused = await forget(http, READER, "team-a/payments", "timeout")
+        assert refused.status_code == 403 and "read-only" in refused.json()["error"]
+        assert (await service.peek("team-a/payments", "timeout")).key == "timeout"
+
+
+async def test_a_read_write_key_forgets_an_entry_and_bad_requests_change_nothing(settings: Settings) -> None:
+    async with mcp_http(settings) as (http, service):
+        plain = await http.post(
+            "/ui/api/forget", content='{"entity_path": "team-a/payments", "key": "timeout"}',
+            headers={**bearer(ADMIN), "Content-Type": "text/plain"},
+        )
+        assert plain.status_code == 400
+        assert (await http.get("/ui/api/forget", headers=bearer(ADMIN))).status_code == 405
+        assert (await forget(http, ADMIN, "", "timeout")).status_code == 400
+        assert (await service.peek("team-a/payments", "timeout")).key == "timeout"
+        done = await forget(http, ADMIN, "team-a/payments", "timeout")
+        assert done.json() == {"forgotten": "team-a/payments/timeout", "versions_removed": 1}
+        assert (await get(http, "entry", path="team-a/payments", key="timeout")).status_code == 404
+        assert (await forget(http, ADMIN, "team-a/payments", "timeout")).status_code == 404
+
+
+async def test_a_prefix_key_sees_and_touches_only_its_prefix(settings: Settings) -> None:
+    async with mcp_http(settings) as (http, service):
+        me = (await get(http, "whoami", TEAM_A)).json()
+        assert me["entity_prefix"] == "team-a"
+        tree = (await get(http, "tree", TEAM_A)).json()
+        assert (tree["path"], tree["total"]) == ("team-a", 3)
+        assert "team-b" not in str(tree)
+        for path, params in [
+            ("tree", {"path": "team-b"}), ("entries", {"path": "team-b/search"}),
+            ("entry", {"path": "team-b/search", "key": "index"}), ("search", {"q": "search index", "path": "team-b"}),
+            ("outcomes", {"path": "team-b"}), ("tree", {"path": "team-ab"}),
+            ("diff", {"path": "team-b/search", "key": "index", "from": 1, "to": 1}), ("learning", {}), ("ml", {}),
+        ]:
+            response = await get(http, path, TEAM_A, **params)
+            assert response.status_code == 403, (path, params)
+            assert "nightly" not in response.text
+        found = (await get(http, "search", TEAM_A, q="search index rebuilds nightly payments")).json()
+        assert found["results"] and all(r["entry"]["entity_path"].startswith("team-a") for r in found["results"])
+        outcomes = (await get(http, "outcomes", TEAM_A)).json()
+        assert [o["outcome_ref"] for o in outcomes["outcomes"]] == ["deploy-1"]
+        assert [e["entry_key"] for e in outcomes["outcomes"][0]["effects"]] == ["team-a/payments/retry-policy"]
+        refused = await forget(http, TEAM_A, "team-b/search", "index")
+        assert refused.status_code == 403
+        assert (await service.peek("team-b/search", "index")).key == "index"
+        assert (await forget(http, TEAM_A, "team-a/payments/eu", "provider")).status_code == 200
+
+
+async def test_the_ui_shares_the_mcp_endpoint_origin_and_host_checks(settings: Settings) -> None:
+    async with mcp_http(settings) as (http, _):
+        evil = await http.get("/ui/api/whoami", headers={**bearer(ADMIN), "Origin": "https://evil.example"})
+        assert evil.status_code == 403
+        rebound = await http.get("/ui/", headers={"Host": "evil.example"})
+        assert rebound.status_code == 421
+        same_origin = await http.get("/ui/api/whoami", headers={**bearer(ADMIN), "Origin": "http://127.0.0.1:8000"})
+        assert same_origin.status_code == 200
+
+
+async def test_learning_and_ml_views_report_what_the_services_hold(settings: Settings) -> None:
+    async with mcp_http(settings) as (http, _):
+        learning = (await get(http, "learning")).json()
+        assert learning["enabled"] is True and learning["preferences"] == []
+        ml = (await get(http, "ml")).json()
+        assert ml["ranker_models"] == [] and ml["learned_strategy_on"] is False
+        assert ml["calibration_applied"] is False and ml["multipliers_in_force"] == ml["configured_multipliers"]
+        calibration = await get(http, "ml/calibration")
+        assert calibration.status_code == 409 and calibration.json()["insufficient_data"] is True
+
+
+async def test_the_standalone_ui_app_serves_the_local_store_without_keys_on_loopback(settings: Settings) -> None:
+    service = build_service(settings)
+    app = create_ui_app(UiServices(service, None, MLService(service, settings.ml_model_dir)))
+    async with app.router.lifespan_context(app):
+        await seed(service)
+        async with httpx2.AsyncClient(transport=StreamingASGITransport(app), base_url=BASE) as http:
+            assert (await http.get("/")).headers["location"] == "/ui/"
+            me = (await http.get("/ui/api/whoami")).json()
+            assert (me["keyed"], me["access"], me["learning"]) == (False, "rw", False)
+            assert (await http.get("/ui/api/tree")).json()["total"] == 5
+            assert (await http.get("/ui/api/learning")).json()["enabled"] is False
+            assert (await http.get("/ui/api/whoami", headers={"Origin": "https://evil.example"})).status_code == 403
+            assert (await http.get("/ui/api/whoami", headers={"Host": "evil.example"})).status_code == 421
+
+
+def test_the_ui_command_refuses_to_bind_beyond_loopback_without_keys(settings: Settings) -> None:
+    from amfs_server.server.ui import run_ui
+
+    with pytest.raises(SystemExit) as refused:
+        run_ui(settings, host="0.0.0.0", port=1)
+    assert "beyond loopback requires bearer-token auth" in str(refused.value.code)
+
+
+def test_the_ui_command_serves_the_configured_store_with_its_keys(tmp_path: Path) -> None:
+    import asyncio
+
+    import httpx
+
+    from amfs_server.session_bench.mcp_latency import server_env, spawn_http_server
+
+    async def write() -> None:
+        service = build_service(load_settings({}, data_dir=tmp_path, embedder="none"))
+        await service.open()
+        try:
+            await seed(service)
+        finally:
+            await service.close()
+
+    asyncio.run(write())
+    env = server_env(tmp_path, AMFS_EMBEDDER="none", AMFS_API_KEYS=f"{ADMIN},{READER}:ro")
+    server = spawn_http_server("http", env, command=["ui"])
+    try:
+        with httpx.Client(base_url=server.base_url, timeout=30) as http:
+            assert http.get("/ui/").status_code == 200
+            assert http.get("/ui/api/tree").status_code == 401
+            assert http.get("/ui/api/tree", headers=bearer(READER)).json()["total"] == 5
+            assert http.get("/mcp").status_code == 404  # the page only: MCP stays with the stdio server
+    finally:
+        server.stop()

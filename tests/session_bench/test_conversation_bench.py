@@ -1,0 +1,137 @@
+"""The conversational retrieval benchmark: its generated data, its scoring, its BM25 baseline and the harness."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from amfs_server.session_bench import conversation_bench as bench
+from amfs_server.session_bench import make_conversation_dataset as gen
+
+
+@pytest.fixture(scope="module")
+def tiny() -> dict:
+    """Two conversations of three sessions each: one tuning, one test."""
+    return gen.build_dataset(seed=7, conversations=2, sessions=3)
+
+
+def test_generator_is_deterministic_for_a_seed_and_changes_with_it(tiny):
+    assert gen.build_dataset(seed=7, conversations=2, sessions=3) == tiny
+    assert gen.build_dataset(seed=8, conversations=2, sessions=3) != tiny
+
+
+def test_every_question_has_evidence_turns_that_exist_in_its_conversation(tiny):
+    gen.validate(tiny)
+    for conversation in tiny["conversations"]:
+        keys = {t["key"] for t in bench.turns_of(conversation)}
+        for question in conversation["questions"]:
+            assert question["evidence"] and set(question["evidence"]) <= keys
+
+
+def test_every_question_kind_is_present_in_each_conversation(tiny):
+    for conversation in tiny["conversations"]:
+        assert {q["kind"] for q in conversation["questions"]} == set(gen.KINDS)
+
+
+def test_turns_carry_keys_speakers_and_their_sessions_date(tiny):
+    conversation = tiny["conversations"][0]
+    for session in conversation["sessions"]:
+        for turn in session["turns"]:
+            assert turn["key"].startswith(f"s{session['session']:02d}-t")
+            assert turn["speaker"] in conversation["speakers"]
+            assert turn["date"] == session["date"]
+    assert bench.turn_value(conversation["sessions"][0]["turns"][0]).startswith(
+        conversation["sessions"][0]["turns"][0]["speaker"] + ": ")
+
+
+def test_splits_are_by_conversation_and_disjoint_in_the_committed_file():
+    conversations = bench.load_conversations(split="all")
+    tuning = {c["conversation_id"] for c in bench.load_conversations(split="tuning")}
+    test = {c["conversation_id"] for c in bench.load_conversations(split="test")}
+    assert tuning and test and not tuning & test
+    assert tuning | test == {c["conversation_id"] for c in conversations}
+    assert len(tuning) == len(test) == len(conversations) // 2
+
+
+def test_committed_file_is_what_the_generator_writes():
+    assert bench.DATASET.read_text() == gen.render(gen.build_dataset())
+
+
+def test_committed_questions_are_paraphrased_and_conversations_are_full_size():
+    stats = gen.statistics_of(json.loads(bench.DATASET.read_text()))
+    assert stats["overlap_overall"] < 0.5
+    assert 250 <= stats["turns_per_conversation"] <= 350 and 20 <= stats["sessions_per_conversation"] <= 30
+    assert all(count > 0 for count in stats["questions_per_kind"].values())
+
+
+def test_unknown_split_is_rejected_with_the_choices():
+    with pytest.raises(ValueError, match="tuning, test, all"):
+        bench.load_conversations(split="train")
+
+
+def test_recall_counts_the_fraction_of_evidence_in_the_top_ten():
+    ranked = ["a", "b", "x", "c", "d", "e", "f", "g", "h", "i", "y"]
+    assert bench.score_question(ranked, ["x", "y"]) == {"recall@10": 0.5, "mrr@10": pytest.approx(1 / 3)}
+    assert bench.score_question(ranked, ["a", "x"])["recall@10"] == 1.0
+
+
+def test_mrr_is_the_reciprocal_rank_of_the_first_evidence_turn_within_ten():
+    ranked = [f"k{i}" for i in range(1, 13)]
+    assert bench.score_question(ranked, ["k1"])["mrr@10"] == 1.0
+    assert bench.score_question(ranked, ["k4", "k2"])["mrr@10"] == 0.5
+    assert bench.score_question(ranked, ["k11"]) == {"recall@10": 0.0, "mrr@10": 0.0}
+
+
+def test_a_question_without_evidence_is_an_error():
+    with pytest.raises(ValueError, match="evidence"):
+        bench.score_question(["a"], [])
+
+
+def test_bm25_ranks_the_obvious_match_first():
+    index = bench.BM25({
+        "t1": "Maya: I made a huge pot of soup today.",
+        "t2": "Jonah: We adopted a beagle puppy named Biscuit!",
+        "t3": "Maya: The weather has been awful all week.",
+    })
+    assert index.rank("What is the name of Jonah's beagle puppy?")[0] == "t2"
+    assert index.rank("completely unrelated words") == []
+
+
+def test_bm25_prefers_the_rarer_word():
+    index = bench.BM25({"a": "soup soup today", "b": "kayak today", "c": "today today", "d": "soup"})
+    assert index.rank("kayak soup")[0] == "b"
+
+
+@pytest.mark.slow
+def test_harness_runs_every_ranker_end_to_end_on_sqlite(tmp_path, capsys):
+    data = gen.build_dataset(seed=3, conversations=2, sessions=3)
+    for conversation in data["conversations"]:
+        conversation["questions"] = conversation["questions"][:6]
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(data))
+    out = tmp_path / "report.json"
+
+    report = bench.main(["--dataset", str(path), "--split", "all", "--json", str(out)])
+
+    table = capsys.readouterr().out
+    expected = [bench.FUSION, *bench.SINGLE_STRATEGIES, bench.BM25_ROW]
+    for name in expected:
+        assert f"| {name} |" in table
+    summary = report["runs"]["sqlite"]["summary"]
+    assert list(summary) == expected
+    assert set(summary[bench.FUSION]) == {"tuning", "test"}
+    for name in expected:
+        for split in ("tuning", "test"):
+            assert summary[name][split]["overall"]["n"] == 6
+            assert 0.0 <= summary[name][split]["overall"]["recall@10"] <= 1.0
+    assert json.loads(out.read_text())["questions"] == 12
+
+
+def test_rankers_return_one_ranked_list_per_question_from_the_conversation(tiny):
+    conversation = tiny["conversations"][0]
+    questions = conversation["questions"][:5]
+    ranked = asyncio.run(bench.bm25_ranker(None, conversation, questions))
+    keys = {t["key"] for t in bench.turns_of(conversation)}
+    assert len(ranked) == 5 and all(len(r) <= bench.LIMIT and set(r) <= keys for r in ranked)
