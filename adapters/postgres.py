@@ -47,7 +47,8 @@ from datetime import datetime
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
-from ..core.errors import ConflictError, StoreError, ValidationError
+from ..core.confidence import bounded_confidence
+from ..core.errors import ConflictError, StorageFullError, StoreError, ValidationError
 from ..core.models import (
     AMFS_VERSION,
     Actor,
@@ -281,7 +282,7 @@ def _row_to_entry(row: Any, with_embedding: bool = True) -> MemoryEntry:
         key=row["key"],
         value=json.loads(row["value_json"]),
         version=row["version"],
-        confidence=row["confidence"],
+        confidence=bounded_confidence(row["confidence"]),
         provenance=Provenance(row["agent_id"], row["session_id"], row["written_at"]),
         outcome_count=row["outcome_count"],
         recall_count=row["recall_count"],
@@ -617,6 +618,11 @@ class PostgresStore:
                 await asyncio.sleep(random.uniform(0.005, 0.02) * attempt)
             except asyncpg.CharacterNotInRepertoireError as error:
                 raise ValidationError(_NUL_MESSAGE) from error
+            except asyncpg.DiskFullError as error:
+                raise StorageFullError(
+                    f"PostgreSQL at {self.where} has no space left ({error}); nothing was written. Free space on "
+                    "the database server's disk. Reads keep working meanwhile."
+                ) from error
             except (OSError, asyncpg.PostgresConnectionError, asyncpg.ConnectionDoesNotExistError) as error:
                 raise StoreError(f"Lost the connection to PostgreSQL at {self.where}: {error}") from error
         raise AssertionError("unreachable")  # pragma: no cover
@@ -993,8 +999,8 @@ class PostgresStore:
         for e in effect_rows:
             effects.setdefault(e["outcome_ref"], []).append(
                 OutcomeEffect(
-                    e["entity_path"], e["key"], e["version_read"], e["version_updated"], e["confidence_before"],
-                    e["confidence_after"],
+                    e["entity_path"], e["key"], e["version_read"], e["version_updated"],
+                    bounded_confidence(e["confidence_before"]), bounded_confidence(e["confidence_after"]),
                 )
             )
         return [

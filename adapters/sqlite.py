@@ -8,14 +8,18 @@ behind a lock so the event loop never blocks on disk.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import re
 import sqlite3
+import uuid
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ..core.confidence import bounded_confidence
 from ..core.errors import ValidationError
 from ..core.models import (
     Actor,
@@ -35,6 +39,8 @@ from ..core.models import (
 from ..core.ports import OutcomeTarget, StoreSnapshot, TierUpdate
 from .sqlite_base import SQLiteDatabase, _dt, _ts
 from .vector_index import VectorIndex
+
+log = logging.getLogger(__name__)
 
 
 # Each entry is one migration step; the schema version is its 1-based position.
@@ -166,7 +172,7 @@ def _row_to_entry(row: sqlite3.Row, with_embedding: bool = True) -> MemoryEntry:
         key=row["key"],
         value=json.loads(row["value_json"]),
         version=row["version"],
-        confidence=row["confidence"],
+        confidence=bounded_confidence(row["confidence"]),
         provenance=Provenance(row["agent_id"], row["session_id"], _dt(row["written_at"])),  # type: ignore[arg-type]
         outcome_count=row["outcome_count"],
         recall_count=row["recall_count"],
@@ -498,7 +504,10 @@ class SQLiteStore(SQLiteDatabase):
                 OutcomeRecord(
                     row["outcome_ref"], OutcomeType(row["outcome_type"]), row["multiplier"], _dt(row["committed_at"]),  # type: ignore[arg-type]
                     row["agent_id"], row["session_id"],
-                    tuple(OutcomeEffect(e[0], e[1], e[2], e[3], e[4], e[5]) for e in effects),
+                    tuple(
+                        OutcomeEffect(e[0], e[1], e[2], e[3], bounded_confidence(e[4]), bounded_confidence(e[5]))
+                        for e in effects
+                    ),
                 )
             )
         return records
@@ -632,7 +641,9 @@ class SQLiteStore(SQLiteDatabase):
         if not removed:
             return
         self._checkpoint()
-        self._vectors.forget([row_id for row_id, _ in erased], [decode_embedding(blob) for _, blob in erased])
+        self._vectors.forget(
+            self._connection(), [row_id for row_id, _ in erased], [decode_embedding(blob) for _, blob in erased]
+        )
 
     async def clear(self) -> None:
         def delete() -> None:
@@ -662,7 +673,12 @@ class SQLiteStore(SQLiteDatabase):
                         "ORDER BY event_id"
                     )
                 ]
-                meta = {r[0]: json.loads(r[1]) for r in conn.execute("SELECT name, value_json FROM meta ORDER BY name")}
+                meta = {
+                    r[0]: json.loads(r[1])
+                    for r in conn.execute(
+                        "SELECT name, value_json FROM meta WHERE name != ? ORDER BY name", (VECTOR_INDEX_META,)
+                    )
+                }
             finally:
                 conn.execute("COMMIT")
             return StoreSnapshot(entries, outcomes, traces, meta)
@@ -777,6 +793,18 @@ def _prefixed_columns(prefix: str) -> str:
     return ", ".join(prefix + column.strip() for column in _BASE_COLUMNS.split(","))
 
 
+VECTOR_INDEX_META = "vector_index"
+"""Meta row naming the generation of the index files last saved with this database (not exported)."""
+
+
+def _file_sha256(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.file_digest(handle, "sha256").hexdigest()
+    except FileNotFoundError:
+        return None
+
+
 class VectorSync:
     """Keeps the in-process ANN index in step with the entries table, across processes.
 
@@ -797,7 +825,7 @@ class VectorSync:
     def sync(self, conn: sqlite3.Connection, dimension: int) -> VectorIndex:
         data_version = conn.execute("PRAGMA data_version").fetchone()[0]
         if self.index is None or self.index.dimension != dimension:
-            self._load(dimension)
+            self._load(conn, dimension)
         elif not self.dirty and data_version == self.data_version:
             return self.index
         assert self.index is not None
@@ -828,40 +856,76 @@ class VectorSync:
         self.dirty = False
         return self.index
 
-    def _load(self, dimension: int) -> None:
+    def _load(self, conn: sqlite3.Connection, dimension: int) -> None:
         self.index = VectorIndex.open(dimension, self.path)
         self.watermark = 0
-        if self.meta_path.exists() and self.index.load_error is None and len(self.index):
-            try:
-                saved = json.loads(self.meta_path.read_text())
-                if saved.get("dimension") == dimension:
-                    self.watermark = int(saved["watermark"])
-            except (ValueError, KeyError, OSError):
-                self.watermark = 0
+        if self.index.load_error is None and len(self.index):
+            saved, reason = self._verified_state(conn, dimension)
+            if saved is not None:
+                self.watermark = saved
+            else:
+                log.warning("Rebuilding the vector index %s from the database: %s", self.path, reason)
         if self.watermark == 0:
             self.index.clear()
 
-    def save(self, conn: sqlite3.Connection | None = None) -> None:
-        """Persist the index when it changed. With `conn`, ids whose rows are no longer current (another
-        process forgot or superseded them since this one synced) are dropped first and their vectors
-        scrubbed from the file, so a save never writes a forgotten vector back."""
+    def _verified_state(self, conn: sqlite3.Connection, dimension: int) -> tuple[int | None, str]:
+        """The saved watermark when the index file is the one last saved beside this database, else why not.
+
+        The sidecar holds the file's checksum and a generation id that is also written into the
+        database's meta table: a damaged file, or a database restored from an older copy next to newer
+        index files, fails one of the checks (and would otherwise serve stale or missing hits).
+        """
+        try:
+            saved = json.loads(self.meta_path.read_text())
+            watermark, generation, digest = int(saved["watermark"]), saved["generation"], saved["sha256"]
+        except FileNotFoundError:
+            return None, f"{self.meta_path.name} is missing"
+        except (ValueError, KeyError, TypeError, OSError) as error:
+            return None, f"{self.meta_path.name} is unreadable or from an older version ({error!r})"
+        if saved.get("dimension") != dimension:
+            return None, f"it was built for dimension {saved.get('dimension')}, the embedder gives {dimension}"
+        if _file_sha256(self.path) != digest:
+            return None, "the file's checksum does not match the one saved with it (the file was damaged or replaced)"
+        row = conn.execute("SELECT value_json FROM meta WHERE name = ?", (VECTOR_INDEX_META,)).fetchone()
+        in_database = json.loads(row[0]) if row is not None else {}
+        if in_database.get("generation") != generation:
+            return None, "the database and the index were not saved together (a database restored from another copy?)"
+        top = conn.execute("SELECT COALESCE(MAX(row_id), 0) FROM entries").fetchone()[0]
+        if watermark > top:
+            return None, f"the index covers rows up to {watermark}, the database ends at {top}"
+        return watermark, ""
+
+    def save(self, conn: sqlite3.Connection) -> None:
+        """Persist the index when it changed. Ids whose rows are no longer current (another process
+        forgot or superseded them since this one synced) are dropped first and their vectors scrubbed
+        from the file, so a save never writes a forgotten vector back."""
         if self.index is None or not self.index.dirty:
             return
-        if conn is None:
-            self.index.save()
-        else:
-            live = {row[0] for row in conn.execute("SELECT row_id FROM entries WHERE is_current = 1")}
-            gone = [i for i in self.index.ids().tolist() if i not in live]
-            vectors = [self.index.get(i) for i in gone]
-            self.index.remove(gone)
-            self.index.save_scrubbed([v for v in vectors if v is not None])
-        self._save_meta()
+        live = {row[0] for row in conn.execute("SELECT row_id FROM entries WHERE is_current = 1")}
+        gone = [i for i in self.index.ids().tolist() if i not in live]
+        vectors = [self.index.get(i) for i in gone]
+        self.index.remove(gone)
+        self.index.save_scrubbed([v for v in vectors if v is not None])
+        self._save_meta(conn)
 
-    def _save_meta(self) -> None:
+    def _save_meta(self, conn: sqlite3.Connection) -> None:
+        """The sidecar (watermark, checksum, generation) and the same generation in the database's meta."""
         assert self.index is not None
+        generation = uuid.uuid4().hex
         temporary = self.meta_path.with_suffix(".json.tmp")
-        temporary.write_text(json.dumps({"watermark": self.watermark, "dimension": self.index.dimension}))
+        temporary.write_text(json.dumps({
+            "watermark": self.watermark, "dimension": self.index.dimension, "generation": generation,
+            "sha256": _file_sha256(self.path),
+        }))
         os.replace(temporary, self.meta_path)
+        try:
+            conn.execute(
+                "INSERT INTO meta (name, value_json) VALUES (?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET value_json = excluded.value_json",
+                (VECTOR_INDEX_META, json.dumps({"generation": generation, "watermark": self.watermark})),
+            )
+        except sqlite3.Error as error:  # the next start rebuilds the index; closing must not fail for it
+            log.warning("Could not record the vector index generation in %s: %s", self.path, error)
 
     def reset(self) -> None:
         if self.index is not None:
@@ -869,7 +933,7 @@ class VectorSync:
         self.watermark = 0
         self.dirty = True
 
-    def forget(self, row_ids: list[int], vectors: list[list[float] | None]) -> None:
+    def forget(self, conn: sqlite3.Connection, row_ids: list[int], vectors: list[list[float] | None]) -> None:
         """Take these vectors (of deleted rows) out of the index and out of its file. The index is loaded
         from the file first when this process has not used it yet; a file that cannot be read (or
         whose dimension is unknown) is deleted, to be rebuilt from the store on the next search."""
@@ -883,14 +947,14 @@ class VectorSync:
             if saved != len(wanted[0]):
                 self.wipe()
                 return
-            self._load(saved)
+            self._load(conn, saved)
         assert self.index is not None
         self.index.remove(row_ids)
         if self.index.load_error is not None:
             self.wipe()
             return
         self.index.save_scrubbed(wanted)
-        self._save_meta()
+        self._save_meta(conn)
 
     def wipe(self) -> None:
         """Forget the index and delete its files (after `clear`): the next search rebuilds it from the store."""

@@ -5,6 +5,7 @@ event loop never blocks on disk and concurrent writers in other processes serial
 from __future__ import annotations
 
 import asyncio
+import errno
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -13,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TypeVar
 
-from ..core.errors import StoreError
+from ..core.errors import StorageFullError, StoreError
 
 T = TypeVar("T")
 
@@ -26,6 +27,19 @@ def _ts(moment: datetime | None) -> float | None:
 
 def _dt(seconds: float | None) -> datetime | None:
     return None if seconds is None else datetime.fromtimestamp(seconds, tz=timezone.utc)
+
+
+def _is_disk_full(error: BaseException) -> bool:
+    if isinstance(error, OSError):
+        return error.errno == errno.ENOSPC
+    return getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+
+
+def _has_content(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except FileNotFoundError:
+        return False
 
 
 class SQLiteDatabase:
@@ -51,6 +65,11 @@ class SQLiteDatabase:
             if self._conn is not None:
                 return
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            existed = self.path.exists()
+            if existed and self.path.stat().st_size == 0 and not _has_content(self.path.with_name(self.path.name + "-wal")):
+                # Opening writes the header at once, so an empty file that exists was cut short (disk
+                # full, a failed copy); starting it empty would hide that every memory is gone.
+                raise StoreError(self._damaged("it is empty (0 bytes), yet it was not created by this start"))
             try:
                 conn = sqlite3.connect(
                     self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
@@ -63,13 +82,23 @@ class SQLiteDatabase:
                 # Deleted rows are overwritten with zeros instead of lingering in free space (forget, clear,
                 # retention); `_checkpoint` then takes the old pages out of the WAL.
                 conn.execute(f"PRAGMA secure_delete = {'ON' if self.secure_delete else 'OFF'}")
+                if existed:
+                    problems = [row[0] for row in conn.execute("PRAGMA quick_check(5)").fetchall()]
+                    if problems != ["ok"]:
+                        conn.close()
+                        raise StoreError(self._damaged(f"the integrity check failed: {'; '.join(problems)[:300]}"))
                 self._conn = conn
                 self._migrate()
             except sqlite3.DatabaseError as error:
                 self._conn = None
-                raise StoreError(
-                    f"Cannot open the {self.DESCRIPTION} at {self.path}: {error}. Check the file or {self.LOCATION_HINT}."
-                ) from error
+                raise StoreError(self._damaged(str(error))) from error
+
+    def _damaged(self, reason: str) -> str:
+        return (
+            f"Cannot open the {self.DESCRIPTION} at {self.path}: {reason}. Nothing was changed. Restore the file "
+            f"from a backup, or move it aside and load your last export (`amfs-server memory import FILE`); "
+            f"or {self.LOCATION_HINT} to use another location."
+        )
 
     def _migrate(self) -> None:
         with self._transaction() as conn:
@@ -116,7 +145,8 @@ class SQLiteDatabase:
         try:
             yield conn
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:  # SQLite has already rolled back after some errors (SQLITE_FULL, SQLITE_IOERR)
+                conn.execute("ROLLBACK")
             raise
         else:
             conn.execute("COMMIT")
@@ -129,6 +159,17 @@ class SQLiteDatabase:
     async def _run(self, fn: Callable[[], T]) -> T:
         def locked() -> T:
             with self._lock:
-                return fn()
+                try:
+                    return fn()
+                except (sqlite3.Error, OSError) as error:
+                    if _is_disk_full(error):
+                        raise StorageFullError(self._disk_full_message(error)) from error
+                    raise
 
         return await asyncio.to_thread(locked)
+
+    def _disk_full_message(self, error: BaseException) -> str:
+        return (
+            f"The disk holding the {self.DESCRIPTION} ({self.path.parent}) is full ({error}); nothing was written. "
+            f"Free space there, or {self.LOCATION_HINT} to a disk with room. Reads keep working meanwhile."
+        )

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from datetime import datetime
 
 from .errors import ValidationError
+from .validation import MAX_CONFIDENCE
 from .models import MemoryEntry, MemoryType, OutcomeType
 
 DEFAULT_MULTIPLIERS: dict[OutcomeType, float] = {
@@ -42,7 +43,16 @@ def validate_multipliers(multipliers: Mapping[OutcomeType | str, float]) -> dict
 
 
 def apply_outcome(confidence: float, multiplier: float) -> float:
-    return confidence * multiplier
+    """The one place outcomes change confidence: capped at MAX_CONFIDENCE so no chain of failures overflows."""
+    return bounded_confidence(bounded_confidence(confidence) * multiplier)
+
+
+def bounded_confidence(confidence: float) -> float:
+    """A stored confidence brought into [0, MAX_CONFIDENCE]: stores written before the cap may hold larger
+    values or infinity, which JSON cannot carry (MCP clients would see null where a number is declared)."""
+    if math.isnan(confidence):
+        return 0.0
+    return min(max(confidence, 0.0), MAX_CONFIDENCE)
 
 
 def effective_half_life_days(

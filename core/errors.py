@@ -23,5 +23,9 @@ class StoreError(AmfsError):
     """The store cannot be opened or used (corrupt file, unreachable database, missing extension)."""
 
 
+class StorageFullError(StoreError):
+    """The disk (or database) holding the store has no space left: writes fail until space is freed."""
+
+
 class InsufficientDataError(AmfsError):
     """An ML operation that needs more outcome data than the store holds."""

@@ -61,7 +61,7 @@ from .learning_records import (
     canonical_json,
 )
 from .ports import LearningStore
-from .redaction import REDACTED, contains_redaction, pseudonym, redact
+from .redaction import REDACTED, contains_redaction, looks_secret, pseudonym, redact
 
 
 # The confidence curve (see preference_confidence).
@@ -301,6 +301,8 @@ def validate_tool_name(name: Any) -> str:
             f"tool_name must be a tool's name (letters, digits, _ . : / -, at most {MAX_NAME_CHARS} characters), "
             f"e.g. 'github_create_issue'; got {name!r}."
         )
+    if looks_secret(name):  # tool names are stored unredacted, so a credential must never pass as one
+        raise ValidationError("tool_name looks like a credential; send the tool's name, e.g. 'github_create_issue'.")
     return name
 
 
@@ -493,8 +495,8 @@ class LearningService:
             user, category, key, lambda previous: transition(previous, user, category, key, value, now, session)
         )
 
-    def _checked_value(self, value: Any) -> Any:
-        if contains_redaction(redact(value, max_string=MAX_PREFERENCE_VALUE_CHARS)):
+    def _checked_value(self, key: str, value: Any) -> Any:
+        if contains_redaction(redact({key: value}, max_string=MAX_PREFERENCE_VALUE_CHARS)):  # the key's name counts
             raise ValidationError(
                 "That value looks like a credential or is too long to be a preference; amfs never stores "
                 f"credentials. Store a setting (at most {MAX_PREFERENCE_VALUE_CHARS} characters), not a secret."
@@ -510,7 +512,7 @@ class LearningService:
         if not (self.config.enabled and self.config.preference_learning):
             return None
         category, key = validate_category(category), validate_preference_key(key)
-        value = self._checked_value(value)
+        value = self._checked_value(key, value)
         await self._ready()
         user = self.user_key(user_id)
         change = self._change(observed, user, category, key, value, self._clock(), self._session_key(session_id))
@@ -520,7 +522,7 @@ class LearningService:
         """An explicit correction: the value becomes the preference, at confidence 0.4 when it changed."""
         self._require("preferences")
         category, key = validate_category(category), validate_preference_key(key)
-        value = self._checked_value(value)
+        value = self._checked_value(key, value)
         await self._ready()
         user = self.user_key(user_id)
         stored = await self.store.record(None, [self._change(corrected, user, category, key, value, self._clock())])

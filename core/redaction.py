@@ -3,10 +3,15 @@
 Two rules, applied recursively over dicts and lists:
 
 * a value whose parameter (or nested key) name says it is a credential (`password`, `api_key`,
-  `access_token`, `Authorization`, `cookie`, `client_secret`, ...) becomes `[REDACTED]`, whatever it is;
+  `access_token`, `Authorization`, `cookie`, `client_secret`, `passcode`, `pin`, `db_pw`, ...) becomes
+  `[REDACTED]`, whatever it is; so does the item after a flag with such a name in a list
+  (`["--token", X]`);
 * a string that looks like a credential on its own (provider key prefixes such as `sk-`, `ghp_`,
-  `AKIA`, `xoxb-`; `Bearer ...`; JWTs; PEM private keys; URLs with a password; long high-entropy
-  tokens) becomes `[REDACTED]` as a whole, wherever it appears.
+  `AKIA`, `xoxb-`; `Bearer ...`, `Basic <user:pass>`, `Authorization: ...`; JWTs; PEM private keys;
+  URLs with a password, even with an empty user; `name=value` where the name is a secret's name, as in
+  `Password=` in connection strings, `?api_key=` in URLs or `--password=`; `mysql -pPASS`; `curl -u
+  user:pass`; long high-entropy tokens) becomes `[REDACTED]` as a whole, wherever it appears. A dict
+  key that looks like a credential is replaced too.
 
 Then long strings are cut (a prompt or a file pasted into a parameter is not a preference) and, with
 `anonymize`, e-mail addresses are masked. Redaction runs on the full string before it is cut, so a
@@ -15,6 +20,7 @@ secret is never half-kept. Export and import run stored data through it again.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import math
 import re
@@ -36,6 +42,7 @@ MAX_ITEMS = 100
 _SECRET_WORDS = frozenset({
     "pass", "passwd", "password", "passphrase", "pwd", "secret", "token", "auth", "authorization", "oauth",
     "credential", "credentials", "cookie", "cookies", "apikey", "jwt", "bearer", "privatekey", "sessionkey",
+    "passcode", "pin", "pincode", "pw", "otp", "totp", "sig", "signature",
 })
 _SECRET_PAIRS = frozenset({
     ("api", "key"), ("private", "key"), ("session", "key"), ("access", "key"), ("secret", "key"),
@@ -46,9 +53,9 @@ _SECRET_COMPOUNDS = ("password", "passwd", "passphrase", "secret", "apikey", "pr
 
 _SECRET_VALUE = re.compile(
     r"""
-      \bsk-[A-Za-z0-9_-]{16,}                      # OpenAI / Anthropic style keys (sk-..., sk-ant-..., sk-proj-...)
+      \bsk-(?=[A-Za-z0-9_-]{0,80}[0-9])[A-Za-z0-9_-]{6,} # OpenAI / Anthropic style keys, short ones too (not sk-learn)
     | \b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,} # Stripe
-    | \bgh[pousr]_[A-Za-z0-9]{20,}                 # GitHub tokens
+    | \bgh[pousr]_[A-Za-z0-9]{6,}                  # GitHub tokens
     | \bgithub_pat_[A-Za-z0-9_]{20,}
     | \bglpat-[A-Za-z0-9_-]{20,}                   # GitLab
     | \b(?:AKIA|ASIA)[0-9A-Z]{16}\b                # AWS access key ids
@@ -64,14 +71,22 @@ _SECRET_VALUE = re.compile(
 # prose ("basic functionality") stays visible.
 _SECRET_VALUE_ANY_CASE = re.compile(
     r"""
-      \b(?:bearer|basic)\s+(?=[A-Za-z0-9._~+/=-]*[0-9._~+/=])[A-Za-z0-9._~+/=-]{8,}
+      \b(?:bearer|basic)\s+(?=[A-Za-z0-9._~+/=-]{0,200}[0-9._~+/=])[A-Za-z0-9._~+/=-]{8,}
     | -----BEGIN\ [A-Z0-9 ]*PRIVATE\ KEY-----       # PEM private keys
-    | \b[a-z][a-z0-9+.-]*://[^\s/:@]+:[^\s/@]+@     # URLs carrying user:password@
+    | \b[a-z][a-z0-9+.-]{0,30}://[^\s/:@]*:[^\s/@]+@     # URLs carrying user:password@ (redis://:pw@host too)
+    | \b(?:proxy-)?authorization\s*:\s*\S+         # an HTTP Authorization header, whatever its scheme
+    | \b(?:mysql|mysqldump|mysqladmin|mariadb)\b[^\n]{0,200}?\s-p(?![\s-])\S+  # mysql -pPASSWORD
+    | (?:^|\s)-u\s+[^\s:]+:\S+                      # curl -u user:password
     """,
     re.IGNORECASE | re.VERBOSE,
 )
+# name=value (connection strings, query strings, command-line flags) and name:value: the name decides.
+# The name starts where a word starts and is bounded, so a long run of letters costs linear time.
+_NAMED_VALUE = re.compile(r"""(?<![A-Za-z0-9_.])([A-Za-z][A-Za-z0-9_.-]{0,63})(?:\s*=\s*|:(?!//)\s*)("[^"]+"|'[^']+'|[^\s;&,"']+)""")
+_BASIC_CREDENTIALS = re.compile(r"\bbasic\s+([A-Za-z0-9+/]{4,}={0,2})", re.IGNORECASE)
+_FLAG = re.compile(r"^--?[A-Za-z][A-Za-z0-9_-]*$")
 _TOKEN_RUN = re.compile(r"[A-Za-z0-9+/=_-]{32,}")
-_EMAIL = re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b")
+_EMAIL = re.compile(r"\b[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9.-]{1,253}\.[A-Za-z]{2,63}\b")  # bounded: linear time
 _CAMEL = re.compile(r"([a-z0-9])([A-Z])")
 HIGH_ENTROPY_BITS = 4.2
 """Shannon entropy per character above which a 32+ character token counts as random. Hex digests
@@ -98,9 +113,21 @@ def _entropy(text: str) -> float:
     return -sum(n / len(text) * math.log2(n / len(text)) for n in counts.values())
 
 
+def _is_basic_credentials(encoded: str) -> bool:
+    try:
+        decoded = base64.b64decode(encoded, validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return ":" in decoded and decoded.isprintable()
+
+
 def looks_secret(text: str) -> bool:
     """Whether a string looks like a credential by its shape alone."""
     if _SECRET_VALUE.search(text) or _SECRET_VALUE_ANY_CASE.search(text):
+        return True
+    if any(is_secret_name(match.group(1)) for match in _NAMED_VALUE.finditer(text)):
+        return True
+    if any(_is_basic_credentials(match.group(1)) for match in _BASIC_CREDENTIALS.finditer(text)):
         return True
     for match in _TOKEN_RUN.finditer(text):
         token = match.group()
@@ -138,19 +165,28 @@ def _redact(value: Any, anonymize: bool, max_string: int, depth: int) -> Any:
                 out["…"] = f"[TRUNCATED: {len(value)} keys]"
                 break
             name = str(key)
-            out[name] = REDACTED if is_secret_name(name) or looks_secret(name) else _redact(
-                item, anonymize, max_string, depth + 1
-            )
+            if looks_secret(name):  # a credential used as a key: neither key nor value is kept
+                out[f"{REDACTED}#{index}"] = REDACTED
+                continue
+            out[name] = REDACTED if is_secret_name(name) else _redact(item, anonymize, max_string, depth + 1)
         return out
     if isinstance(value, list | tuple | set | frozenset):
         items = list(value)
-        kept = [_redact(item, anonymize, max_string, depth + 1) for item in items[:MAX_ITEMS]]
+        kept = []
+        for index, item in enumerate(items[:MAX_ITEMS]):
+            follows_secret_flag = index > 0 and _is_secret_flag(items[index - 1])
+            kept.append(REDACTED if follows_secret_flag else _redact(item, anonymize, max_string, depth + 1))
         if len(items) > MAX_ITEMS:
             kept.append(f"[TRUNCATED: {len(items)} items]")
         return kept
     if isinstance(value, bytes | bytearray):
         return f"[BINARY: {len(value)} bytes]"
     return _redact(str(value), anonymize, max_string, depth)
+
+
+def _is_secret_flag(item: Any) -> bool:
+    """`--token`, `-password`, `--api-key`: the list item after it is the secret (argv style)."""
+    return isinstance(item, str) and bool(_FLAG.match(item)) and is_secret_name(item.lstrip("-"))
 
 
 def contains_redaction(value: Any) -> bool:

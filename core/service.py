@@ -8,6 +8,7 @@ service serves many MCP sessions.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -16,7 +17,7 @@ from typing import Any
 from .ports import MemoryStore, OutcomeTarget, StoreSnapshot, TierUpdate
 from . import validation as v
 from .confidence import DEFAULT_MULTIPLIERS, effective_confidence, validate_multipliers
-from .errors import NotFoundError, ValidationError
+from .errors import NotFoundError, StorageFullError, ValidationError
 from .models import (
     Actor,
     EntryFilter,
@@ -45,6 +46,8 @@ from .retrieval import (
     resolve_weights,
 )
 from .tiers import priority_score, tier_for
+
+logger = logging.getLogger("amfs_server.core.service")
 
 MAX_QUERY_CHARS = 2000
 
@@ -271,7 +274,22 @@ class MemoryService:
         now: datetime,
         details: list[dict[str, Any]] | None = None,
     ) -> None:
-        """Bump recall counts, store refreshed tiers and trace the reads (they feed auto-causal linking and ML)."""
+        """Bump recall counts, store refreshed tiers and trace the reads (they feed auto-causal linking and ML).
+
+        Bookkeeping only: on a full disk the read still succeeds, without it (logged)."""
+        try:
+            await self._record_reads(actor, kind, entries, now, details)
+        except StorageFullError as error:
+            logger.warning("Read served without its bookkeeping (recall count, trace): %s", error)
+
+    async def _record_reads(
+        self,
+        actor: Actor,
+        kind: TraceKind,
+        entries: list[MemoryEntry],
+        now: datetime,
+        details: list[dict[str, Any]] | None,
+    ) -> None:
         await self.store.record_reads(
             actor,
             kind,

@@ -16,6 +16,12 @@ MAX_SEGMENT_LENGTH = 64
 MAX_KEY_LENGTH = 128
 MAX_OUTCOME_REF_LENGTH = 200
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
+# Confidence may exceed 1.0 on purpose: failures multiply it (x1.15 per critical failure) so that a memory
+# tied to repeated failures ranks as a risk signal. 100 is reached from 1.0 after ~33 critical failures, past
+# any useful ranking difference, and keeps every derived number (decay, priority, JSON output) finite.
+MAX_CONFIDENCE = 100.0
+MAX_VERSION = 2**63 - 1  # both stores keep versions in signed 64-bit integers
+MAX_TTL_SECONDS = 100 * 365 * 86_400.0  # a century; beyond it a TTL means "never", so leave ttl unset
 _SEGMENT = re.compile(r"^[A-Za-z0-9_.:@-]+$")
 
 
@@ -80,9 +86,12 @@ def serialize_value(value: Any, max_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> str
 
 def validate_confidence(confidence: Any) -> float:
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)):
-        raise ValidationError(f"confidence must be a number >= 0, got {confidence!r}.")
-    if not math.isfinite(confidence) or confidence < 0:
-        raise ValidationError(f"confidence must be finite and >= 0 (it is not capped at 1.0), got {confidence!r}.")
+        raise ValidationError(f"confidence must be a number between 0 and {MAX_CONFIDENCE:g}, got {confidence!r}.")
+    if not math.isfinite(confidence) or not 0 <= confidence <= MAX_CONFIDENCE:
+        raise ValidationError(
+            f"confidence must be between 0 and {MAX_CONFIDENCE:g} (1.0 = verified; values above 1 mark a risk "
+            f"signal that failures raise), got {confidence!r}."
+        )
     return float(confidence)
 
 
@@ -124,6 +133,11 @@ def resolve_ttl(now: datetime, ttl_seconds: Any = None, ttl_at: datetime | None 
             raise ValidationError(f"ttl_seconds must be a positive number, got {ttl_seconds!r}.")
         if ttl_seconds <= 0:
             raise ValidationError(f"ttl_seconds must be > 0 (the TTL must lie in the future), got {ttl_seconds!r}.")
+        if ttl_seconds > MAX_TTL_SECONDS:
+            raise ValidationError(
+                f"ttl_seconds must be at most {MAX_TTL_SECONDS:.0f} (100 years); leave it unset for no expiry, "
+                f"got {ttl_seconds!r}."
+            )
         return now + timedelta(seconds=float(ttl_seconds))
     if ttl_at is not None:
         if ttl_at.tzinfo is None:
@@ -160,6 +174,6 @@ def validate_limit(limit: Any, maximum: int = 1000) -> int:
 def validate_version(version: Any) -> int | None:
     if version is None:
         return None
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ValidationError(f"version must be an integer >= 1, got {version!r}.")
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= MAX_VERSION:
+        raise ValidationError(f"version must be an integer between 1 and {MAX_VERSION}, got {version!r}.")
     return version

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse
 from ..core.errors import ValidationError
 from ..core.models import AMFS_VERSION
 from ..core.service import MemoryService
-from ..tools import ActorResolver, register_tools
+from ..tools import ActorResolver, ToolErrorMiddleware, register_tools
 from ..ml.service import MLService
 from ..tools.learning_tools import register_learning_tools
 from ..tools.answer_tools import register_answer_tools
@@ -41,6 +41,7 @@ from .auth import (
 )
 from .composition import build_service
 from .limits import CallLimiter, GuardedH11Protocol, RepeatFilter, ServerLimits, SessionGuard, raise_open_file_limit
+from .json_guard import DuplicateKeyGuard
 from .config_file import build_learning_service
 from .settings import LOG_LEVELS, Settings
 
@@ -90,8 +91,9 @@ def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence
         version=AMFS_VERSION,
         auth=ApiKeyVerifier(keys) if keys else None,
         lifespan=lifespan,
-        middleware=[KeyScopeMiddleware(CallLimiter(settings.limits))],
+        middleware=[ToolErrorMiddleware(), KeyScopeMiddleware(CallLimiter(settings.limits))],
         mask_error_details=True,
+        strict_input_validation=True,  # "0.5" is not a number; list parameters opt into leniency (tools/_params)
         on_duplicate="error",
     )
     actors = ActorResolver(settings.agent_id, current_key)  # one resolver, so learning sees the same session ids
@@ -172,6 +174,7 @@ def http_options(host: str, allowed_origins: Sequence[str] = (), limits: ServerL
     return {
         "middleware": [
             Middleware(OriginGuard, allowed_origins=allowed_origins, loopback_bind=is_loopback(host)),
+            Middleware(DuplicateKeyGuard),
             Middleware(SessionGuard, limits=limits or ServerLimits()),
         ],
         "host_origin_protection": False,  # OriginGuard does this, with AMFS_ALLOWED_ORIGINS
@@ -230,7 +233,10 @@ def run_server(
     app = create_app(service, settings, api_keys=keys)
     try:
         if transport == "stdio":
-            app.run("stdio", show_banner=False)
+            from .stdio import checked_stdio
+
+            with checked_stdio():  # a malformed line gets a JSON-RPC error, not silence
+                app.run("stdio", show_banner=False)
         else:
             if not is_loopback(host):
                 logger.warning("Serving %s on %s: bearer-token auth is on (%d keys)", transport, host, len(keys))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime, timezone
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..core.ports import StoreSnapshot
+from ..core.validation import MAX_CONFIDENCE
 from ..core.models import MemoryEntry, MemoryType, OutcomeRecord, OutcomeType, TraceEvent
 
 EXPORT_FORMAT = "amfs-export"
@@ -32,7 +34,7 @@ class _Entry(BaseModel):
     key: str
     value: Any
     version: int = Field(ge=1)
-    confidence: float = Field(ge=0)
+    confidence: float = Field(ge=0, le=MAX_CONFIDENCE)
     provenance: _Provenance
     outcome_count: int = Field(ge=0)
     recall_count: int = Field(ge=0)
@@ -102,12 +104,12 @@ def dump_export(snapshot: StoreSnapshot) -> str:
         "meta": snapshot.meta,
         "extra": snapshot.extra,
     }
-    return json.dumps(document, ensure_ascii=False, indent=1)
+    return json.dumps(document, ensure_ascii=False, indent=1, allow_nan=False)  # standard JSON only
 
 
 def parse_export(text: str) -> StoreSnapshot:
     try:
-        raw = json.loads(text)
+        raw = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except json.JSONDecodeError as error:
         raise ExportFormatError(f"not JSON ({error})") from None
     try:
@@ -124,6 +126,17 @@ def parse_export(text: str) -> StoreSnapshot:
         meta=raw["meta"],
         extra=raw.get("extra", {}),
     )
+
+
+def _refuse_constant(name: str) -> float:
+    raise ExportFormatError(f"{name} is not a JSON number; every number in an export must be finite")
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ExportFormatError(f"{text} overflows a double; every number in an export must be finite")
+    return number
 
 
 def _check_versions(entries: list[dict[str, Any]]) -> None:

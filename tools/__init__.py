@@ -8,7 +8,7 @@ from fastmcp import FastMCP
 
 from ..core.service import MemoryService
 from . import memory, outcomes, search
-from ._registry import ActorResolver, ToolRegistry
+from ._registry import ActorResolver, ToolErrorMiddleware, ToolRegistry
 
 
 def register_tools(mcp: FastMCP, service: MemoryService, actors: ActorResolver) -> None:
@@ -17,4 +17,4 @@ def register_tools(mcp: FastMCP, service: MemoryService, actors: ActorResolver) 
         module.register(registry)
 
 
-__all__ = ["ActorResolver", "register_tools"]
+__all__ = ["ActorResolver", "ToolErrorMiddleware", "register_tools"]

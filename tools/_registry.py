@@ -1,20 +1,21 @@
 """How tools are registered: MCP annotations, who the caller is, and the one place errors become ToolError.
 
-Every tool goes through `ToolRegistry.tool`, which wraps it so that a domain error (`AmfsError`)
-reaches the client as a tool error carrying its actionable message, and anything unexpected is
-logged with its traceback (stderr) and reported as an internal error without internals.
+`ToolErrorMiddleware` (one FastMCP middleware for every tool) turns a domain error (`AmfsError`) into a
+tool error carrying its actionable message; anything unexpected is logged with its traceback (stderr)
+and reported as an internal error without internals.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from fastmcp import Context, FastMCP
-from fastmcp.exceptions import ToolError
+from fastmcp.exceptions import FastMCPError, ToolError
+from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from fastmcp.tools import ToolResult
 from mcp_types import ToolAnnotations
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
@@ -105,22 +106,55 @@ class ToolRegistry(Generic[S]):
         """Register `fn` as the tool named after it, its docstring as the description the model reads."""
 
         def register(fn: F) -> F:
-            name = fn.__name__
-
-            @functools.wraps(fn)
-            async def call(*args: Any, **kwargs: Any) -> Any:
-                try:
-                    return await fn(*args, **kwargs)
-                except ToolError:
-                    raise
-                except AmfsError as error:
-                    raise ToolError(str(error), log_level=logging.DEBUG) from None
-                except Exception:
-                    logger.exception("Unexpected error in %s", name)
-                    raise ToolError(f"Internal error in {name}; see the server log.", log_level=logging.DEBUG) from None
-
             description = " ".join((fn.__doc__ or "").split())  # one line: descriptions cost tokens every session
-            self.mcp.tool(call, name=name, title=annotations.title, description=description, annotations=annotations)
+            self.mcp.tool(
+                fn, name=fn.__name__, title=annotations.title, description=description, annotations=annotations
+            )
             return fn
 
         return register
+
+
+class ToolErrorMiddleware(Middleware):
+    """The one place tool errors are translated, for every tool of the app.
+
+    FastMCP catches what a tool raises and re-raises it as a ToolError whose __cause__ is the original;
+    the original decides what the client reads. FastMCP's own errors (argument validation, unknown tool)
+    pass through unchanged.
+    """
+
+    def __init__(self) -> None:
+        _quiet_fastmcp_tool_error_log()
+
+    async def on_call_tool(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, ToolResult]
+    ) -> ToolResult:
+        try:
+            return await call_next(context)
+        except Exception as error:
+            cause = error.__cause__ if isinstance(error, ToolError) and error.__cause__ is not None else error
+            if isinstance(cause, AmfsError):
+                logger.debug("%s refused: %s", context.message.name, cause)
+                raise ToolError(str(cause), log_level=logging.DEBUG) from None
+            if isinstance(cause, FastMCPError):
+                raise
+            logger.error("Unexpected error in %s", context.message.name, exc_info=cause)
+            raise ToolError(
+                f"Internal error in {context.message.name}; see the server log.", log_level=logging.DEBUG
+            ) from None
+
+
+def _is_fastmcp_tool_error_report(record: logging.LogRecord) -> bool:
+    return record.exc_info is not None and record.getMessage().startswith("Error calling tool")
+
+
+def _drop_fastmcp_tool_error_report(record: logging.LogRecord) -> bool:
+    """FastMCP logs every exception a tool raises with a traceback, before ToolErrorMiddleware sees it:
+    a refused input would read as a crash. ToolErrorMiddleware logs what needs logging."""
+    return not _is_fastmcp_tool_error_report(record)
+
+
+def _quiet_fastmcp_tool_error_log() -> None:
+    server_logger = logging.getLogger("fastmcp.server.server")
+    if _drop_fastmcp_tool_error_report not in server_logger.filters:
+        server_logger.addFilter(_drop_fastmcp_tool_error_report)

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field
 
+from ..core.confidence import bounded_confidence
 from ..core.models import MemoryEntry, Tier
 from ..core.retrieval import RetrievedEntry
 
@@ -42,7 +43,8 @@ def without_noise(x: float) -> float:
 
 
 Score = Annotated[float, AfterValidator(significant)]
-Confidence = Annotated[float, AfterValidator(without_noise)]
+# Never infinite or NaN on the way out (JSON would carry null where the schema declares a number), and no float noise.
+Confidence = Annotated[float, AfterValidator(lambda x: without_noise(bounded_confidence(x)))]
 
 
 def age(moment: datetime, now: datetime | None = None) -> str:

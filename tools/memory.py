@@ -8,7 +8,7 @@ from fastmcp import Context
 from pydantic import Field
 
 from ..core.service import MemoryService, WriteRequest
-from ._params import EntityPath, Key, MinConfidence
+from ._params import Confidence, EntityPath, Key, MinConfidence, TtlSeconds, Version
 from ._registry import ToolRegistry, read_only, writes
 from ._views import EntryView, ForgetResult, History, MemoryTypeName, WriteResult
 
@@ -22,11 +22,11 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
         key: Key,
         value: Annotated[Any, Field(description="Any JSON value: text, number, list or object.")],
         ctx: Context,
-        confidence: Annotated[float, Field(ge=0, description="How sure you are; 1.0 = verified.")] = 1.0,
+        confidence: Confidence = 1.0,
         memory_type: Annotated[
             MemoryTypeName, Field(description="fact (verified), belief (inferred) or experience (what happened).")
         ] = "fact",
-        ttl_seconds: Annotated[float | None, Field(gt=0, description="Expire after this many seconds.")] = None,
+        ttl_seconds: TtlSeconds = None,
         importance_score: Annotated[float | None, Field(ge=0, le=1, description="0..1; keeps it hot longer.")] = None,
     ) -> WriteResult:
         """Store a memory for later sessions and other agents. Writing an existing key adds a new
@@ -48,7 +48,7 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
         entity_path: EntityPath,
         key: Key,
         ctx: Context,
-        version: Annotated[int | None, Field(ge=1, description="A past version; default the current one.")] = None,
+        version: Version = None,
         min_confidence: MinConfidence = None,
     ) -> EntryView:
         """Read one memory by exact entity_path and key, with its whole value. Counts as a read for

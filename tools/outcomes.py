@@ -9,6 +9,7 @@ from pydantic import Field
 
 from ..core import validation as v
 from ..core.service import MemoryService
+from ._params import lenient_list
 from ._registry import ToolRegistry, writes
 from ._views import OutcomeEffectView, OutcomeResult, OutcomeTypeName
 
@@ -28,9 +29,11 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
         ctx: Context,
         causal_entry_keys: Annotated[
             list[str] | None,
+            lenient_list,
             Field(
                 min_length=1, max_length=1000,
-                description="'entity_path/key' entries to credit; default: every entry this session read.",
+                description="'entity_path/key' entries to credit; default: every entry this session read. "
+                "A JSON-encoded list or a single key is accepted too.",
             ),
         ] = None,
     ) -> OutcomeResult:

@@ -120,3 +120,31 @@ def test_clear_asks_for_confirmation_unless_yes(env) -> None:
     confirmed = CliRunner().invoke(cli, ["memory", "clear", "--yes"])
     assert confirmed.exit_code == 0
     assert "Memories (0)" in CliRunner().invoke(cli, ["memory", "show"]).output
+
+
+@pytest.mark.parametrize(
+    ("spelling", "reason"),
+    [("Infinity", "Infinity is not a JSON number"), ("NaN", "NaN is not a JSON number"),
+     ("-Infinity", "-Infinity is not a JSON number"), ("1e999", "1e999 overflows"), ("1e300", "less than or equal to 100")],
+)
+def test_import_refuses_non_finite_or_out_of_range_confidence(env, tmp_path, monkeypatch, spelling, reason) -> None:
+    text = CliRunner().invoke(cli, ["memory", "export"]).output
+    document = json.loads(text)
+    document["entries"][0]["confidence"] = "__CONFIDENCE__"
+    bad = tmp_path / "nonfinite.json"
+    bad.write_text(json.dumps(document).replace('"__CONFIDENCE__"', spelling))
+    monkeypatch.setenv("AMFS_DATA_DIR", str(tmp_path / "empty"))
+    result = CliRunner().invoke(cli, ["memory", "import", str(bad)])
+    assert result.exit_code != 0 and reason in result.output and "Nothing was imported" in result.output
+    assert json.loads(CliRunner().invoke(cli, ["memory", "export"]).output)["entries"] == []
+
+
+def test_export_of_a_store_left_with_infinite_confidence_is_standard_json(env, tmp_path) -> None:
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "store" / "amfs.db") as conn:
+        conn.execute("UPDATE entries SET confidence = 9e999")
+        conn.execute("UPDATE outcome_effects SET confidence_before = 9e999, confidence_after = 9e999")
+    text = CliRunner().invoke(cli, ["memory", "export"]).output
+    assert "Infinity" not in text
+    json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in export"))

@@ -72,3 +72,45 @@ def test_multipliers_can_be_overridden_but_must_be_positive_and_known() -> None:
         validate_multipliers({"meltdown": 2.0})
     with pytest.raises(ValidationError, match="finite number > 0"):
         validate_multipliers({"success": -1})
+
+
+def test_outcomes_never_push_confidence_past_the_maximum_or_to_infinity() -> None:
+    from amfs_server.core.validation import MAX_CONFIDENCE
+
+    confidence = 1.0
+    for _ in range(10_000):
+        confidence = apply_outcome(confidence, DEFAULT_MULTIPLIERS[OutcomeType.CRITICAL_FAILURE])
+    assert confidence == MAX_CONFIDENCE
+    assert apply_outcome(MAX_CONFIDENCE, 1e308) == MAX_CONFIDENCE
+    assert apply_outcome(math.inf, 0.97) == MAX_CONFIDENCE * 0.97  # a store written before the cap
+    assert apply_outcome(MAX_CONFIDENCE, DEFAULT_MULTIPLIERS[OutcomeType.SUCCESS]) < MAX_CONFIDENCE
+
+
+async def test_a_long_chain_of_critical_failures_keeps_stored_confidence_finite_and_capped(service, actor) -> None:
+    from amfs_server.core.service import WriteRequest
+    from amfs_server.core.validation import MAX_CONFIDENCE
+
+    await service.write(actor, WriteRequest(entity_path="svc", key="k", value="v", confidence=MAX_CONFIDENCE))
+    for n in range(40):
+        record = await service.commit_outcome(actor, f"INC-{n}", OutcomeType.CRITICAL_FAILURE, ["svc/k"])
+        assert math.isfinite(record.effects[0].confidence_after)
+    entry = await service.read(actor, "svc", "k")
+    assert entry.confidence == MAX_CONFIDENCE
+    listed = await service.list(entity_path="svc")
+    assert [e.confidence for e in listed] == [MAX_CONFIDENCE]
+
+
+async def test_an_infinite_confidence_left_by_older_code_is_read_back_as_the_maximum(store, service, actor) -> None:
+    from amfs_server.core.service import WriteRequest
+    from amfs_server.core.validation import MAX_CONFIDENCE
+
+    await service.write(actor, WriteRequest(entity_path="svc", key="k", value="v"))
+    if hasattr(store, "_pool"):
+        async with store._pool.acquire() as conn:
+            await conn.execute("UPDATE entries SET confidence = 'Infinity'::float8")
+    else:
+        store._connection().execute("UPDATE entries SET confidence = 9e999")
+        store._connection().commit()
+    assert (await service.read(actor, "svc", "k")).confidence == MAX_CONFIDENCE
+    record = await service.commit_outcome(actor, "INC-1", OutcomeType.SUCCESS, ["svc/k"])
+    assert record.effects[0].confidence_after == MAX_CONFIDENCE * DEFAULT_MULTIPLIERS[OutcomeType.SUCCESS]

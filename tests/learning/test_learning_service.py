@@ -355,3 +355,20 @@ async def test_oversized_parameters_keep_only_their_names_and_size(learning, act
     (kept,) = interaction.parameters.values()
     assert kept["names"] == ["rows", "table"] and kept["size_bytes"] > 16_384
     assert await learning.get_preferences(None) == []
+
+
+@pytest.mark.parametrize("key", ["password", "db_pw", "pin", "api_key"])
+async def test_a_preference_named_like_a_credential_is_refused_and_nothing_is_stored(learning, actor, key) -> None:
+    from amfs_server.core.errors import ValidationError
+
+    with pytest.raises(ValidationError, match="credential"):
+        await learning.set_preference(actor.agent_id, "db", key, "hunter2")
+    assert await learning.get_preferences(actor.agent_id, "db") == []
+
+
+@pytest.mark.parametrize("tool_name", ["ghp_a1b2c3d4e5f6", "sk-abc123"])
+async def test_a_credential_sent_as_tool_name_is_refused(learning, actor, tool_name) -> None:
+    from amfs_server.core.errors import ValidationError
+
+    with pytest.raises(ValidationError, match="tool_name looks like a credential"):
+        await learning.record_interaction(actor, tool_name, {"x": 1})

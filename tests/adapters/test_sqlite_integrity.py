@@ -1,0 +1,142 @@
+"""SQLite files damaged or mixed up on disk: the vector index is verified against the database and
+rebuilt when they disagree; a damaged or truncated database is refused at start, naming the file."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from amfs_server.adapters.sqlite import SQLiteStore
+from amfs_server.core.errors import StoreError
+from amfs_server.core.models import Actor, EntryFilter, MemoryType, NewEntry, Tier, utcnow
+
+DIMENSION = 384
+ACTOR = Actor("agent/test", "session-1")
+
+
+def vectors(count: int, seed: int) -> np.ndarray:
+    raw = np.random.default_rng(seed).standard_normal((count, DIMENSION)).astype(np.float32)
+    return raw / np.linalg.norm(raw, axis=1, keepdims=True)
+
+
+async def insert(store: SQLiteStore, prefix: str, vecs: np.ndarray, value_chars: int = 10) -> None:
+    now = utcnow()
+    drafts = [
+        NewEntry(
+            entity_path="svc", key=f"{prefix}{n}", value="x" * value_chars, value_json=f'"{"x" * value_chars}"',
+            confidence=1.0, memory_type=MemoryType.FACT, agent_id=ACTOR.agent_id, session_id=ACTOR.session_id,
+            written_at=now, ttl_at=None, importance_score=None, importance_dimensions=None, tier=Tier.HOT,
+            priority_score=0.5, embedding=vector.tolist(), search_text=f"{prefix}{n}",
+        )
+        for n, vector in enumerate(vecs)
+    ]
+    await store.insert_versions(drafts, ACTOR)
+
+
+async def top_key(store: SQLiteStore, vector: np.ndarray) -> str:
+    hits = await store.semantic_candidates(vector.tolist(), EntryFilter(), utcnow(), 1)
+    return hits[0][0].key if hits else ""
+
+
+async def test_an_index_file_damaged_inside_is_detected_by_its_checksum_and_rebuilt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    stored = vectors(400, seed=1)
+    store = SQLiteStore(tmp_path / "amfs.db")
+    await store.open()
+    await insert(store, "k", stored)
+    assert await top_key(store, stored[0]) == "k0"
+    await store.close()
+    index_file = tmp_path / "amfs.vectors.usearch"
+    size = index_file.stat().st_size
+    with open(index_file, "r+b") as handle:  # 400 KB of garbage in the middle, header left intact
+        handle.seek(size // 4)
+        handle.write(np.random.default_rng(9).bytes(min(400_000, size // 2)))
+    store = SQLiteStore(tmp_path / "amfs.db")
+    await store.open()
+    with caplog.at_level(logging.WARNING, logger="amfs_server.adapters.sqlite"):
+        tops = [await top_key(store, stored[n]) for n in range(0, 400, 40)]
+    await store.close()
+    assert tops == [f"k{n}" for n in range(0, 400, 40)]
+    assert any("checksum" in record.getMessage() for record in caplog.records)
+
+
+async def test_a_database_restored_from_an_older_copy_beside_newer_index_files_is_reindexed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = SQLiteStore(tmp_path / "amfs.db")
+    await store.open()
+    await insert(store, "old", vectors(50, seed=2))
+    await top_key(store, vectors(1, seed=3)[0])
+    await store.close()
+    shutil.copy(tmp_path / "amfs.db", tmp_path / "backup.db")
+    store = SQLiteStore(tmp_path / "amfs.db")
+    await store.open()
+    await insert(store, "newer", vectors(50, seed=4))
+    await top_key(store, vectors(1, seed=3)[0])
+    await store.close()
+    shutil.copy(tmp_path / "backup.db", tmp_path / "amfs.db")  # the index files stay the newer ones
+
+    fresh = vectors(50, seed=5)
+    store = SQLiteStore(tmp_path / "amfs.db")
+    await store.open()
+    await insert(store, "fresh", fresh)  # takes the row ids the newer index already holds
+    with caplog.at_level(logging.WARNING, logger="amfs_server.adapters.sqlite"):
+        tops = [await top_key(store, fresh[n]) for n in range(0, 50, 5)]
+    await store.close()
+    assert tops == [f"fresh{n}" for n in range(0, 50, 5)]
+    assert any("not saved together" in record.getMessage() for record in caplog.records)
+
+
+async def test_an_index_saved_with_the_database_is_reused_without_a_rebuild(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    stored = vectors(30, seed=6)
+    store = SQLiteStore(tmp_path / "amfs.db")
+    await store.open()
+    await insert(store, "k", stored)
+    await top_key(store, stored[0])
+    await store.close()
+    store = SQLiteStore(tmp_path / "amfs.db")
+    await store.open()
+    with caplog.at_level(logging.WARNING, logger="amfs_server.adapters.sqlite"):
+        assert await top_key(store, stored[7]) == "k7"
+    assert store._vectors.watermark > 0 and not caplog.records
+    snapshot = await store.export_snapshot()
+    await store.close()
+    assert "vector_index" not in snapshot.meta  # bookkeeping of this copy, not data to carry elsewhere
+
+
+async def test_a_database_with_garbage_inside_is_refused_at_start_and_left_unchanged(tmp_path: Path) -> None:
+    path = tmp_path / "amfs.db"
+    store = SQLiteStore(path)
+    await store.open()
+    await insert(store, "k", vectors(200, seed=7), value_chars=2000)
+    await store.close()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2: len(data) // 2 + 20_000] = np.random.default_rng(8).bytes(20_000)
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError) as refused:
+        await SQLiteStore(path).open()
+    message = str(refused.value)
+    assert str(path) in message and "Restore the file from a backup" in message and "memory import" in message
+    assert path.read_bytes() == bytes(data)
+
+
+async def test_an_empty_database_file_is_refused_but_a_missing_one_is_created(tmp_path: Path) -> None:
+    truncated = tmp_path / "old" / "amfs.db"
+    truncated.parent.mkdir()
+    truncated.touch()
+    with pytest.raises(StoreError, match="empty \\(0 bytes\\)"):
+        await SQLiteStore(truncated).open()
+    assert truncated.stat().st_size == 0
+    fresh = SQLiteStore(tmp_path / "new" / "amfs.db")
+    await fresh.open()
+    await fresh.close()
+    reopened = SQLiteStore(tmp_path / "new" / "amfs.db")
+    await reopened.open()  # the file it created is not mistaken for a truncated one
+    await reopened.close()
