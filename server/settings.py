@@ -9,10 +9,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..core.embedding import DEFAULT_EMBEDDER
 from ..core.errors import ValidationError
 from .config_file import LearningSettings
-
-DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
 
 
 class Settings(BaseModel):
