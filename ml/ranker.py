@@ -39,7 +39,7 @@ import numpy as np
 
 from ..core.ports import MemoryStore
 from ..core import validation as v
-from ..core.errors import InsufficientDataError, StoreError
+from ..core.errors import InsufficientDataError, MissingExtraError, StoreError
 from ..core.models import EntryFilter, MemoryEntry, OutcomeType, utcnow
 from ..core.service import MemoryService
 from ._common import Progress, no_progress, resolve_service
@@ -55,6 +55,18 @@ EARLY_STOPPING_ROUNDS = 20
 NEUTRAL_SCORE = 0.5
 """Score for a candidate no model covers (a per-entity model exists, but not for its entity, and no global one)."""
 MODEL_FORMAT = 1
+LIGHTGBM_INSTALL_HINT = "pip install 'amfs-server[ml]'  (or: pip install 'lightgbm>=4.3')"
+
+
+def _import_lightgbm() -> Any:
+    """lightgbm, imported on use: it is the [ml] extra, not a default dependency."""
+    try:
+        import lightgbm
+    except ImportError as error:
+        raise MissingExtraError(
+            f"The learned ranker needs LightGBM, which is not installed ({error}). Install it with: {LIGHTGBM_INSTALL_HINT}"
+        ) from None
+    return lightgbm
 DEFAULT_MODEL_DIR = Path(".amfs/ml")
 
 
@@ -206,11 +218,18 @@ class LearnedRanker:
 
     def load(self) -> list[RankerMetrics]:
         """Load every persisted model in model_dir (replacing those in memory); returns their metrics."""
-        import lightgbm as lgb
-
         loaded: dict[str | None, _Model] = {}
-        if self.model_dir.is_dir():
-            for model_path in sorted(self.model_dir.glob("ranker-*.txt")):
+        model_paths = sorted(self.model_dir.glob("ranker-*.txt")) if self.model_dir.is_dir() else []
+        # lightgbm (with scipy, ~150 MB) is the [ml] extra: a server with no trained model never imports it,
+        # and one whose models cannot be read without it says so and serves without the learned strategy.
+        lgb = None
+        if model_paths:
+            try:
+                lgb = _import_lightgbm()
+            except MissingExtraError as error:
+                logger.warning("Not serving the %d trained ranker model(s) in %s: %s", len(model_paths), self.model_dir, error)
+        if lgb is not None:
+            for model_path in model_paths:
                 meta_path = model_path.with_suffix(".json")
                 try:
                     meta = json.loads(meta_path.read_text())
@@ -245,6 +264,7 @@ class LearnedRanker:
     async def train(self, entity_path: str | None = None, progress: Progress | None = None) -> RankerMetrics:
         """Fit a model on the outcome history (of `entity_path`, or all), persist it and serve it."""
         entity_path = v.validate_entity_prefix(entity_path)
+        _import_lightgbm()  # a missing [ml] extra is reported before any work, not after reading the history
         report = progress or no_progress
         total = 3 + 2 * self.num_boost_round
         async with self._train_lock:
@@ -389,7 +409,7 @@ class LearnedRanker:
         self, x: np.ndarray, y: np.ndarray, rounds: int, on_iteration: Any,
         valid: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> Any:
-        import lightgbm as lgb
+        lgb = _import_lightgbm()
 
         def progress(env: Any) -> None:
             if (env.iteration + 1) % 25 == 0:

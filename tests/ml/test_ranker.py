@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,19 @@ async def test_models_trained_on_other_features_are_not_loaded(sim_sqlite: Memor
     meta["feature_names"] = meta["feature_names"][:-1]
     meta_path.write_text(json.dumps(meta))
     assert LearnedRanker(sim_sqlite, tmp_path / "models").load() == []
+
+
+async def test_start_up_without_a_trained_model_does_not_import_lightgbm(sim_sqlite: MemoryService, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "lightgbm", None)  # any import of it would raise
+    assert load_installed_models(sim_sqlite, tmp_path / "models").trained is False
+
+
+async def test_persisted_models_without_lightgbm_are_not_served_and_the_log_says_how_to_install_it(
+    sim_sqlite: MemoryService, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    await LearnedRanker(sim_sqlite.store, tmp_path / "models").train()
+    monkeypatch.setitem(sys.modules, "lightgbm", None)
+    ranker = load_installed_models(sim_sqlite, tmp_path / "models")
+    assert not ranker.trained and sim_sqlite.learned_scorer is None
+    assert "pip install 'amfs-server[ml]'" in caplog.text
