@@ -334,7 +334,7 @@ async def run_session(session: Session, backbone: Any, compiler: Any, embedder: 
             flat = None
             if "B_flat_cos" in modes:
                 if embedder is None:
-                    raise SystemExit("session bench: B_flat_cos needs an embedder; pass --embedder all-MiniLM-L6-v2 "
+                    raise SystemExit(f"session bench: B_flat_cos needs an embedder; pass --embedder {DEFAULT_EMBEDDER} "
                                      "or leave B_flat_cos out of --modes")
                 flat = FlatCosine(embedder, texts)
             hits = {m: 0 for m in modes}
