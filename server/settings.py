@@ -9,11 +9,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..core.embedding import DEFAULT_EMBEDDER
 from ..core.errors import ValidationError
 from .config_file import LearningSettings
 from .limits import ServerLimits
 
-DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 """The values of `amfs-server --log-level` / AMFS_LOG_LEVEL."""
 

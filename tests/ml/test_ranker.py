@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,21 @@ async def test_an_unreadable_stored_model_is_skipped_and_the_others_still_serve(
     state["models"]["svc-0"]["model"] = "not a LightGBM model"
     await sim_sqlite.set_shared_state(RANKER_MODELS, state)
     assert [m.entity_path for m in await LearnedRanker(sim_sqlite).load()] == [None]
+
+
+async def test_start_up_without_a_trained_model_does_not_import_lightgbm(
+    sim_sqlite: MemoryService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "lightgbm", None)  # any import of it would raise
+    assert (await load_installed_models(sim_sqlite)).trained is False
+
+
+async def test_stored_models_without_lightgbm_are_not_served_and_the_log_says_how_to_install_it(
+    sim_sqlite: MemoryService, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    await LearnedRanker(sim_sqlite).train()
+    sim_sqlite.install_learned_scorer(None)
+    monkeypatch.setitem(sys.modules, "lightgbm", None)
+    ranker = await load_installed_models(sim_sqlite)
+    assert not ranker.trained and sim_sqlite.learned_scorer is None
+    assert "pip install 'amfs-server[ml]'" in caplog.text

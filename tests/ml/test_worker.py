@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 
 import pytest
@@ -98,6 +99,18 @@ async def test_unknown_backbone_is_a_domain_error_naming_the_fix(service, monkey
     worker = LMWorker("amfs-test/no-such-model", device="cpu")
     try:
         with pytest.raises(BackboneError, match="nothing is downloaded"):
+            await worker.answer(service, ACTOR, "What is the user's dog named?")
+        assert not worker.loaded
+    finally:
+        worker.close()
+
+
+async def test_a_backbone_without_torch_installed_is_a_domain_error_with_the_install_command(service, monkeypatch):
+    monkeypatch.delitem(sys.modules, "amfs_server.ml.answer.backbone", raising=False)
+    monkeypatch.setitem(sys.modules, "torch", None)  # what `import torch` meets without the [lm] extra
+    worker = LMWorker("smollm2", device="cpu")
+    try:
+        with pytest.raises(BackboneError, match=r"needs torch and transformers.*amfs-server\[lm\]"):
             await worker.answer(service, ACTOR, "What is the user's dog named?")
         assert not worker.loaded
     finally:

@@ -1,0 +1,175 @@
+"""A store records which embedder made its vectors; a server configured for another one refuses it with the
+command that re-embeds it (`amfs-server memory reembed`), and that command makes the store usable again.
+
+Unit tests use two deterministic hash embedders (test doubles) on real stores (`[sqlite]`, `[postgres]`), reopened
+between steps as a restarted server would; the CLI test uses the real default (ONNX) embedder."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from amfs_server.adapters.sqlite import SQLiteStore
+from amfs_server.core.embedding import DEFAULT_EMBEDDER, TORCH_MINILM
+from amfs_server.core.errors import StoreError
+from amfs_server.core.models import Actor, EntryFilter, utcnow
+from amfs_server.core.service import EMBEDDER_META, MemoryService, WriteRequest
+from amfs_server.server.cli import cli
+
+ACTOR = Actor("agent/test", "embedder-record")
+
+
+class SeededHashEmbedder:
+    """Unit vectors from a text's hash; a different `seed` is a different model (unrelated vectors)."""
+
+    dimension = 384
+
+    def __init__(self, name: str, seed: int) -> None:
+        self.name, self.seed = name, seed
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        rows = []
+        for text in texts:
+            digest = hashlib.blake2b(f"{self.seed}:{text}".encode(), digest_size=8).digest()
+            row = np.random.default_rng(int.from_bytes(digest, "little")).standard_normal(self.dimension)
+            rows.append((row / np.linalg.norm(row)).astype(np.float32))
+        return np.stack(rows) if rows else np.empty((0, self.dimension), dtype=np.float32)
+
+
+MODEL_A = SeededHashEmbedder("model-a", 1)
+MODEL_B = SeededHashEmbedder("model-b", 2)
+
+
+StoreFactory = Callable[[], object]
+
+
+@pytest.fixture
+def make_store(store: object) -> StoreFactory:
+    """New handles on the conftest `store` (the same file or schema; the fixture cleans it up)."""
+    if isinstance(store, SQLiteStore):
+        return lambda: SQLiteStore(store.path)
+    from amfs_server.adapters.postgres import PostgresStore
+
+    return lambda: PostgresStore(store.dsn, embedding_dimension=384, schema=store.schema)
+
+
+async def open_service(make_store: StoreFactory, embedder: SeededHashEmbedder | None, check: bool = True) -> MemoryService:
+    service = MemoryService(make_store(), embedder=embedder)
+    await service.open(check_embedder=check)
+    return service
+
+
+async def store_written_by(make_store: StoreFactory, embedder: SeededHashEmbedder, *, record: bool = True) -> None:
+    service = await open_service(make_store, embedder)
+    await service.write(ACTOR, WriteRequest("svc/payments", "retry-policy", "retry the card authorisation 3 times"))
+    await service.write(ACTOR, WriteRequest("svc/payments", "timeout", "gateway timeout is 30 seconds"))
+    if not record:  # what a store written before the record existed looks like
+        await service.store.set_meta(EMBEDDER_META, None)
+    await service.close()
+
+
+async def test_a_new_store_records_the_configured_embedder(make_store: StoreFactory) -> None:
+    service = await open_service(make_store, MODEL_A)
+    assert await service.store.get_meta(EMBEDDER_META) == "model-a"
+    await service.close()
+
+
+async def test_a_store_made_by_another_embedder_is_refused_with_the_reembed_command_and_left_unchanged(
+    make_store: StoreFactory,
+) -> None:
+    await store_written_by(make_store, MODEL_A)
+    with pytest.raises(StoreError) as refused:
+        await open_service(make_store, MODEL_B)
+    message = str(refused.value)
+    assert "'model-a'" in message and "'model-b'" in message
+    assert "amfs-server memory reembed" in message and "AMFS_EMBEDDER=model-a" in message
+    service = await open_service(make_store, MODEL_A)  # still the model-a store it was
+    assert await service.store.get_meta(EMBEDDER_META) == "model-a"
+    hits = await service.retrieve(ACTOR, "retry the card authorisation 3 times", limit=1)
+    assert hits[0].entry.key == "retry-policy"
+    await service.close()
+
+
+async def test_a_store_without_vectors_accepts_any_embedder(make_store: StoreFactory) -> None:
+    await (await open_service(make_store, None)).close()
+    service = await open_service(make_store, MODEL_B)
+    assert await service.store.get_meta(EMBEDDER_META) == "model-b"
+    await service.close()
+
+
+async def test_an_unrecorded_store_whose_vectors_match_the_embedder_gets_the_record(make_store: StoreFactory) -> None:
+    await store_written_by(make_store, MODEL_A, record=False)
+    service = await open_service(make_store, MODEL_A)
+    assert await service.store.get_meta(EMBEDDER_META) == "model-a"
+    await service.close()
+
+
+async def test_an_unrecorded_store_whose_vectors_do_not_match_is_taken_for_the_old_torch_default(make_store: StoreFactory) -> None:
+    await store_written_by(make_store, MODEL_A, record=False)
+    with pytest.raises(StoreError, match=rf"made by the embedder '{TORCH_MINILM}'.*amfs-server\[lm\]"):
+        await open_service(make_store, MODEL_B)
+
+
+async def test_clear_keeps_the_record_so_later_vectors_are_not_taken_for_unrecorded_ones(make_store: StoreFactory) -> None:
+    service = await open_service(make_store, MODEL_A)
+    await service.clear()
+    assert await service.store.get_meta(EMBEDDER_META) == "model-a"
+    await service.close()
+
+
+async def test_reembed_replaces_every_version_vector_and_records_the_new_embedder(make_store: StoreFactory) -> None:
+    await store_written_by(make_store, MODEL_A)
+    service = await open_service(make_store, MODEL_B, check=False)
+    await service.write(ACTOR, WriteRequest("svc/payments", "retry-policy", "retry the card authorisation 5 times"))
+    backups = []
+    assert await service.reembed(before_clear=backups.append) == 3
+    assert len(backups[0].entries) == 3  # the original store, handed over before anything is cleared
+    await service.close()
+
+    service = await open_service(make_store, MODEL_B)  # no longer refused
+    assert await service.store.get_meta(EMBEDDER_META) == "model-b"
+    versions = await service.store.history("svc/payments", "retry-policy")
+    expected = MODEL_B.embed(["svc payments retry policy: retry the card authorisation 3 times"])[0]
+    assert np.allclose(versions[0].embedding, expected, atol=1e-6)
+    # The vector index serves the new vectors: model-b's vector of an entry's text finds that entry first.
+    probe = MODEL_B.embed(["svc payments timeout: gateway timeout is 30 seconds"])[0].tolist()
+    nearest = await service.store.semantic_candidates(probe, EntryFilter(), utcnow(), 1)
+    assert nearest[0][0].key == "timeout" and nearest[0][1] == pytest.approx(1.0, abs=1e-5)
+    await service.close()
+
+
+def test_memory_reembed_command_moves_a_store_to_the_default_embedder(tmp_path: Path, monkeypatch) -> None:
+    import asyncio
+
+    data_dir = tmp_path / "store"
+    data_dir.mkdir()
+    asyncio.run(store_written_by(lambda: SQLiteStore(data_dir / "amfs.db"), MODEL_A))
+    monkeypatch.setenv("AMFS_DATA_DIR", str(data_dir))
+    monkeypatch.delenv("AMFS_EMBEDDER", raising=False)
+    monkeypatch.delenv("AMFS_POSTGRES_DSN", raising=False)
+
+    refused = CliRunner().invoke(cli, ["memory", "show"])  # inspection needs no embedder: still works
+    assert refused.exit_code == 0, refused.output
+    backup = tmp_path / "backup.json"
+    result = CliRunner().invoke(cli, ["memory", "reembed", "--backup", str(backup)])
+    assert result.exit_code == 0, result.output
+    assert f"Re-embedded 2 entry versions with {DEFAULT_EMBEDDER}" in result.output
+    assert '"retry-policy"' in backup.read_text()
+
+    async def reopen() -> str:
+        from amfs_server.core.embedding import load_embedder
+
+        service = MemoryService(SQLiteStore(data_dir / "amfs.db"), embedder=load_embedder())
+        await service.open()
+        try:
+            hits = await service.retrieve(ACTOR, "how long until the payment gateway times out?", limit=1)
+            return hits[0].entry.key
+        finally:
+            await service.close()
+
+    assert asyncio.run(reopen()) == "timeout"
