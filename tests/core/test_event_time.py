@@ -169,3 +169,20 @@ def test_embedded_text_names_the_event_date_in_words_and_is_unchanged_without_on
     assert dated == "conv 01 s01 t02, 8 May 2023: Jonah: hi"
     # The date stays ahead of the value, so the length cap never cuts it off.
     assert "8 May 2023" in embedding_text("p", "k", "x" * 10_000, datetime(2023, 5, 8, tzinfo=UTC))
+
+
+def test_the_sdk_writes_event_times_singly_and_in_bulk_and_filters_on_them(tmp_path) -> None:
+    from amfs_server import AgentMemory
+
+    with AgentMemory(agent_id="my-agent", data_dir=tmp_path, embedder="none") as mem:
+        single = mem.write("diary", "race", "Ran the half marathon", event_at="2023-05-08")
+        bulk = mem.write_many([
+            WriteRequest("diary", "trip", "Flew to Lisbon", event_at=datetime(2023, 9, 1, 8, tzinfo=UTC)),
+            WriteRequest("diary", "note", "Wrote this down"),
+        ])
+        assert single.event_at == datetime(2023, 5, 8, tzinfo=UTC)
+        assert [e.event_at for e in bulk] == [datetime(2023, 9, 1, 8, tzinfo=UTC), None]
+        in_2023 = mem.search("diary", event_after="2023-01-01", event_before="2023-12-31")
+        assert {e.key for e in in_2023} == {"race", "trip"}
+        hits = mem.retrieve("half marathon Lisbon", event_before="2023-06-01")
+        assert [hit.entry.key for hit in hits] == ["race"]
