@@ -93,9 +93,12 @@ class AsyncAgentMemory:
         ttl_at: datetime | None = None,
         importance_score: float | None = None,
         importance_dimensions: dict[str, float] | None = None,
+        event_at: datetime | str | None = None,
     ) -> MemoryEntry:
+        """`event_at`: when the remembered event happened (ISO 8601 date or datetime); see WriteRequest."""
         request = WriteRequest(
-            entity_path, key, value, confidence, memory_type, ttl_seconds, ttl_at, importance_score, importance_dimensions
+            entity_path, key, value, confidence, memory_type, ttl_seconds, ttl_at, importance_score, importance_dimensions,
+            event_at,
         )
         return await (await self._svc()).write(self.actor, request)
 
@@ -122,8 +125,12 @@ class AsyncAgentMemory:
         since: datetime | None = None,
         sort_by: SortBy = "confidence",
         limit: int = 20,
+        event_after: datetime | str | None = None,
+        event_before: datetime | str | None = None,
     ) -> list[MemoryEntry]:
-        return await (await self._svc()).search(entity_path, memory_type, min_confidence, agent_id, since, sort_by, limit)
+        return await (await self._svc()).search(
+            entity_path, memory_type, min_confidence, agent_id, since, sort_by, limit, event_after, event_before
+        )
 
     async def list(self, entity_path: str | None = None) -> list[MemoryEntry]:
         return await (await self._svc()).list(entity_path)
@@ -138,10 +145,14 @@ class AsyncAgentMemory:
         memory_type: MemoryType | str | None = None,
         depth: int = 3,
         explain: bool = False,
+        event_after: datetime | str | None = None,
+        event_before: datetime | str | None = None,
     ) -> list[RetrievedEntry]:
-        """Hybrid search (semantic, keyword, temporal, confidence, learned) fused by weighted RRF."""
+        """Hybrid search (semantic, keyword, temporal, confidence, learned), fused as configured. `event_after` /
+        `event_before` keep entries whose event time (event_at, else the write time) lies in that range."""
         return await (await self._svc()).retrieve(
-            self.actor, query, entity_path, limit, min_confidence, memory_type, depth, explain
+            self.actor, query, entity_path, limit, min_confidence, memory_type, depth, explain,
+            event_after=event_after, event_before=event_before,
         )
 
     async def history(self, entity_path: str, key: str) -> list[MemoryEntry]:

@@ -181,6 +181,10 @@ MIGRATIONS: list[str] = [
     ALTER INDEX entries_search_tsv SET (fastupdate = off);
     SELECT gin_clean_pending_list('entries_search_tsv'::regclass);
     """,
+    # 5: when the remembered event happened (MemoryEntry.event_at), NULL for entries written without one.
+    """
+    ALTER TABLE entries ADD COLUMN event_at timestamptz;
+    """,
 ]
 
 _HNSW_INDEX = (
@@ -190,7 +194,7 @@ _HNSW_INDEX = (
 _BASE_COLUMNS = (
     "row_id, entity_path, key, version, value_json, confidence, agent_id, session_id, written_at, "
     "outcome_count, recall_count, ttl_at, memory_type, tier, priority_score, importance_score, "
-    "importance_dimensions, amfs_version"
+    "importance_dimensions, amfs_version, event_at"
 )
 _ENTRY_COLUMNS = _BASE_COLUMNS + ", embedding"
 
@@ -204,8 +208,8 @@ _SORT_SQL: dict[str, str] = {
 _INSERT_ENTRY = (
     "INSERT INTO entries (entity_path, key, version, is_current, value_json, confidence, agent_id, session_id, "
     "written_at, outcome_count, recall_count, ttl_at, memory_type, tier, priority_score, importance_score, "
-    "importance_dimensions, embedding, amfs_version, search_text) "
-    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) "
+    "importance_dimensions, embedding, amfs_version, search_text, event_at) "
+    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21) "
 )
 _INSERT_TRACE = (
     "INSERT INTO trace_events (session_id, agent_id, kind, entity_path, key, version, at, detail) "
@@ -294,6 +298,7 @@ def _row_to_entry(row: Any, with_embedding: bool = True) -> MemoryEntry:
         importance_dimensions=json.loads(dims) if dims else None,
         embedding=_embedding_list(row["embedding"]) if with_embedding else None,
         amfs_version=row["amfs_version"],
+        event_at=row["event_at"],
     )
 
 
@@ -351,6 +356,10 @@ def _filter_sql(flt: EntryFilter, now: datetime, params: _Params) -> list[str]:
         clauses.append(f"written_at >= {params.add(flt.since)}")
     if flt.min_stored_confidence is not None:
         clauses.append(f"confidence >= {params.add(float(flt.min_stored_confidence))}")
+    if flt.event_after is not None:
+        clauses.append(f"coalesce(event_at, written_at) >= {params.add(flt.event_after)}")
+    if flt.event_before is not None:
+        clauses.append(f"coalesce(event_at, written_at) <= {params.add(flt.event_before)}")
     return clauses
 
 
@@ -688,7 +697,7 @@ class PostgresStore:
                     draft.agent_id, draft.session_id, draft.written_at, 0, 0, draft.ttl_at, draft.memory_type.value,
                     int(draft.tier), draft.priority_score, draft.importance_score,
                     json.dumps(draft.importance_dimensions) if draft.importance_dimensions else None,
-                    draft.embedding, AMFS_VERSION, _search_text(draft.search_text),
+                    draft.embedding, AMFS_VERSION, _search_text(draft.search_text), draft.event_at,
                 )
                 await conn.execute(
                     _INSERT_TRACE, actor.session_id, actor.agent_id, "write", draft.entity_path, draft.key, version,
@@ -1125,7 +1134,9 @@ class PostgresStore:
                         entry.outcome_count, entry.recall_count, entry.ttl_at, entry.memory_type.value, int(entry.tier),
                         entry.priority_score, entry.importance_score,
                         json.dumps(entry.importance_dimensions) if entry.importance_dimensions else None,
-                        entry.embedding, entry.amfs_version, _search_text(embedding_text(entry.entity_path, entry.key, entry.value)),
+                        entry.embedding, entry.amfs_version,
+                        _search_text(embedding_text(entry.entity_path, entry.key, entry.value, entry.event_at)),
+                        entry.event_at,
                     )
                 )
             if rows:

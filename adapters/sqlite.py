@@ -110,12 +110,14 @@ MIGRATIONS: list[str] = [
     """,
     # 2: expiring entries found without reading every row (the memory browser's per-entity counts).
     "CREATE INDEX entries_current_ttl ON entries (ttl_at) WHERE is_current = 1 AND ttl_at IS NOT NULL;",
+    # 3: when the remembered event happened (MemoryEntry.event_at), NULL for entries written without one.
+    "ALTER TABLE entries ADD COLUMN event_at REAL;",
 ]
 
 _BASE_COLUMNS = (
     "row_id, entity_path, key, version, value_json, confidence, agent_id, session_id, written_at, "
     "outcome_count, recall_count, ttl_at, memory_type, tier, priority_score, importance_score, "
-    "importance_dimensions, amfs_version"
+    "importance_dimensions, amfs_version, event_at"
 )
 _ENTRY_COLUMNS = _BASE_COLUMNS + ", embedding"
 
@@ -184,6 +186,7 @@ def _row_to_entry(row: sqlite3.Row, with_embedding: bool = True) -> MemoryEntry:
         importance_dimensions=json.loads(row["importance_dimensions"]) if row["importance_dimensions"] else None,
         embedding=decode_embedding(row["embedding"]) if with_embedding else None,
         amfs_version=row["amfs_version"],
+        event_at=_dt(row["event_at"]),
     )
 
 
@@ -227,14 +230,14 @@ class SQLiteStore(SQLiteDatabase):
                 cursor = conn.execute(
                     "INSERT INTO entries (entity_path, key, version, is_current, value_json, confidence, agent_id, "
                     "session_id, written_at, ttl_at, memory_type, tier, priority_score, importance_score, "
-                    "importance_dimensions, embedding, amfs_version, search_text) "
-                    "VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "importance_dimensions, embedding, amfs_version, search_text, event_at) "
+                    "VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         draft.entity_path, draft.key, version, draft.value_json, draft.confidence, draft.agent_id,
                         draft.session_id, _ts(draft.written_at), _ts(draft.ttl_at), draft.memory_type.value,
                         int(draft.tier), draft.priority_score, draft.importance_score,
                         json.dumps(draft.importance_dimensions) if draft.importance_dimensions else None,
-                        encode_embedding(draft.embedding), "0.2.0", draft.search_text,
+                        encode_embedding(draft.embedding), "0.2.0", draft.search_text, _ts(draft.event_at),
                     ),
                 )
                 row_id = cursor.lastrowid
@@ -352,6 +355,12 @@ class SQLiteStore(SQLiteDatabase):
         if flt.min_stored_confidence is not None:
             clauses.append(f"{c}confidence >= ?")
             params.append(flt.min_stored_confidence)
+        if flt.event_after is not None:
+            clauses.append(f"coalesce({c}event_at, {c}written_at) >= ?")
+            params.append(_ts(flt.event_after))
+        if flt.event_before is not None:
+            clauses.append(f"coalesce({c}event_at, {c}written_at) <= ?")
+            params.append(_ts(flt.event_before))
         return clauses, params
 
     # -- reads and traces ---------------------------------------------------------------------
@@ -704,12 +713,12 @@ class SQLiteStore(SQLiteDatabase):
                         )
                 for entry in snapshot.entries:
                     is_current = int(latest[(entry.entity_path, entry.key)] == entry.version)
-                    search_text = embedding_text(entry.entity_path, entry.key, entry.value)
+                    search_text = embedding_text(entry.entity_path, entry.key, entry.value, entry.event_at)
                     cursor = conn.execute(
                         "INSERT INTO entries (entity_path, key, version, is_current, value_json, confidence, agent_id, "
                         "session_id, written_at, outcome_count, recall_count, ttl_at, memory_type, tier, priority_score, "
-                        "importance_score, importance_dimensions, embedding, amfs_version, search_text) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        "importance_score, importance_dimensions, embedding, amfs_version, search_text, event_at) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
                             entry.entity_path, entry.key, entry.version, is_current,
                             json.dumps(entry.value, ensure_ascii=False, separators=(",", ":")), entry.confidence,
@@ -717,7 +726,7 @@ class SQLiteStore(SQLiteDatabase):
                             entry.outcome_count, entry.recall_count, _ts(entry.ttl_at), entry.memory_type.value,
                             int(entry.tier), entry.priority_score, entry.importance_score,
                             json.dumps(entry.importance_dimensions) if entry.importance_dimensions else None,
-                            encode_embedding(entry.embedding), entry.amfs_version, search_text,
+                            encode_embedding(entry.embedding), entry.amfs_version, search_text, _ts(entry.event_at),
                         ),
                     )
                     if is_current:

@@ -29,6 +29,7 @@ import json
 import os
 import re
 import threading
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -46,6 +47,7 @@ __all__ = [
     "KNOWN_EMBEDDERS",
     "INSTALL_HINT",
     "embedding_text",
+    "event_date_words",
     "load_embedder",
 ]
 
@@ -303,6 +305,10 @@ _WHITESPACE = re.compile(r"\s+")
 _LEAD_FIELDS = ("summary", "text", "description")
 
 
+_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+           "November", "December")
+
+
 def _words(s: str) -> str:
     return _WHITESPACE.sub(" ", _SEPARATORS.sub(" ", s)).strip()
 
@@ -328,14 +334,26 @@ def _value_text(value: object) -> str:
     return str(value).strip()
 
 
-def embedding_text(entity_path: str, key: str, value: object) -> str:
+def event_date_words(moment: datetime) -> str:
+    """``2023-05-08T14:30Z`` -> ``"8 May 2023"`` (the UTC day, month in English words, as questions name dates)."""
+    day = moment.astimezone(timezone.utc)
+    return f"{day.day} {_MONTHS[day.month - 1]} {day.year}"
+
+
+def embedding_text(entity_path: str, key: str, value: object, event_at: datetime | None = None) -> str:
     """The text representing one entry for embedding and keyword search.
 
     ``"svc/auth-service", "retry_policy", {"summary": "3 tries"}`` ->
     ``"svc auth service retry policy: 3 tries"``.  Deterministic (dict keys are
-    sorted) and capped at :data:`MAX_EMBEDDING_TEXT_CHARS` characters.
+    sorted) and capped at :data:`MAX_EMBEDDING_TEXT_CHARS` characters.  With an
+    `event_at`, the header names the event's date in words (``"... retry policy,
+    8 May 2023: 3 tries"``), ahead of the value so the cap never cuts it, and a
+    question naming that date or month can match it; without one the text is
+    exactly what it always was.
     """
     header = _words(f"{entity_path} {key}")
+    if event_at is not None:
+        header = f"{header}, {event_date_words(event_at)}" if header else event_date_words(event_at)
     body = _value_text(value)
     text = f"{header}: {body}" if header and body else (header or body)
     if len(text) > MAX_EMBEDDING_TEXT_CHARS:

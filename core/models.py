@@ -127,10 +127,17 @@ class MemoryEntry:
     importance_dimensions: dict[str, float] | None = None
     embedding: list[float] | None = field(default=None, repr=False)
     amfs_version: str = AMFS_VERSION
+    # When the remembered event happened (the writer's claim), as opposed to provenance.written_at.
+    event_at: datetime | None = None
 
     @property
     def entry_key(self) -> str:
         return entry_key(self.entity_path, self.key)
+
+    @property
+    def event_time(self) -> datetime:
+        """What temporal ranking and the event_after/event_before filters use: event_at, else the write time."""
+        return self.event_at if self.event_at is not None else self.provenance.written_at
 
     @property
     def provenance_tier(self) -> ProvenanceTier:
@@ -167,6 +174,7 @@ class MemoryEntry:
             "importance_dimensions": self.importance_dimensions,
             "embedding": self.embedding if include_embedding else None,
             "amfs_version": self.amfs_version,
+            "event_at": to_iso(self.event_at),
         }
 
     @classmethod
@@ -188,6 +196,7 @@ class MemoryEntry:
             importance_dimensions=data.get("importance_dimensions"),
             embedding=data.get("embedding"),
             amfs_version=data.get("amfs_version", AMFS_VERSION),
+            event_at=from_iso(data.get("event_at")),
         )
 
 
@@ -211,6 +220,7 @@ class NewEntry:
     priority_score: float
     embedding: list[float] | None = None
     search_text: str = ""
+    event_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -322,3 +332,6 @@ class EntryFilter:
     agent_id: str | None = None
     since: datetime | None = None
     min_stored_confidence: float | None = None
+    # On the event time (event_at, else written_at), both ends inclusive.
+    event_after: datetime | None = None
+    event_before: datetime | None = None

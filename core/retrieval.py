@@ -1,6 +1,6 @@
 """Hybrid retrieval: strategies that rank candidates, and the fusions that combine them.
 
-semantic and keyword search the store for the query; temporal (recency of the current version, to the hour),
+semantic and keyword search the store for the query; temporal (recency of the event, else of the write, to the hour),
 confidence (effective confidence after decay) and, once a ranker is trained, learned, order that
 same candidate pool: on their own they know nothing about the query. Two fusions:
 
@@ -58,7 +58,8 @@ RECENCY_RESOLUTION_S = 3600
 
 
 def recency_bucket(written_at: datetime) -> float:
-    """The temporal strategy's score: when the version was written, to the hour (as a POSIX timestamp).
+    """The temporal strategy's score: when the event happened (`MemoryEntry.event_time`: its event_at, else
+    when the version was written), to the hour (as a POSIX timestamp).
 
     Entries written within the same clock hour tie (they share a rank): seconds apart within one session
     say nothing about which is more relevant, and ranking them strictly let recency reorder facts a

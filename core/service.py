@@ -81,6 +81,8 @@ class WriteRequest:
     ttl_at: datetime | None = None
     importance_score: float | None = None
     importance_dimensions: dict[str, float] | None = None
+    # When the event happened: ISO 8601 date or datetime text, or a datetime/date (see validation.validate_event_time).
+    event_at: datetime | str | None = None
 
 
 @dataclass
@@ -277,12 +279,14 @@ class MemoryService:
         importance_score, importance_dimensions = v.validate_importance(
             request.importance_score, request.importance_dimensions
         )
+        event_at = v.validate_event_time(request.event_at)
         score = priority_score(now, now, confidence, 0, importance_score)
         return NewEntry(
             entity_path=entity_path, key=key, value=request.value, value_json=value_json, confidence=confidence,
             memory_type=memory_type, agent_id=actor.agent_id, session_id=actor.session_id, written_at=now,
             ttl_at=ttl_at, importance_score=importance_score, importance_dimensions=importance_dimensions,
-            tier=tier_for(score), priority_score=score, search_text=embedding_text(entity_path, key, request.value),
+            tier=tier_for(score), priority_score=score, event_at=event_at,
+            search_text=embedding_text(entity_path, key, request.value, event_at),
         )
 
     async def _with_embeddings(self, drafts: list[NewEntry]) -> list[NewEntry]:
@@ -394,18 +398,24 @@ class MemoryService:
         since: datetime | None = None,
         sort_by: SortBy = "confidence",
         limit: int = 20,
+        event_after: datetime | str | None = None,
+        event_before: datetime | str | None = None,
     ) -> list[MemoryEntry]:
-        """Filter current entries (no query text); does not count as reading them."""
+        """Filter current entries (no query text); does not count as reading them. `event_after`/`event_before`
+        keep entries whose event time (event_at, else the write time) lies in that range, ends included."""
         if sort_by not in SORT_CHOICES:
             raise ValidationError(f"sort_by must be one of {list(SORT_CHOICES)}, got {sort_by!r}.")
         limit = v.validate_limit(limit)
         min_confidence = v.validate_min_confidence(min_confidence)
+        event_after, event_before = v.validate_event_range(event_after, event_before)
         flt = EntryFilter(
             entity_path=v.validate_entity_prefix(entity_path),
             memory_type=None if memory_type is None else v.validate_memory_type(memory_type),
             agent_id=agent_id,
             since=since,
             min_stored_confidence=min_confidence if self.config.decay_half_life_days is None else None,
+            event_after=event_after,
+            event_before=event_before,
         )
         now = utcnow()
         # With decay on, stored confidence over-states effective confidence, so filter after decay.
@@ -463,12 +473,15 @@ class MemoryService:
         fusion: str | None = None,
         *,
         count_as_read: bool = True,
+        event_after: datetime | str | None = None,
+        event_before: datetime | str | None = None,
     ) -> list[RetrievedEntry]:
         """Hybrid search for `query` (see core/retrieval.py); returned entries count as read by the session.
 
         `depth` 1 searches hot entries, 2 adds warm, 3 adds archive. `weights` and `fusion` override the configured
         strategy weights and fusion for this call (benchmarks use them to measure single strategies and the seed's
         RRF). With `count_as_read=False` (a person looking, not an agent) recall counts, tiers and traces stay untouched.
+        `event_after`/`event_before` keep only entries whose event time (event_at, else the write time) lies in range.
         """
         fusion = self.config.fusion if fusion is None else fusion
         if fusion not in FUSIONS:
@@ -481,9 +494,12 @@ class MemoryService:
             raise ValidationError(f"depth must be 1 (hot), 2 (hot+warm) or 3 (all tiers), got {depth!r}.")
         limit = v.validate_limit(limit, maximum=100)
         min_confidence = v.validate_min_confidence(min_confidence)
+        event_after, event_before = v.validate_event_range(event_after, event_before)
         flt = EntryFilter(
             entity_path=v.validate_entity_prefix(entity_path),
             memory_type=None if memory_type is None else v.validate_memory_type(memory_type),
+            event_after=event_after,
+            event_before=event_before,
         )
         active = (
             resolve_weights(weights, learned_available=self.learned_scorer is not None, fusion=fusion)
@@ -560,7 +576,7 @@ class MemoryService:
         rankings = [
             RankedList.from_scored("semantic", [(e.entry_key, s) for e, s in semantic if e.entry_key in admitted]),
             RankedList.from_scored("keyword", [(e.entry_key, s) for e, s in keyword if e.entry_key in admitted]),
-            RankedList.from_scored("temporal", [(e.entry_key, recency_bucket(e.provenance.written_at)) for e in entries]),
+            RankedList.from_scored("temporal", [(e.entry_key, recency_bucket(e.event_time)) for e in entries]),
             RankedList.from_scored("confidence", [(e.entry_key, self.effective_confidence(e, now)) for e in entries]),
         ]
         if self.learned_scorer is not None and entries:

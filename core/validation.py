@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
 from .errors import ValidationError
@@ -177,3 +177,50 @@ def validate_version(version: Any) -> int | None:
     if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= MAX_VERSION:
         raise ValidationError(f"version must be an integer between 1 and {MAX_VERSION}, got {version!r}.")
     return version
+
+
+# Event times outside these years are taken for typos or unit mix-ups (a timestamp in ms, year 20023), not events.
+EVENT_AT_MIN_YEAR = 1800
+EVENT_AT_MAX_YEAR = 2200
+
+
+def validate_event_time(value: Any, what: str = "event_at") -> datetime | None:
+    """When the remembered event happened: an ISO 8601 date ("2023-05-08", that day at 00:00 UTC) or datetime
+    ("2023-05-08T14:30:00+02:00"; UTC when it names no zone), or a `datetime`/`date`. Returned in UTC."""
+    if value is None:
+        return None
+    example = "e.g. '2023-05-08' or '2023-05-08T14:30:00Z'"
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, date):
+        moment = datetime(value.year, value.month, value.day)
+    elif isinstance(value, str):
+        text = value.strip()
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            raise ValidationError(
+                f"{what} must be an ISO 8601 date or datetime ({example}), got {value!r}."
+            ) from None
+    else:
+        raise ValidationError(f"{what} must be an ISO 8601 date or datetime string ({example}), got {value!r}.")
+    try:
+        moment = moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+    except OverflowError:  # year 1 or 9999 shifted by its zone offset
+        moment = None
+    if moment is None or not EVENT_AT_MIN_YEAR <= moment.year <= EVENT_AT_MAX_YEAR:
+        raise ValidationError(
+            f"{what} {value!r} lies outside the supported years {EVENT_AT_MIN_YEAR}..{EVENT_AT_MAX_YEAR}; "
+            "give the date the event happened (" + example + ")."
+        )
+    return moment
+
+
+def validate_event_range(after: Any, before: Any) -> tuple[datetime | None, datetime | None]:
+    """The `event_after` / `event_before` filters: each optional, validated like event_at, after <= before."""
+    start, end = validate_event_time(after, "event_after"), validate_event_time(before, "event_before")
+    if start is not None and end is not None and start > end:
+        raise ValidationError(
+            f"event_after ({start.isoformat()}) is later than event_before ({end.isoformat()}); nothing could match."
+        )
+    return start, end

@@ -46,6 +46,7 @@ class _Entry(BaseModel):
     importance_dimensions: dict[str, float] | None
     embedding: list[float] | None
     amfs_version: str
+    event_at: datetime | None = None  # absent in exports written before event times existed
 
 
 class _Effect(BaseModel):

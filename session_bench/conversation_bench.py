@@ -15,6 +15,7 @@ The unit everything calls is a *ranker*: `async (service, conversation, question
     amfs-server bench retrieval conversations --split tuning
     amfs-server bench retrieval conversations --split test --stores sqlite,postgres --json out.json
     amfs-server bench retrieval conversations --split tuning --conversations 1 --via-mcp
+    amfs-server bench retrieval conversations --split tuning --with-dates   # each turn's date as event_at
 """
 
 from __future__ import annotations
@@ -122,11 +123,15 @@ async def bm25_ranker(service: Any, conversation: dict[str, Any], questions: lis
 # -- rankers through MemoryService ----------------------------------------------------------------------------
 
 
-async def write_conversation(service: MemoryService, conversation: dict[str, Any]) -> None:
-    """Every turn as one memory, one write at a time in order, as a client calling amfs_write per turn would."""
+async def write_conversation(service: MemoryService, conversation: dict[str, Any], with_dates: bool = False) -> None:
+    """Every turn as one memory, one write at a time in order, as a client calling amfs_write per turn would.
+
+    `with_dates` passes each turn's session date as its `event_at` (the held-out protocol passes none)."""
     actor = Actor("bench/conversation", conversation["conversation_id"])
     for turn in turns_of(conversation):
-        await service.write(actor, WriteRequest(conversation["conversation_id"], turn["key"], turn_value(turn)))
+        await service.write(actor, WriteRequest(
+            conversation["conversation_id"], turn["key"], turn_value(turn),
+            event_at=turn["date"] if with_dates else None))
 
 
 def service_ranker(weights: dict[str, float] | None) -> Ranker:
@@ -164,7 +169,8 @@ def score_conversation(conversation: dict[str, Any], ranked: list[list[str]]) ->
 
 
 async def run_in_process(conversations: list[dict[str, Any]], store_kind: str, embedder=None,
-                         selected: dict[str, Ranker] | None = None) -> dict[str, list[dict[str, Any]]]:
+                         selected: dict[str, Ranker] | None = None,
+                         with_dates: bool = False) -> dict[str, list[dict[str, Any]]]:
     """Per ranker, one scored row per question over all `conversations` (each on a fresh `store_kind` store)."""
     from ..core.embedding import load_embedder
 
@@ -180,7 +186,7 @@ async def run_in_process(conversations: list[dict[str, Any]], store_kind: str, e
             try:
                 service = MemoryService(store, ServiceConfig(), embedder=embedder)
                 await service.open()
-                await write_conversation(service, conversation)
+                await write_conversation(service, conversation, with_dates)
                 for name, ranker in selected.items():
                     ranked = await ranker(service, conversation, conversation["questions"])
                     rows[name] += score_conversation(conversation, ranked)
@@ -271,7 +277,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--conversations", type=int, default=None, help="only the first N conversations of the split")
     parser.add_argument("--dataset", type=Path, default=DATASET)
     parser.add_argument("--json", type=Path, default=None, help="also write the summary (and per-question scores) here")
+    parser.add_argument("--with-dates", action="store_true",
+                        help="write each turn with its session date as event_at (in-process only; the held-out "
+                             "protocol passes no dates)")
     args = parser.parse_args(argv)
+    if args.with_dates and args.via_mcp:
+        parser.error("--with-dates runs in process; drop --via-mcp")
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     unknown = set(stores) - {"sqlite", "postgres"}
     if unknown or not stores:
@@ -279,7 +290,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.conversations is not None and args.conversations < 1:
         parser.error("--conversations must be at least 1")
     conversations = load_conversations(args.dataset, args.split)[: args.conversations]
-    report: dict[str, Any] = {"split": args.split, "conversations": [c["conversation_id"] for c in conversations],
+    report: dict[str, Any] = {"split": args.split, "with_dates": args.with_dates, "conversations": [c["conversation_id"] for c in conversations],
                               "questions": sum(len(c["questions"]) for c in conversations), "runs": {}}
     texts = []
     if args.via_mcp:
@@ -288,9 +299,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         texts.append(markdown(report["runs"]["mcp-stdio"]["summary"], "amfs-server over MCP stdio (SQLite)"))
     else:
         for store in stores:
-            rows = asyncio.run(run_in_process(conversations, store))
+            rows = asyncio.run(run_in_process(conversations, store, with_dates=args.with_dates))
             report["runs"][store] = {"summary": summarise(rows), "questions": rows}
-            texts.append(markdown(report["runs"][store]["summary"], store))
+            texts.append(markdown(report["runs"][store]["summary"], store + (" with dates" if args.with_dates else "")))
     text = "\n".join(texts)
     print(text)
     if args.json is not None:

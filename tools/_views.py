@@ -83,6 +83,7 @@ class EntryView(BaseModel):
     recall_count: int
     ttl_at: datetime | None = None
     importance_score: float | None = None
+    event_at: datetime | None = Field(None, description="When the remembered event happened, if the writer said.")
 
     @classmethod
     def of(cls, entry: MemoryEntry, budget: int | None = LISTING_VALUE_CHARS, pin_version: bool = False) -> EntryView:
@@ -96,7 +97,7 @@ class EntryView(BaseModel):
             tier=_TIER_NAMES[entry.tier], provenance_tier=entry.provenance_tier.name.lower(),
             agent_id=entry.provenance.agent_id, written_at=entry.provenance.written_at,
             outcome_count=entry.outcome_count, recall_count=entry.recall_count, ttl_at=entry.ttl_at,
-            importance_score=entry.importance_score,
+            importance_score=entry.importance_score, event_at=entry.event_at,
         )
 
 
@@ -107,6 +108,7 @@ class WriteResult(BaseModel):
     version: int = Field(description="1 for a new key; each write to the same key adds a version.")
     confidence: Confidence
     memory_type: MemoryTypeName
+    event_at: datetime | None = None
 
 
 class CompactEntry(BaseModel):

@@ -12,6 +12,15 @@ from ._params import Confidence, EntityPath, Key, MinConfidence, TtlSeconds, Ver
 from ._registry import ToolRegistry, read_only, writes
 from ._views import EntryView, ForgetResult, History, MemoryTypeName, WriteResult
 
+EventTime = Annotated[
+    str | None,
+    Field(
+        max_length=64,
+        description="When the event happened, ISO 8601: '2023-05-08' (that day, 00:00 UTC) or "
+        "'2023-05-08T14:30:00Z'; years 1800-2200. Temporal ranking and event_after/event_before use it.",
+    ),
+]
+
 
 def register(tools: ToolRegistry[MemoryService]) -> None:
     service = tools.service
@@ -28,6 +37,7 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
         ] = "fact",
         ttl_seconds: TtlSeconds = None,
         importance_score: Annotated[float | None, Field(ge=0, le=1, description="0..1; keeps it hot longer.")] = None,
+        event_at: EventTime = None,
     ) -> WriteResult:
         """Store a memory for later sessions and other agents. Writing an existing key adds a new
         version (history is kept). Returns the entry key, version and confidence."""
@@ -35,12 +45,12 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
             tools.actor(ctx),
             WriteRequest(
                 entity_path=entity_path, key=key, value=value, confidence=confidence, memory_type=memory_type,
-                ttl_seconds=ttl_seconds, importance_score=importance_score,
+                ttl_seconds=ttl_seconds, importance_score=importance_score, event_at=event_at,
             ),
         )
         return WriteResult(
             entry_key=entry.entry_key, entity_path=entry.entity_path, key=entry.key, version=entry.version,
-            confidence=entry.confidence, memory_type=entry.memory_type.value,
+            confidence=entry.confidence, memory_type=entry.memory_type.value, event_at=entry.event_at,
         )
 
     @tools.tool(read_only("Read memory"))

@@ -19,6 +19,16 @@ Verbose = Annotated[
     Field(description="Full entries (type, tier, provenance, counters, timestamps) instead of key, value, "
           "confidence, version and age."),
 ]
+EventAfter = Annotated[
+    str | None,
+    Field(max_length=64, description="Only entries whose event time (event_at, else write time) is at or after "
+                                     "this ISO 8601 date/datetime, e.g. '2023-05-01'."),
+]
+EventBefore = Annotated[
+    str | None,
+    Field(max_length=64, description="Only entries whose event time (event_at, else write time) is at or before "
+                                     "this ISO 8601 date/datetime, e.g. '2023-05-31T23:59:59Z'."),
+]
 
 
 def register(tools: ToolRegistry[MemoryService]) -> None:
@@ -39,13 +49,16 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
             depth: Annotated[int, Field(ge=1, le=3, description="Tiers searched: 1 hot, 2 hot+warm, 3 all.")] = 3,
             explain: Annotated[bool, Field(description="Add each strategy's rank and score per result.")] = False,
             verbose: Verbose = False,
+            event_after: EventAfter = None,
+            event_before: EventBefore = None,
         ) -> RetrieveResult:
             """Find the memories most relevant to a question (semantic + keyword + recency + confidence),
             best first. Use before starting a task. Results count as reads for amfs_commit_outcome;
             long values are truncated (amfs_read returns them whole)."""
             results = await service.retrieve(
                 tools.actor(ctx), query, entity_path=entity_path, limit=limit, min_confidence=min_confidence,
-                memory_type=memory_type, depth=depth, explain=explain,
+                memory_type=memory_type, depth=depth, explain=explain, event_after=event_after,
+                event_before=event_before,
             )
             return RetrieveResult.of(results, verbose=verbose)
 
@@ -61,6 +74,8 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
         sort_by: Literal["confidence", "recency", "recall_count", "priority"] = "confidence",
         limit: Annotated[int, Field(ge=1, le=100)] = 20,
         verbose: Verbose = False,
+        event_after: EventAfter = None,
+        event_before: EventBefore = None,
     ) -> EntryList:
         """Filter current memories by entity, type, confidence, author or age (no query text), sorted.
         Does not count as reading them. To search by meaning use amfs_retrieve."""
@@ -68,7 +83,7 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
             since = since.replace(tzinfo=timezone.utc)
         entries = await service.search(
             entity_path=entity_path, memory_type=memory_type, min_confidence=min_confidence, agent_id=agent_id,
-            since=since, sort_by=sort_by, limit=limit,
+            since=since, sort_by=sort_by, limit=limit, event_after=event_after, event_before=event_before,
         )
         return EntryList(count=len(entries), entries=entry_views(entries, verbose))
 

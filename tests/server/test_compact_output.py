@@ -14,7 +14,7 @@ from amfs_server.tools._views import age, significant, without_noise
 COMPACT_ENTRY = {"entry_key", "version", "value", "confidence", "age"}
 VERBOSE_ENTRY = {
     "entry_key", "entity_path", "key", "version", "value", "truncated", "confidence", "memory_type", "tier",
-    "provenance_tier", "agent_id", "written_at", "outcome_count", "recall_count", "ttl_at", "importance_score",
+    "provenance_tier", "agent_id", "written_at", "outcome_count", "recall_count", "ttl_at", "event_at", "importance_score",
 }
 
 

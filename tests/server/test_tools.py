@@ -91,7 +91,7 @@ async def test_write_returns_the_stored_entrys_key_version_and_confidence(client
     second = await write(client, "checkout-service", "retry-pattern", "jittered backoff", memory_type="belief")
     assert first == {
         "entry_key": "checkout-service/retry-pattern", "entity_path": "checkout-service", "key": "retry-pattern",
-        "version": 1, "confidence": 0.8, "memory_type": "fact",
+        "version": 1, "confidence": 0.8, "memory_type": "fact", "event_at": None,
     }
     assert second["version"] == 2 and second["memory_type"] == "belief"
 
