@@ -41,6 +41,7 @@ DATASET = Path(__file__).parent / "data" / "conversations_eval.json"
 SPLITS = ("tuning", "test", "all")
 LIMIT = 10
 FUSION = "fusion (as configured)"
+SEED_RRF = "rrf 0.4/0.2/0.2/0.2 (the seed's fusion)"
 BM25_ROW = "bm25 (baseline)"
 METRICS = ("recall@10", "mrr@10")
 
@@ -134,15 +135,16 @@ async def write_conversation(service: MemoryService, conversation: dict[str, Any
             event_at=turn["date"] if with_dates else None))
 
 
-def service_ranker(weights: dict[str, float] | None) -> Ranker:
-    """Ranks with `service.retrieve` scoped to the conversation; `weights` None is the fusion as configured."""
+def service_ranker(weights: dict[str, float] | None, fusion: str | None = None) -> Ranker:
+    """Ranks with `service.retrieve` scoped to the conversation; `weights` and `fusion` None: as configured."""
 
     async def rank(service: MemoryService, conversation: dict[str, Any], questions: list[dict[str, Any]]) -> list[list[str]]:
         actor = Actor("bench/conversation", f"{conversation['conversation_id']}-questions")
         ranked = []
         for question in questions:
             results = await service.retrieve(
-                actor, question["question"], entity_path=conversation["conversation_id"], limit=LIMIT, weights=weights
+                actor, question["question"], entity_path=conversation["conversation_id"], limit=LIMIT, weights=weights,
+                fusion=fusion,
             )
             ranked.append([hit.entry.key for hit in results])
         return ranked
@@ -151,7 +153,7 @@ def service_ranker(weights: dict[str, float] | None) -> Ranker:
 
 
 def rankers() -> dict[str, Ranker]:
-    table: dict[str, Ranker] = {FUSION: service_ranker(None)}
+    table: dict[str, Ranker] = {FUSION: service_ranker(None), SEED_RRF: service_ranker(None, fusion="rrf")}
     for name in SINGLE_STRATEGIES:
         table[name] = service_ranker({s: (1.0 if s == name else 0.0) for s in SINGLE_STRATEGIES})
     table[BM25_ROW] = bm25_ranker
