@@ -87,12 +87,15 @@ class Actor:
     """Who is acting: the agent and the session whose reads feed auto-causal linking.
 
     `scope` is the entity prefix a prefix-scoped API key confines the actor to (None: unconfined). Its
-    outcome refs live in that scope's own namespace, so two teams' refs never meet.
+    outcome refs live in that scope's own namespace, so two teams' refs never meet. A `read_only` actor (a
+    read-only API key) leaves no trace of its reads: no recall count, tier or trace changes, so it cannot move
+    tiers or what later outcomes are charged to.
     """
 
     agent_id: str
     session_id: str
     scope: str | None = None
+    read_only: bool = False
 
 
 @dataclass(frozen=True)

@@ -331,6 +331,8 @@ class MemoryService:
                 f"'{entity_path}/{key}' has effective confidence {self.effective_confidence(entry, now):.4f}, "
                 f"below min_confidence={min_confidence}. Lower min_confidence to see it."
             )
+        if actor.read_only:
+            return self.with_current_tier(entry, now)
         entry = entry.with_changes(recall_count=entry.recall_count + 1)
         entry = self.with_current_tier(entry, now)
         await self._track(actor, "read", [entry], now)
@@ -356,7 +358,8 @@ class MemoryService:
     ) -> None:
         """Bump recall counts, store refreshed tiers and trace the reads (they feed auto-causal linking and ML).
 
-        Bookkeeping only: on a full disk the read still succeeds, without it (logged)."""
+        Bookkeeping only: on a full disk the read still succeeds, without it (logged). A read-only actor's reads
+        never get here (see `Actor`)."""
         try:
             await self._record_reads(actor, kind, entries, now, details)
         except StorageFullError as error:
@@ -484,6 +487,7 @@ class MemoryService:
         `event_after`/`event_before` keep only entries whose event time (event_at, else the write time) lies in range.
         """
         fusion = self.config.fusion if fusion is None else fusion
+        count_as_read = count_as_read and not actor.read_only  # a read-only key leaves no trace (see Actor)
         if fusion not in FUSIONS:
             raise ValidationError(f"Unknown fusion {fusion!r}; use one of {list(FUSIONS)}.")
         if not isinstance(query, str) or not query.strip():

@@ -50,6 +50,9 @@ class Credential(Protocol):
     @property
     def entity_prefix(self) -> str | None: ...
 
+    @property
+    def access(self) -> str: ...
+
 
 class ActorResolver:
     """Who is calling. With an API key, the key says so (its configured agent, else its id) and its prefix
@@ -77,17 +80,18 @@ class ActorResolver:
     def __call__(self, ctx: Context) -> Actor:
         session = ctx.session
         credential = self._credential()
+        read_only = False
         if credential is not None:
-            agent_id, scope = credential.agent_id, credential.entity_prefix
+            agent_id, scope, read_only = credential.agent_id, credential.entity_prefix, credential.access == "ro"
         else:
             params = session.client_params
             client_name = params.client_info.name if params is not None and params.client_info is not None else None
             agent_id, scope = self._agent_id or client_name or DEFAULT_AGENT_ID, None
         if session.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-            return Actor(agent_id, ctx.session_id, scope)
+            return Actor(agent_id, ctx.session_id, scope, read_only)
         if ctx.transport in (None, "stdio"):
-            return Actor(agent_id, self._process_session_id, scope)
-        return Actor(agent_id, f"request-{uuid.uuid4().hex[:16]}", scope)
+            return Actor(agent_id, self._process_session_id, scope, read_only)
+        return Actor(agent_id, f"request-{uuid.uuid4().hex[:16]}", scope, read_only)
 
 
 class ToolRegistry(Generic[S]):

@@ -245,3 +245,15 @@ async def test_auto_linked_outcome_skips_entries_forgotten_since_they_were_read(
     await service.forget("svc", "gone")
     record = await service.commit_outcome(actor, "DEP-9", "success")
     assert [effect.key for effect in record.effects] == ["kept"]
+
+
+async def test_a_read_only_actor_reads_and_retrieves_without_leaving_a_trace(service: MemoryService) -> None:
+    writer = Actor("agent/writer", "s-write")
+    await service.write(writer, WriteRequest("svc", "retry", "retry card charges with exponential backoff"))
+    viewer = Actor("agent/dashboard", "s-ro", read_only=True)
+    await service.read(viewer, "svc", "retry")
+    await service.retrieve(viewer, "how do we retry card charges?", limit=3)
+    assert (await service.read(Actor("agent/check", "s-check", read_only=True), "svc", "retry")).recall_count == 0
+    assert await service.store.session_reads("s-ro") == []  # nothing for a later outcome to be charged to
+    await service.read(Actor("agent/rw", "s-rw"), "svc", "retry")
+    assert [t.key for t in await service.store.session_reads("s-rw")] == ["retry"]

@@ -165,6 +165,9 @@ async def test_a_read_only_key_can_read_but_every_write_tool_is_refused_and_noth
         assert await entry_keys(asgi) == ["svc/k"]
         history = await call(asgi, ADMIN, "amfs_history", {"entity_path": "svc", "key": "k"})
         assert history.structured_content["versions"][0]["confidence"] == 1.0  # no outcome was applied
+        await call(asgi, READER, "amfs_retrieve", {"query": "v"})
+        # the reader's read and retrieve left no trace: no recall count (tiers follow it), nothing to charge
+        assert history.structured_content["versions"][0]["recall_count"] == 0
 
 
 async def test_a_prefix_scoped_key_reads_and_writes_only_under_its_prefix(settings: Settings) -> None:
