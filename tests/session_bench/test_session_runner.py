@@ -44,11 +44,14 @@ def test_runner_writes_json_markdown_and_chart_with_the_five_modes_and_the_oracl
     assert {p.name for p in out.iterdir()} == {"report.json", "report.md", "report.png"}
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((out / "report.json").read_text())
-    assert list(saved["summary"]) == [*sb.MODES, sb.ORACLE]
+    # Each prefix mode is followed by itself at key scale 1.0 (plain concatenation), beside the default.
+    assert list(saved["summary"]) == ["D_full_history", "B_flat_cos", "B_ams_text", "B_text_top1", "A_ams_prefix",
+                                      "A_ams_prefix@ks1.0", "C_ams_hybrid", "C_ams_hybrid@ks1.0", sb.ORACLE]
+    assert saved["config"]["key_scale"] == 0.8 and saved["config"]["key_scales_beside"] == [1.0]
     for mode, s in saved["summary"].items():
         assert s["n"] == 10, mode
         assert s["reference"] is (mode == sb.ORACLE) and s["served_by"] == ["in-process"]
-        for fld in ("hit_rate", "hit_rate_ci95", "avg_input_tokens", "avg_prefix_tokens", "avg_retrieve_ms",
+        for fld in ("hit_rate", "hit_rate_ci95", "hit_rate_lenient", "avg_input_tokens", "avg_prefix_tokens", "avg_retrieve_ms",
                     "avg_generate_ms", "avg_generate_ms_ci95", "avg_ttft_ms", "retrieval_recall",
                     "hit_rate_vs_oracle", "hit_rate_on_oracle_hits"):
             assert fld in s, (mode, fld)
@@ -58,6 +61,11 @@ def test_runner_writes_json_markdown_and_chart_with_the_five_modes_and_the_oracl
     assert summary["A_ams_prefix"]["avg_prefix_tokens"] > 0
     assert summary["A_ams_prefix"]["avg_input_tokens"] < summary["C_ams_hybrid"]["avg_input_tokens"] \
         < summary["B_ams_text"]["avg_input_tokens"] < summary["D_full_history"]["avg_input_tokens"]
+    # B_text_top1 reads only the top memory of the same retrieval.
+    assert summary["B_text_top1"]["avg_input_tokens"] < summary["B_ams_text"]["avg_input_tokens"]
+    assert all(len(q["memories"]) == 1 for q in saved["queries"] if q["mode"] == "B_text_top1")
+    # The same prefix at another key scale: same tokens, only the keys differ.
+    assert summary["A_ams_prefix@ks1.0"]["avg_prefix_tokens"] == summary["A_ams_prefix"]["avg_prefix_tokens"]
     # The oracle reads one fact as text: more than the question alone, less than three facts.
     assert summary["A_ams_prefix"]["avg_input_tokens"] < summary[sb.ORACLE]["avg_input_tokens"] \
         < summary["B_ams_text"]["avg_input_tokens"]
@@ -66,8 +74,12 @@ def test_runner_writes_json_markdown_and_chart_with_the_five_modes_and_the_oracl
     assert saved["config"]["path"] == "in-process" and saved["config"]["reference_modes"] == [sb.ORACLE]
     assert saved["sessions"][0]["memories_compiled"] == 20
     assert {"A_input_tokens_vs_D", "A_generate_ms_vs_B_ams_text", "C_generate_ms_vs_B_ams_text",
-            "A_hit_rate_at_least_B_ams_text", "A_minus_B_ams_text_paired_ci95"} <= set(saved["targets"])
-    assert len(saved["queries"]) == 60
+            "A_hit_rate_at_least_B_ams_text", "A_minus_B_ams_text_paired_ci95", "best_text_mode",
+            "vs_best_text"} <= set(saved["targets"])
+    assert saved["targets"]["best_text_mode"] in sb.TEXT_MODES
+    assert set(saved["targets"]["vs_best_text"]) == {"A_ams_prefix", "A_ams_prefix@ks1.0", "C_ams_hybrid",
+                                                     "C_ams_hybrid@ks1.0"}
+    assert len(saved["queries"]) == 90
     oracle = [q for q in saved["queries"] if q["mode"] == sb.ORACLE]
     session = sb.report_session(20)
     gold = {q.question: q.fact_path for q in session.queries}
@@ -83,6 +95,7 @@ def test_runner_writes_json_markdown_and_chart_with_the_five_modes_and_the_oracl
             sum(q["gold_rank"] == 1 for q in rows) / len(rows))
     markdown = (out / "report.md").read_text()
     assert "A_ams_prefix" in markdown and "randomly initialised" in markdown
+    assert "vs the best text mode" in markdown and "lenient" in markdown
     assert "O_gold_text (reference: gold fact only)" in markdown and "vs O" in markdown
     assert "Path: **in process" in markdown
     progress = capsys.readouterr().err
@@ -164,7 +177,7 @@ def test_b_flat_cos_without_an_embedder_says_what_to_pass(tmp_path, one_thread):
         sb.run_benchmark(args)
 
 
-SERVER_MODES_ORDER = ["D_full_history", "B_ams_text", "A_ams_prefix", "C_ams_hybrid"]
+SERVER_MODES_ORDER = ["D_full_history", "B_ams_text", "B_text_top1", "A_ams_prefix", "C_ams_hybrid"]
 
 
 def test_via_server_writes_through_amfs_write_and_answers_through_amfs_answer(tmp_path, one_thread, monkeypatch):
@@ -196,7 +209,7 @@ def test_via_server_writes_through_amfs_write_and_answers_through_amfs_answer(tm
     assert saved["sessions"][0]["served_by"] == "server" and saved["sessions"][0]["backbone_load_ms"] > 0
     served = {m: s["served_by"] for m, s in saved["summary"].items()}
     assert served == {"D_full_history": ["server"], "B_flat_cos": ["in-process"], "B_ams_text": ["server"],
-                      "A_ams_prefix": ["server"], "C_ams_hybrid": ["server"], sb.ORACLE: ["in-process"]}
+                      "B_text_top1": ["server"], "A_ams_prefix": ["server"], "C_ams_hybrid": ["server"], sb.ORACLE: ["in-process"]}
     for q in saved["queries"]:
         assert isinstance(q["answer"], str) and q["generate_ms"] > 0 and q["total_ms"] >= q["generate_ms"]
         assert q["new_tokens"] >= 1 and q["input_tokens"] > 0
@@ -212,11 +225,12 @@ def test_via_server_writes_through_amfs_write_and_answers_through_amfs_answer(tm
 
     # In process, with the same greedy backbone and retrieval, every server-served answer is the same: same
     # memories, same prompt sizes, same answer.
-    local = sb.run_benchmark(sb.parse_args([*common, "--modes", ",".join(SERVER_MODES_ORDER),
+    local = sb.run_benchmark(sb.parse_args([*common, "--modes", ",".join(SERVER_MODES_ORDER), "--key-scales-beside",
+                                            "none",
                                             "--out", str(tmp_path / "local")]))
     server_rows = {(q["mode"], q["question"]): q for q in via["queries"] if q["mode"] in SERVER_MODES_ORDER}
     local_rows = {(q["mode"], q["question"]): q for q in local["queries"]}
-    assert server_rows.keys() == local_rows.keys() and len(local_rows) == 40
+    assert server_rows.keys() == local_rows.keys() and len(local_rows) == 50
     for k, q in local_rows.items():
         s = server_rows[k]
         assert (s["answer"], s["memories"], s["input_tokens"], s["prefix_tokens"], s["new_tokens"]) == \
