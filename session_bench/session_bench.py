@@ -1,38 +1,56 @@
-"""The five-mode session benchmark: does the prefix channel answer as well as text, for a fraction of the prompt?
+"""The session benchmark: does the prefix channel answer as well as text, and what does it cost?
 
 A session writes facts as memories (one write per fact, over a temporary SQLite store, MiniLM
-embeddings), then asks targeted-recall questions; a hit is the expected keyword in the answer,
-case-insensitive (the protocol of the report this benchmark answers). Modes:
+embeddings), then asks targeted-recall questions. A hit (the strict rule, the default) is the expected
+keyword in the answer as a whole word, case-insensitive, with none of the question's distractor answers
+(the same attribute of the other people or services: an answer naming both has not chosen); the
+report's original rule (the keyword as a substring) is reported beside it as *lenient*. Modes:
 
 =================  ==================================================================================
-D_full_history     every fact in the prompt, as text, in the order written (the ceiling on the report's set)
+D_full_history     every fact in the prompt, as text, in the order written
 B_flat_cos         plain cosine over MiniLM embeddings of the facts; the top-k as text
 B_ams_text         this product's ``retrieve()`` (semantic + keyword + recency + confidence, RRF); top-k as text
+B_text_top1        the same retrieval, only its top memory as text (the text baseline at the memories a
+                   prefix that trusts the top-1 effectively reads)
 A_ams_prefix       the same retrieved memories as compiled key/value caches; the prompt holds only the question
 C_ams_hybrid       the compiled caches plus the top-1 memory as text
+X@ks1.0            a prefix mode at another key scale (``--key-scales-beside``, default 1.0 = plain
+                   concatenation), printed beside the default
 O_gold_text        reference, not a mode: only the gold fact, as text (the reader's ceiling under perfect
-                   retrieval; on the 60-fact sessions a 135M reader is far from it with every fact in the prompt)
+                   retrieval)
 =================  ==================================================================================
+
+A and C are compared with the best text mode run, not only with B_ams_text. A prefix that reads the
+same tokens as B_ams_text can differ from it only in its cache: memories after the first never attended
+to the earlier ones, and their keys are scaled by the key scale, a bet that the retriever's top-1 is right.
+
+Sessions: the report's fixed N=10/N=20 set, ``--session-file FILE`` (an external session; format in
+``session_data.parse_session`` and ``data/example_session.json``), or ``--large`` generated sessions, whose
+seeds are split: ``--split tuning`` (seeds 100-199) is where knobs are chosen, ``--split report`` (0-99,
+the default) is what a report states; each refuses the other's seeds.
 
 Every mode generates through ``worker.answer_from_memories`` (the ``amfs_answer`` tool's code), one
 greedy loop for all, so times compare. Queries run mode after mode for each question (interleaved), so
 a machine that gets busier mid-run slows every mode alike. In process, memories are compiled when
-written (a write-time cost, reported apart) and a query's ``compile_ms`` is the cache lookup.
+written (a write-time cost, reported apart) and a query's ``compile_ms`` is the cache lookup. What the
+prefix channel saves in time as memories grow is ``prefix_cost``'s subject.
 
 ``--via-server`` runs the same session through the server instead: the facts are written with the
-``amfs_write`` tool and D/B_ams_text/A/C answered by ``amfs_answer`` (mode full/text/prefix/hybrid) of an
-app from ``server.app.create_app`` with the backbone configured, over an in-memory MCP client; metrics
-are the tool's. The server compiles memories on first use. B_flat_cos and the oracle have no server
-equivalent and run in process beside it; the report says which path served each mode.
+``amfs_write`` tool and D/B_ams_text/B_text_top1/A/C answered by ``amfs_answer`` (mode
+full/text/text with memories=1/prefix/hybrid) of an app from ``server.app.create_app`` with the backbone
+configured, over an in-memory MCP client; metrics are the tool's. The server compiles memories on first
+use. B_flat_cos and the oracle have no server equivalent and run in process beside it; the report says
+which path served each mode. Other key scales are not run through the server (it has one).
 
     amfs-server bench session --backbone smollm2 --n-facts 20
-    amfs-server bench session --backbone smollm2 --n-facts 20 --via-server
-    amfs-server bench session --backbone smollm2 --large --seeds 0,1,2
+    amfs-server bench session --backbone smollm2 --session-file session_bench/data/example_session.json
+    amfs-server bench session --backbone smollm2 --large --split tuning --seeds 100,101,102
+    amfs-server bench session --backbone smollm2 --large --seeds 3,4,5
     python -m amfs_server.session_bench.session_bench --backbone tiny-random-qwen2 --max-new-tokens 4
 
 Writes ``report.json``, ``report.md`` and ``report.png`` to ``--out`` (default
-``reports/session/<backbone>-n<N>/``, ``-large`` for the generated sessions, ``-server`` appended
-with ``--via-server``); progress goes to stderr.
+``reports/session/<backbone>-n<N>/``, ``-large`` (``-large-tuning``) for the generated sessions,
+``-file-<name>`` for a session file, ``-server`` appended with ``--via-server``); progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -108,6 +126,14 @@ def base_mode(mode: ModeName) -> ModeName:
 def mode_key_scale(mode: ModeName) -> float | None:
     """The key scale a variant mode names (``@ks1.0``), None for the compiler's default."""
     return float(mode.split("@ks", 1)[1]) if "@ks" in mode else None
+
+
+def _is_variant(mode: str) -> bool:
+    base, _, scale = mode.partition("@ks")
+    try:
+        return base in PREFIX_MODES and 0 < float(scale) <= 4
+    except ValueError:
+        return False
 
 
 def variant(mode: ModeName, key_scale: float) -> ModeName:
@@ -695,10 +721,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="report directory (default reports/session/<backbone>-n<N>, -large, +-server)")
     args = p.parse_args(argv)
     args.mode_list = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in args.mode_list if m not in ALL_MODES]
+    unknown = [m for m in args.mode_list if m not in ALL_MODES and not _is_variant(m)]
     if unknown or not args.mode_list:
-        p.error(f"unknown modes {unknown}; choose from {', '.join(ALL_MODES)}")
-    args.mode_list = [m for m in ALL_MODES if m in args.mode_list]  # canonical order, the reference last
+        p.error(f"unknown modes {unknown}; choose from {', '.join(ALL_MODES)} (or A_ams_prefix@ks<scale>, "
+                "C_ams_hybrid@ks<scale>)")
+    named_variants = [m for m in args.mode_list if "@" in m]
+    if named_variants and args.via_server:
+        p.error("--via-server runs the server's key scale only; leave the @ks modes out")
+    # Canonical order, each prefix mode's named variants right after it, the reference last.
+    args.mode_list = [v for m in ALL_MODES if m in args.mode_list or any(base_mode(n) == m for n in named_variants)
+                      for v in [m, *(variant(base_mode(n), mode_key_scale(n)) for n in named_variants
+                                     if base_mode(n) == m)]]
     if args.top_k < 1:
         p.error("--top-k must be >= 1")
     from ..ml.answer.prefix_cache import DEFAULT_KEY_SCALE
@@ -715,8 +748,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.via_server:
         scales = []  # the server runs its own key scale only
     # Each prefix mode's other key scales right after it, so the report prints them side by side.
-    args.mode_list = [v for m in args.mode_list
-                      for v in [m, *(variant(m, x) for x in scales if m in PREFIX_MODES)]]
+    args.mode_list = list(dict.fromkeys(v for m in args.mode_list
+                                        for v in [m, *(variant(m, x) for x in scales if m in PREFIX_MODES)]))
     if args.session_file is not None and args.large:
         p.error("--session-file and --large are two sources of sessions; give one")
     if args.large:

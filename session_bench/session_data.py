@@ -1,9 +1,10 @@
 """Session fact sets and the prompt wording the session benchmark asks with.
 
 This module owns the benchmark's *data*: the facts a session writes as
-memories, the targeted-recall queries with their expected keywords, the hit
-rule, and the prompt wording (system prompt + user template) that every mode
-shares. It holds no model code.
+memories, the targeted-recall queries with their expected keywords and
+distractor answers, the hit rules (strict, the default, and the lenient
+substring rule reported beside it), the session-file format, and the seed
+split between tuning and reporting. It holds no model code.
 
 Two kinds of session:
 
@@ -15,7 +16,10 @@ Two kinds of session:
   default) about several people, generated from attribute templates, so that
   every query has distractors of the same attribute for other people and
   differences between modes are not one query wide. Facts are written one
-  person at a time.
+  person at a time (a choice made while looking at seeds 0 and 1, so reports
+  use other reporting seeds). Seeds 100-199 are for tuning, 0-99 for reports.
+* ``load_session_file(path)``: an external session (``parse_session`` has the
+  format).
 
 Designed for a weak reader (SmolLM2-135M): short facts phrased like their
 questions ("The user's code editor is Neovim." / "What is the user's code

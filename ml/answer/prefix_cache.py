@@ -15,6 +15,15 @@ This module owns three things:
   (one forward per token, no logit shaping) used by every mode, so that timings
   compare like for like. The prefix mode prefills only the suffix.
 
+The pieces are tokenized apart (head, each memory line, the suffix), the text
+modes tokenize the whole prompt. Where a tokenizer merges across a boundary
+(Qwen2's byte-level BPE: the last memory's "\n" and the suffix's "\n" become
+one "\n\n" token, where SmolLM2's keep them apart), every call checks the
+joint tokenization and re-prefills from the first differing token
+(``joint_tokens``; ``GenerationMetrics.retokenized_tokens`` says how many
+compiled tokens that dropped), so the prefix mode always reads the text
+prompt's tokens.
+
 Why memories are compiled *after the head* rather than on their own: the first
 token of a sequence acts as an attention sink; a memory compiled from position
 0 would carry a second sink into the middle of the prompt. Compiled after the
