@@ -140,7 +140,9 @@ def test_large_session_runs_per_seed_with_pooled_intervals(tmp_path, one_thread)
     report = sb.run_benchmark(args)
     assert [s["n_facts"] for s in report["sessions"]] == [12, 12]
     assert report["summary"]["A_ams_prefix"]["n"] == 6
-    assert list(report["summary"]) == ["D_full_history", "A_ams_prefix"]
+    assert list(report["summary"]) == ["D_full_history", "A_ams_prefix", "A_ams_prefix@ks1.0"]
+    assert report["config"]["split"] == "report" and report["config"]["seeds"] == [0, 1]
+    assert "report split, seeds 0,1" in (tmp_path / "report.md").read_text()
     # Pooled over the seeds above, one line per seed below.
     assert list(report["per_session"]) == ["generated_s0_n12", "generated_s1_n12"]
     assert [s["A_ams_prefix"]["n"] for s in report["per_session"].values()] == [3, 3]
@@ -168,6 +170,17 @@ def test_unknown_mode_is_refused(capsys):
     with pytest.raises(SystemExit):
         sb.parse_args(["--modes", "A_ams_prefix,Z_magic"])
     assert "Z_magic" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        sb.parse_args(["--modes", "B_ams_text@ks0.5"])  # a key scale applies to prefix modes only
+    assert "B_ams_text@ks0.5" in capsys.readouterr().err
+
+
+def test_prefix_modes_at_named_key_scales_follow_their_base_mode():
+    args = sb.parse_args(["--modes", "C_ams_hybrid@ks1.0,A_ams_prefix@ks0.6,B_text_top1", "--key-scales-beside",
+                          "none"])
+    assert args.mode_list == ["B_text_top1", "A_ams_prefix", "A_ams_prefix@ks0.6", "C_ams_hybrid",
+                              "C_ams_hybrid@ks1.0"]
+    assert sb.mode_key_scale("A_ams_prefix@ks0.6") == 0.6 and sb.mode_key_scale("A_ams_prefix") is None
 
 
 def test_b_flat_cos_without_an_embedder_says_what_to_pass(tmp_path, one_thread):
