@@ -47,7 +47,9 @@ def test_runner_writes_json_markdown_and_chart_with_the_five_modes_and_the_oracl
     # Each prefix mode is followed by itself at key scale 1.0 (plain concatenation), beside the default.
     assert list(saved["summary"]) == ["D_full_history", "B_flat_cos", "B_ams_text", "B_text_top1", "A_ams_prefix",
                                       "A_ams_prefix@ks1.0", "C_ams_hybrid", "C_ams_hybrid@ks1.0", sb.ORACLE]
-    assert saved["config"]["key_scale"] == 0.8 and saved["config"]["key_scales_beside"] == [1.0]
+    from amfs_server.ml.answer.prefix_cache import DEFAULT_KEY_SCALE
+
+    assert saved["config"]["key_scale"] == DEFAULT_KEY_SCALE and saved["config"]["key_scales_beside"] == [1.0]
     for mode, s in saved["summary"].items():
         assert s["n"] == 10, mode
         assert s["reference"] is (mode == sb.ORACLE) and s["served_by"] == ["in-process"]
@@ -257,4 +259,6 @@ def test_via_server_refuses_settings_the_server_does_not_use(capsys):
     with pytest.raises(SystemExit):
         sb.parse_args(["--via-server", "--key-scale", "1.0"])
     assert "leave --key-scale out" in capsys.readouterr().err
-    assert sb.parse_args(["--via-server", "--key-scale", "0.8"]).via_server
+    from amfs_server.ml.answer.prefix_cache import DEFAULT_KEY_SCALE
+
+    assert sb.parse_args(["--via-server", "--key-scale", str(DEFAULT_KEY_SCALE)]).via_server
