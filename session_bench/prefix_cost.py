@@ -183,6 +183,7 @@ def chart(report: dict[str, Any], path: Path) -> None:
         ax.set_yscale("log")
         ax.set_xticks(sorted({c["memory_tokens"] for c in cells}), [str(s) for s in sorted({c["memory_tokens"]
                                                                                            for c in cells})])
+        ax.tick_params(axis="x", which="minor", labelbottom=False)
         ax.set_xlabel("tokens per memory")
         ax.set_title(title)
     axes[1].legend(fontsize=7)
