@@ -36,11 +36,12 @@ written (a write-time cost, reported apart) and a query's ``compile_ms`` is the 
 prefix channel saves in time as memories grow is ``prefix_cost``'s subject.
 
 ``--via-server`` runs the same session through the server instead: the facts are written with the
-``amfs_write`` tool and D/B_ams_text/B_text_top1/A/C answered by ``amfs_answer`` (mode
-full/text/text with memories=1/prefix/hybrid) of an app from ``server.app.create_app`` with the backbone
+``amfs_write`` tool and D/B_ams_text/A/C answered by ``amfs_answer`` (mode
+full/text/prefix/hybrid) of an app from ``server.app.create_app`` with the backbone
 configured, over an in-memory MCP client; metrics are the tool's. The server compiles memories on first
 use. B_flat_cos and the oracle have no server equivalent and run in process beside it; the report says
-which path served each mode. Other key scales are not run through the server (it has one).
+which path served each mode. B_text_top1 and other key scales are not run through the server
+(``amfs_answer`` takes no memory count, and the server has one key scale).
 
     amfs-server bench session --backbone smollm2 --n-facts 20
     amfs-server bench session --backbone smollm2 --session-file session_bench/data/example_session.json
@@ -104,8 +105,9 @@ PREFIX_MODES: tuple[ModeName, ...] = ("A_ams_prefix", "C_ams_hybrid")
 DEFAULT_KEY_SCALES_BESIDE = "1.0"
 # --via-server: the modes amfs_answer serves (D as mode="full", the others with the server's retrieval);
 # B_flat_cos and the oracle have no server equivalent and run in process beside it.
-SERVER_MODES: frozenset[ModeName] = frozenset({"D_full_history", "B_ams_text", "B_text_top1", "A_ams_prefix",
-                                              "C_ams_hybrid"})
+SERVER_MODES: frozenset[ModeName] = frozenset({"D_full_history", "B_ams_text", "A_ams_prefix", "C_ams_hybrid"})
+# amfs_answer takes no memory count, so B_text_top1 has no server path; --via-server leaves it out.
+NOT_VIA_SERVER: frozenset[ModeName] = frozenset({"B_text_top1"})
 ServedBy = Literal["in-process", "server"]
 DEFAULT_TOP_K = 3
 DEFAULT_MAX_NEW_TOKENS = 30  # the report's mt=30
@@ -345,11 +347,8 @@ class _ViaServer:
 
     async def answer(self, mode: ModeName, question: str, texts: Sequence[MemoryText], top_k: int,
                      max_new_tokens: int) -> _Answered:
-        arguments: dict[str, Any] = {"query": question, "mode": GENERATION_MODE[mode],
-                                     "max_new_tokens": max_new_tokens}
-        if mode in GIVEN:
-            arguments["memories"] = GIVEN[mode]
-        result = await self._call("amfs_answer", arguments)
+        result = await self._call("amfs_answer", {"query": question, "mode": GENERATION_MODE[mode],
+                                                  "max_new_tokens": max_new_tokens})
         m = result["metrics"]
         return _Answered(result["answer"], [u["entry_key"] for u in result["memories"]], m["input_tokens"],
                          m["prefix_tokens"], m["new_tokens"], m["retrieve_ms"] if mode != "D_full_history" else 0.0,
@@ -728,6 +727,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     named_variants = [m for m in args.mode_list if "@" in m]
     if named_variants and args.via_server:
         p.error("--via-server runs the server's key scale only; leave the @ks modes out")
+    if args.via_server:
+        if args.modes != ",".join(ALL_MODES) and NOT_VIA_SERVER & set(args.mode_list):
+            p.error(f"--via-server: {', '.join(sorted(NOT_VIA_SERVER & set(args.mode_list)))} has no server path "
+                    "(amfs_answer takes no memory count); leave it out")
+        args.mode_list = [m for m in args.mode_list if m not in NOT_VIA_SERVER]
     # Canonical order, each prefix mode's named variants right after it, the reference last.
     args.mode_list = [v for m in ALL_MODES if m in args.mode_list or any(base_mode(n) == m for n in named_variants)
                       for v in [m, *(variant(base_mode(n), mode_key_scale(n)) for n in named_variants

@@ -192,7 +192,7 @@ def test_b_flat_cos_without_an_embedder_says_what_to_pass(tmp_path, one_thread):
         sb.run_benchmark(args)
 
 
-SERVER_MODES_ORDER = ["D_full_history", "B_ams_text", "B_text_top1", "A_ams_prefix", "C_ams_hybrid"]
+SERVER_MODES_ORDER = ["D_full_history", "B_ams_text", "A_ams_prefix", "C_ams_hybrid"]
 
 
 def test_via_server_writes_through_amfs_write_and_answers_through_amfs_answer(tmp_path, one_thread, monkeypatch):
@@ -224,7 +224,7 @@ def test_via_server_writes_through_amfs_write_and_answers_through_amfs_answer(tm
     assert saved["sessions"][0]["served_by"] == "server" and saved["sessions"][0]["backbone_load_ms"] > 0
     served = {m: s["served_by"] for m, s in saved["summary"].items()}
     assert served == {"D_full_history": ["server"], "B_flat_cos": ["in-process"], "B_ams_text": ["server"],
-                      "B_text_top1": ["server"], "A_ams_prefix": ["server"], "C_ams_hybrid": ["server"], sb.ORACLE: ["in-process"]}
+                      "A_ams_prefix": ["server"], "C_ams_hybrid": ["server"], sb.ORACLE: ["in-process"]}
     for q in saved["queries"]:
         assert isinstance(q["answer"], str) and q["generate_ms"] > 0 and q["total_ms"] >= q["generate_ms"]
         assert q["new_tokens"] >= 1 and q["input_tokens"] > 0
@@ -245,7 +245,7 @@ def test_via_server_writes_through_amfs_write_and_answers_through_amfs_answer(tm
                                             "--out", str(tmp_path / "local")]))
     server_rows = {(q["mode"], q["question"]): q for q in via["queries"] if q["mode"] in SERVER_MODES_ORDER}
     local_rows = {(q["mode"], q["question"]): q for q in local["queries"]}
-    assert server_rows.keys() == local_rows.keys() and len(local_rows) == 50
+    assert server_rows.keys() == local_rows.keys() and len(local_rows) == 40
     for k, q in local_rows.items():
         s = server_rows[k]
         assert (s["answer"], s["memories"], s["input_tokens"], s["prefix_tokens"], s["new_tokens"]) == \
@@ -262,3 +262,9 @@ def test_via_server_refuses_settings_the_server_does_not_use(capsys):
     from amfs_server.ml.answer.prefix_cache import DEFAULT_KEY_SCALE
 
     assert sb.parse_args(["--via-server", "--key-scale", str(DEFAULT_KEY_SCALE)]).via_server
+    with pytest.raises(SystemExit):
+        sb.parse_args(["--via-server", "--modes", "B_text_top1,A_ams_prefix"])
+    assert "B_text_top1 has no server path" in capsys.readouterr().err
+    # By default --via-server runs every mode that has a server path, and none at another key scale.
+    assert sb.parse_args(["--via-server"]).mode_list == ["D_full_history", "B_flat_cos", "B_ams_text",
+                                                          "A_ams_prefix", "C_ams_hybrid", sb.ORACLE]
