@@ -1,38 +1,57 @@
-"""The five-mode session benchmark: does the prefix channel answer as well as text, for a fraction of the prompt?
+"""The session benchmark: does the prefix channel answer as well as text, and what does it cost?
 
 A session writes facts as memories (one write per fact, over a temporary SQLite store, MiniLM
-embeddings), then asks targeted-recall questions; a hit is the expected keyword in the answer,
-case-insensitive (the protocol of the report this benchmark answers). Modes:
+embeddings), then asks targeted-recall questions. A hit (the strict rule, the default) is the expected
+keyword in the answer as a whole word, case-insensitive, with none of the question's distractor answers
+(the same attribute of the other people or services: an answer naming both has not chosen); the
+report's original rule (the keyword as a substring) is reported beside it as *lenient*. Modes:
 
 =================  ==================================================================================
-D_full_history     every fact in the prompt, as text, in the order written (the ceiling on the report's set)
+D_full_history     every fact in the prompt, as text, in the order written
 B_flat_cos         plain cosine over MiniLM embeddings of the facts; the top-k as text
 B_ams_text         this product's ``retrieve()`` (semantic + keyword + recency + confidence, RRF); top-k as text
+B_text_top1        the same retrieval, only its top memory as text (the text baseline at the memories a
+                   prefix that trusts the top-1 effectively reads)
 A_ams_prefix       the same retrieved memories as compiled key/value caches; the prompt holds only the question
 C_ams_hybrid       the compiled caches plus the top-1 memory as text
+X@ks1.0            a prefix mode at another key scale (``--key-scales-beside``, default 1.0 = plain
+                   concatenation), printed beside the default
 O_gold_text        reference, not a mode: only the gold fact, as text (the reader's ceiling under perfect
-                   retrieval; on the 60-fact sessions a 135M reader is far from it with every fact in the prompt)
+                   retrieval)
 =================  ==================================================================================
+
+A and C are compared with the best text mode run, not only with B_ams_text. A prefix that reads the
+same tokens as B_ams_text can differ from it only in its cache: memories after the first never attended
+to the earlier ones, and their keys are scaled by the key scale, a bet that the retriever's top-1 is right.
+
+Sessions: the report's fixed N=10/N=20 set, ``--session-file FILE`` (an external session; format in
+``session_data.parse_session`` and ``data/example_session.json``), or ``--large`` generated sessions, whose
+seeds are split: ``--split tuning`` (seeds 100-199) is where knobs are chosen, ``--split report`` (0-99,
+the default) is what a report states; each refuses the other's seeds.
 
 Every mode generates through ``worker.answer_from_memories`` (the ``amfs_answer`` tool's code), one
 greedy loop for all, so times compare. Queries run mode after mode for each question (interleaved), so
 a machine that gets busier mid-run slows every mode alike. In process, memories are compiled when
-written (a write-time cost, reported apart) and a query's ``compile_ms`` is the cache lookup.
+written (a write-time cost, reported apart) and a query's ``compile_ms`` is the cache lookup. What the
+prefix channel saves in time as memories grow is ``prefix_cost``'s subject.
 
 ``--via-server`` runs the same session through the server instead: the facts are written with the
-``amfs_write`` tool and D/B_ams_text/A/C answered by ``amfs_answer`` (mode full/text/prefix/hybrid) of an
-app from ``server.app.create_app`` with the backbone configured, over an in-memory MCP client; metrics
-are the tool's. The server compiles memories on first use. B_flat_cos and the oracle have no server
-equivalent and run in process beside it; the report says which path served each mode.
+``amfs_write`` tool and D/B_ams_text/A/C answered by ``amfs_answer`` (mode
+full/text/prefix/hybrid) of an app from ``server.app.create_app`` with the backbone
+configured, over an in-memory MCP client; metrics are the tool's. The server compiles memories on first
+use. B_flat_cos and the oracle have no server equivalent and run in process beside it; the report says
+which path served each mode. B_text_top1 and other key scales are not run through the server
+(``amfs_answer`` takes no memory count, and the server has one key scale).
 
     amfs-server bench session --backbone smollm2 --n-facts 20
-    amfs-server bench session --backbone smollm2 --n-facts 20 --via-server
-    amfs-server bench session --backbone smollm2 --large --seeds 0,1,2
+    amfs-server bench session --backbone smollm2 --session-file session_bench/data/example_session.json
+    amfs-server bench session --backbone smollm2 --large --split tuning --seeds 100,101,102
+    amfs-server bench session --backbone smollm2 --large --seeds 3,4,5
     python -m amfs_server.session_bench.session_bench --backbone tiny-random-qwen2 --max-new-tokens 4
 
 Writes ``report.json``, ``report.md`` and ``report.png`` to ``--out`` (default
-``reports/session/<backbone>-n<N>/``, ``-large`` for the generated sessions, ``-server`` appended
-with ``--via-server``); progress goes to stderr.
+``reports/session/<backbone>-n<N>/``, ``-large`` (``-large-tuning``) for the generated sessions,
+``-file-<name>`` for a session file, ``-server`` appended with ``--via-server``); progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -55,11 +74,14 @@ import numpy as np
 from ..core.embedding import DEFAULT_EMBEDDER
 from ..core.ports import Embedder
 from . import pyplot
-from .session_data import Fact, Session, generated_session, report_session
+from .session_data import (REPORTING_SEEDS, TUNING_SEEDS, Fact, Session, SessionFileError, check_seeds,
+                           generated_session, load_session_file, report_session)
 from ..ml.answer.worker import DEFAULT_MEMORIES, AnswerMode, Generated, MemoryText, answer_from_memories, memory_text
 
-ModeName = Literal["D_full_history", "B_flat_cos", "B_ams_text", "A_ams_prefix", "C_ams_hybrid", "O_gold_text"]
-MODES: tuple[ModeName, ...] = ("D_full_history", "B_flat_cos", "B_ams_text", "A_ams_prefix", "C_ams_hybrid")
+# A mode name is a base mode, or a prefix mode at another key scale: "A_ams_prefix@ks1.0".
+ModeName = str
+MODES: tuple[ModeName, ...] = ("D_full_history", "B_flat_cos", "B_ams_text", "B_text_top1", "A_ams_prefix",
+                               "C_ams_hybrid")
 # The reader's ceiling under perfect retrieval: only the gold fact, as text. A reference reported beside
 # the five modes (each mode's hit-rate is also shown relative to it), never one of them: no system can
 # know the gold fact.
@@ -67,16 +89,26 @@ ORACLE: ModeName = "O_gold_text"
 ALL_MODES: tuple[ModeName, ...] = (*MODES, ORACLE)
 # How each benchmark mode is served: which generation mode, and where its memories come from.
 GENERATION_MODE: dict[ModeName, AnswerMode] = {
-    "D_full_history": "full", "B_flat_cos": "text", "B_ams_text": "text", "A_ams_prefix": "prefix",
-    "C_ams_hybrid": "hybrid", "O_gold_text": "text",
+    "D_full_history": "full", "B_flat_cos": "text", "B_ams_text": "text", "B_text_top1": "text",
+    "A_ams_prefix": "prefix", "C_ams_hybrid": "hybrid", "O_gold_text": "text",
 }
 RETRIEVAL: dict[ModeName, str] = {
-    "D_full_history": "none", "B_flat_cos": "flat_cos", "B_ams_text": "ams", "A_ams_prefix": "ams",
-    "C_ams_hybrid": "ams", "O_gold_text": "gold",
+    "D_full_history": "none", "B_flat_cos": "flat_cos", "B_ams_text": "ams", "B_text_top1": "ams",
+    "A_ams_prefix": "ams", "C_ams_hybrid": "ams", "O_gold_text": "gold",
 }
+# B_text_top1: the same retrieval, only its top memory as text. The fair text baseline for a prefix channel
+# that trusts the top-1 (key scale < 1): as many memories as it effectively reads.
+GIVEN: dict[ModeName, int] = {"B_text_top1": 1}
+# The text modes A is compared against: the report states A minus the best of them, not only B_ams_text.
+TEXT_MODES: tuple[ModeName, ...] = ("D_full_history", "B_flat_cos", "B_ams_text", "B_text_top1")
+PREFIX_MODES: tuple[ModeName, ...] = ("A_ams_prefix", "C_ams_hybrid")
+# The key scale printed beside the default (1.0 = plain concatenation, no bet on the top-1).
+DEFAULT_KEY_SCALES_BESIDE = "1.0"
 # --via-server: the modes amfs_answer serves (D as mode="full", the others with the server's retrieval);
 # B_flat_cos and the oracle have no server equivalent and run in process beside it.
 SERVER_MODES: frozenset[ModeName] = frozenset({"D_full_history", "B_ams_text", "A_ams_prefix", "C_ams_hybrid"})
+# amfs_answer takes no memory count, so B_text_top1 has no server path; --via-server leaves it out.
+NOT_VIA_SERVER: frozenset[ModeName] = frozenset({"B_text_top1"})
 ServedBy = Literal["in-process", "server"]
 DEFAULT_TOP_K = 3
 DEFAULT_MAX_NEW_TOKENS = 30  # the report's mt=30
@@ -86,6 +118,28 @@ LARGE_PEOPLE = 6
 TARGET_INPUT_TOKEN_RATIO = 0.15
 TARGET_GENERATE_RATIO = 1.10
 BOOTSTRAP_RESAMPLES = 2000
+
+
+def base_mode(mode: ModeName) -> ModeName:
+    """``A_ams_prefix@ks1.0`` -> ``A_ams_prefix``."""
+    return mode.split("@", 1)[0]
+
+
+def mode_key_scale(mode: ModeName) -> float | None:
+    """The key scale a variant mode names (``@ks1.0``), None for the compiler's default."""
+    return float(mode.split("@ks", 1)[1]) if "@ks" in mode else None
+
+
+def _is_variant(mode: str) -> bool:
+    base, _, scale = mode.partition("@ks")
+    try:
+        return base in PREFIX_MODES and 0 < float(scale) <= 4
+    except ValueError:
+        return False
+
+
+def variant(mode: ModeName, key_scale: float) -> ModeName:
+    return f"{mode}@ks{float(key_scale)}"
 
 
 # ---------------------------------------------------------------------------
@@ -126,7 +180,7 @@ class QueryResult:
     question: str
     expected: str
     answer: str
-    hit: bool
+    hit: bool  # the strict rule: the expected keyword as a whole word and none of the query's distractors
     gold_retrieved: bool | None  # the answering fact among the memories given (None for D and the oracle)
     gold_rank: int | None  # its place among them, 1 = first (None where not given, or for D and the oracle)
     memories: list[str]
@@ -139,6 +193,8 @@ class QueryResult:
     generate_ms: float
     total_ms: float = 0.0  # the whole answer as the caller sees it: retrieval, compile, generation (+ MCP call)
     served_by: ServedBy = "in-process"
+    hit_lenient: bool = False  # the report's original rule: the keyword as a substring
+    distractors: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -225,15 +281,16 @@ class _InProcess:
     async def answer(self, mode: ModeName, question: str, texts: Sequence[MemoryText], top_k: int,
                      max_new_tokens: int) -> _Answered:
         retrieve_ms = 0.0
-        if RETRIEVAL[mode] == "none":
+        base = base_mode(mode)
+        if RETRIEVAL[base] == "none":
             given = list(texts)
         else:
             started = time.perf_counter()
             retrieved = await self.memory.retrieve(question, limit=top_k)
             retrieve_ms = (time.perf_counter() - started) * 1000
-            given = [MemoryText.of(hit.entry) for hit in retrieved]
-        gen = answer_from_memories(self.backbone, self.compiler, question, GENERATION_MODE[mode], given,
-                                   max_new_tokens)
+            given = [MemoryText.of(hit.entry) for hit in retrieved][:GIVEN.get(base, top_k)]
+        gen = answer_from_memories(self.backbone, self.compiler, question, GENERATION_MODE[base], given,
+                                   max_new_tokens, key_scale=mode_key_scale(mode))
         return _answered(gen, [_entry_path(g.memory_id) for g in given], retrieve_ms)
 
 
@@ -324,7 +381,7 @@ async def run_session(session: Session, backbone: Any, compiler: Any, embedder: 
             by_path = {_entry_path(t.memory_id): t for t in texts}
             before = compiler.stats.compiled
             started = time.perf_counter()
-            if server is None and {"A_ams_prefix", "C_ams_hybrid"} & set(modes):
+            if server is None and set(PREFIX_MODES) & {base_mode(m) for m in modes}:
                 for t in texts:  # what the product does when a memory is written or first used
                     compiler.compile(t.memory_id, t.text)
             # Via the server, memories compile on first use inside the worker (each query's compile_ms).
@@ -341,9 +398,9 @@ async def run_session(session: Session, backbone: Any, compiler: Any, embedder: 
             for qi, query in enumerate(session.queries, start=1):
                 for mode in modes:
                     started = time.perf_counter()
-                    kind = RETRIEVAL[mode]
+                    kind = RETRIEVAL[base_mode(mode)]
                     served_by: ServedBy = "in-process"
-                    if mode in SERVER_MODES:  # D and the retrieval modes: the store's path (here, or the server)
+                    if base_mode(mode) in SERVER_MODES:  # D and the retrieval modes: the store's path (here, or the server)
                         got = await store.answer(mode, query.question, texts, top_k, max_new_tokens)
                         served_by = store.served_by
                     else:  # B_flat_cos and the oracle: in process on either path
@@ -365,7 +422,8 @@ async def run_session(session: Session, backbone: Any, compiler: Any, embedder: 
                         gold_retrieved=query.fact_path in got.memories if retrieved else None,
                         gold_rank=(got.memories.index(query.fact_path) + 1
                                    if retrieved and query.fact_path in got.memories else None),
-                        total_ms=total_ms, served_by=served_by, **asdict(got),
+                        total_ms=total_ms, served_by=served_by, hit_lenient=query.hit_lenient(got.answer),
+                        distractors=list(query.distractors), **asdict(got),
                     ))
                     _progress(f"[{session.name}] {mode:<15} query {qi}/{len(session.queries)} "
                               f"{'hit ' if hit else 'miss'} running hit-rate {hits[mode]}/{qi} "
@@ -410,6 +468,8 @@ def summarize(results: Sequence[QueryResult], modes: Sequence[ModeName]) -> dict
             "served_by": sorted({r.served_by for r in rows}),
             "n": n, "hits": hits, "hit_rate": hits / n if n else float("nan"),
             "hit_rate_ci95": list(wilson_interval(hits, n)),
+            "hits_lenient": sum(r.hit_lenient for r in rows),
+            "hit_rate_lenient": sum(r.hit_lenient for r in rows) / n if n else float("nan"),
             "retrieval_recall": (sum(gold) / len(gold)) if gold else None,
             # The prefix channel bets on the top-1 (key scale): how often retrieval put the gold fact first,
             # and the hit-rate on those questions.
@@ -439,6 +499,23 @@ def targets(summary: dict[str, dict[str, Any]], results: Sequence[QueryResult] =
     """The issue's bar, where the modes it compares were run."""
     out: dict[str, Any] = {}
     a, b, c, d = (summary.get(m) for m in ("A_ams_prefix", "B_ams_text", "C_ams_hybrid", "D_full_history"))
+    # A (and C, and their other key scales) against the best text mode run, not only B_ams_text: a prefix
+    # channel that wins only against a weaker text baseline has not earned its place.
+    text_run = [m for m in TEXT_MODES if m in summary]
+    if text_run:
+        best = max(text_run, key=lambda m: (summary[m]["hit_rate"], -TEXT_MODES.index(m)))
+        out["best_text_mode"] = best
+        best_hits = _hits_by_question(results, best)
+        for mode in summary:
+            if base_mode(mode) not in PREFIX_MODES:
+                continue
+            mine = _hits_by_question(results, mode)
+            paired = [q for q in mine if q in best_hits]
+            entry: dict[str, Any] = {"minus_best_text": summary[mode]["hit_rate"] - summary[best]["hit_rate"]}
+            if paired:
+                entry["paired_ci95"] = list(paired_difference_interval(
+                    [mine[q] for q in paired], [best_hits[q] for q in paired]))
+            out.setdefault("vs_best_text", {})[mode] = entry
     if a and b:
         out["A_hit_rate_minus_B_ams_text"] = a["hit_rate"] - b["hit_rate"]
         out["A_hit_rate_at_least_B_ams_text"] = a["hit_rate"] >= b["hit_rate"]
@@ -477,8 +554,12 @@ def markdown(report: dict[str, Any]) -> str:
         f"Backbone `{cfg['backbone']}` ({cfg['device']}, {cfg['dtype']}); embedder `{cfg['embedder']}`; "
         f"top-k {cfg['top_k']}; max new tokens {cfg['max_new_tokens']}; greedy; key scale {cfg.get('key_scale')}; "
         f"torch threads {cfg['torch_threads']}. Sessions: {sessions}. "
-        "Hit = expected keyword in the answer (case-insensitive). 95% CIs: Wilson for hit-rates (queries of "
+        "Hit (strict, the default) = the expected keyword as a whole word (case-insensitive) and none of the "
+        "question's distractor answers (the same attribute of the other people/services); *lenient* = the "
+        "keyword as a substring, the report's original rule. 95% CIs: Wilson for hit-rates (queries of "
         "all sessions pooled), percentile bootstrap of the mean for times.",
+        "",
+        f"Sessions: **{cfg.get('sessions_description', '-')}**.",
         "",
         f"Path: **{cfg.get('path_description', 'in process')}**.",
         "",
@@ -492,7 +573,7 @@ def markdown(report: dict[str, Any]) -> str:
         ]
     oracle_cols = " vs O | on O's hits |" if has_oracle else ""
     served_col = " served by |" if via_server else ""
-    header = (f"| Mode |{served_col} Hit-rate (95% CI) |{oracle_cols} Gold in top-k | Gold first (hit-rate then) "
+    header = (f"| Mode |{served_col} Hit-rate, strict (95% CI) | lenient |{oracle_cols} Gold in top-k | Gold first (hit-rate then) "
               "| avg input tokens (prefilled) "
               "| avg reused prefix tokens | avg retrieve ms | avg generate ms (95% CI) | avg TTFT ms "
               "| avg new tokens |")
@@ -508,6 +589,7 @@ def markdown(report: dict[str, Any]) -> str:
                      if has_oracle and mode != ORACLE else (" - | - |" if has_oracle else ""))
         lines.append(
             f"| {_mode_label(mode)} |{served} {_pct(s['hit_rate'])} ({s['hits']}/{s['n']}; {_pct(lo)}-{_pct(hi)}) |"
+            f" {_pct(s.get('hit_rate_lenient'))} |"
             f"{vs_oracle} {recall} | {first} | {s['avg_input_tokens']:.0f} | {s['avg_prefix_tokens']:.0f} "
             f"| {s['avg_retrieve_ms']:.1f} | {s['avg_generate_ms']:.0f} ({glo:.0f}-{ghi:.0f}) | {s['avg_ttft_ms']:.0f} "
             f"| {s['avg_new_tokens']:.1f} |"
@@ -527,6 +609,12 @@ def markdown(report: dict[str, Any]) -> str:
         ci = f"; paired bootstrap 95% CI {100 * paired[0]:+.0f} to {100 * paired[1]:+.0f}" if paired else ""
         lines.append(f"- A hit-rate >= B_ams_text: **{'met' if t['A_hit_rate_at_least_B_ams_text'] else 'not met'}** "
                      f"(A - B = {100 * t['A_hit_rate_minus_B_ams_text']:+.0f} points{ci})")
+    if "best_text_mode" in t:
+        for mode, entry in t.get("vs_best_text", {}).items():
+            ci = entry.get("paired_ci95")
+            ci_text = f"; paired bootstrap 95% CI {100 * ci[0]:+.0f} to {100 * ci[1]:+.0f}" if ci else ""
+            lines.append(f"- {mode} vs the best text mode ({t['best_text_mode']}): "
+                         f"{100 * entry['minus_best_text']:+.0f} points{ci_text}")
     if "A_input_tokens_vs_D" in t:
         lines.append(f"- A input tokens <= 15% of D: **{'met' if t['A_input_tokens_within_15pct'] else 'not met'}** "
                      f"({_pct(t['A_input_tokens_vs_D'])} of D)")
@@ -556,10 +644,11 @@ def chart(report: dict[str, Any], path: Path) -> None:
     modes = list(summary)
     x = np.arange(len(modes))
     palette = {"D_full_history": "#7f7f7f", "B_flat_cos": "#9ecae1", "B_ams_text": "#3182bd",
-               "A_ams_prefix": "#e6550d", "C_ams_hybrid": "#fd8d3c", ORACLE: "#ffffff"}
-    colors = [palette[m] for m in modes]
+               "B_text_top1": "#6baed6", "A_ams_prefix": "#e6550d", "C_ams_hybrid": "#fd8d3c", ORACLE: "#ffffff"}
+    # Other key scales: the base mode's colour, lighter.
+    colors = [palette[m] if m in palette else palette[base_mode(m)] + "88" for m in modes]
     hatches = ["xx" if m == ORACLE else "" for m in modes]  # the reference, not a mode
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    fig, axes = plt.subplots(1, 3, figsize=(4 + 1.5 * len(modes), 4.6))
     rates = [summary[m]["hit_rate"] * 100 for m in modes]
     # Clipped at 0: at 0/n or n/n the Wilson bound equals the rate up to rounding.
     err = np.clip(np.array([[r - summary[m]["hit_rate_ci95"][0] * 100, summary[m]["hit_rate_ci95"][1] * 100 - r]
@@ -600,7 +689,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--large", action="store_true", help="generated sessions (60 facts, 60 queries each) per seed")
     p.add_argument("--large-facts", type=int, default=LARGE_FACTS, help="facts per generated session")
     p.add_argument("--large-queries", type=int, default=None, help="queries per generated session (default: all)")
-    p.add_argument("--seeds", default="0", help="comma-separated seeds for --large")
+    p.add_argument("--seeds", default=None,
+                   help=f"comma-separated seeds for --large (default: the split's first; reporting seeds "
+                        f"{REPORTING_SEEDS.start}-{REPORTING_SEEDS.stop - 1}, tuning seeds "
+                        f"{TUNING_SEEDS.start}-{TUNING_SEEDS.stop - 1})")
+    p.add_argument("--split", choices=("report", "tuning"), default="report",
+                   help="--large: which seed range the run may use. Knobs are chosen on tuning seeds; a report "
+                        "runs on reporting seeds only, and each refuses the other's seeds")
+    p.add_argument("--session-file", type=Path, default=None,
+                   help="run an external session (JSON: name, facts [{entity_path, key, text}], queries "
+                        "[{question, expected, fact_path, distractors?}]); see session_bench/data/example_session.json")
     p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     p.add_argument("--modes", default=",".join(ALL_MODES),
                    help="comma-separated subset of " + ", ".join(ALL_MODES) + f" (default: all; {ORACLE} is the "
@@ -608,7 +706,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help="memories given to the retrieval modes")
     p.add_argument("--key-scale", type=float, default=None,
                    help="prefix modes: multiply the keys of memories after the top-1 (below 1 trusts the top-1 "
-                        "more; default 0.8, 1.0 = plain concatenation)")
+                        "more; default 0.6, chosen on tuning seeds; 1.0 = plain concatenation)")
+    p.add_argument("--key-scales-beside", default=DEFAULT_KEY_SCALES_BESIDE,
+                   help="comma-separated key scales at which A and C also run, reported beside the default "
+                        f"(default {DEFAULT_KEY_SCALES_BESIDE}; 'none' for none; not with --via-server)")
     p.add_argument("--via-server", action="store_true",
                    help="write the facts and answer D, B_ams_text, A and C through the MCP tools (amfs_write, "
                         "amfs_answer) of a server app with the backbone configured (placed by the server: CUDA "
@@ -619,12 +720,53 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="report directory (default reports/session/<backbone>-n<N>, -large, +-server)")
     args = p.parse_args(argv)
     args.mode_list = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in args.mode_list if m not in ALL_MODES]
+    unknown = [m for m in args.mode_list if m not in ALL_MODES and not _is_variant(m)]
     if unknown or not args.mode_list:
-        p.error(f"unknown modes {unknown}; choose from {', '.join(ALL_MODES)}")
-    args.mode_list = [m for m in ALL_MODES if m in args.mode_list]  # canonical order, the reference last
+        p.error(f"unknown modes {unknown}; choose from {', '.join(ALL_MODES)} (or A_ams_prefix@ks<scale>, "
+                "C_ams_hybrid@ks<scale>)")
+    named_variants = [m for m in args.mode_list if "@" in m]
+    if named_variants and args.via_server:
+        p.error("--via-server runs the server's key scale only; leave the @ks modes out")
+    if args.via_server:
+        if args.modes != ",".join(ALL_MODES) and NOT_VIA_SERVER & set(args.mode_list):
+            p.error(f"--via-server: {', '.join(sorted(NOT_VIA_SERVER & set(args.mode_list)))} has no server path "
+                    "(amfs_answer takes no memory count); leave it out")
+        args.mode_list = [m for m in args.mode_list if m not in NOT_VIA_SERVER]
+    # Canonical order, each prefix mode's named variants right after it, the reference last.
+    args.mode_list = [v for m in ALL_MODES if m in args.mode_list or any(base_mode(n) == m for n in named_variants)
+                      for v in [m, *(variant(base_mode(n), mode_key_scale(n)) for n in named_variants
+                                     if base_mode(n) == m)]]
     if args.top_k < 1:
         p.error("--top-k must be >= 1")
+    from ..ml.answer.prefix_cache import DEFAULT_KEY_SCALE
+
+    beside = args.key_scales_beside.strip().lower()
+    try:
+        scales = [] if beside in ("", "none") else [float(x) for x in beside.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--key-scales-beside takes comma-separated numbers or 'none', got {args.key_scales_beside!r}")
+    if any(not 0 < x <= 4 for x in scales):
+        p.error("--key-scales-beside: each key scale must be in (0, 4]")
+    default_scale = DEFAULT_KEY_SCALE if args.key_scale is None else args.key_scale
+    scales = [x for x in dict.fromkeys(scales) if x != default_scale]
+    if args.via_server:
+        scales = []  # the server runs its own key scale only
+    # Each prefix mode's other key scales right after it, so the report prints them side by side.
+    args.mode_list = list(dict.fromkeys(v for m in args.mode_list
+                                        for v in [m, *(variant(m, x) for x in scales if m in PREFIX_MODES)]))
+    if args.session_file is not None and args.large:
+        p.error("--session-file and --large are two sources of sessions; give one")
+    if args.large:
+        try:
+            args.seed_list = ([int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds
+                              else [(REPORTING_SEEDS if args.split == "report" else TUNING_SEEDS).start])
+            check_seeds(args.seed_list, args.split)
+        except ValueError as error:
+            p.error(f"--split {args.split}: {error}")
+    elif args.seeds is not None:
+        p.error("--seeds applies to --large (generated sessions) only")
+    else:
+        args.seed_list = []
     if args.via_server:
         from ..ml.answer.prefix_cache import DEFAULT_KEY_SCALE
 
@@ -634,7 +776,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             p.error(f"--via-server answers with the server's {DEFAULT_MEMORIES} memories; leave --top-k out")
         if args.key_scale is not None and args.key_scale != DEFAULT_KEY_SCALE:
             p.error(f"--via-server uses the server's key scale ({DEFAULT_KEY_SCALE}); leave --key-scale out")
-    args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()]
     args.argv = None if argv is None else list(argv)
     return args
 
@@ -676,14 +817,29 @@ def run_benchmark(args: argparse.Namespace, *, embedder: Embedder | None = None,
     backbone, compiler, loaded_embedder = loaded if loaded is not None else _load(args)
     embedder = embedder or loaded_embedder
     if args.large:
+        check_seeds(args.seed_list, args.split)  # also for callers that built args without parse_args
         sessions = [generated_session(seed, n_people=LARGE_PEOPLE, n_facts=args.large_facts,
                                       n_queries=args.large_queries) for seed in args.seed_list]
-        title = (f"generated sessions x{len(sessions)} (seeds {args.seeds}; {args.large_facts} facts, "
+        seeds = ",".join(map(str, args.seed_list))
+        title = (f"generated sessions x{len(sessions)} ({args.split} seeds {seeds}; {args.large_facts} facts, "
                  f"{len(sessions[0].queries)} queries each)")
-        default_out = f"{_slug(args.backbone)}-large"
+        sessions_description = (
+            f"generated, {args.split} split, seeds {seeds} (reporting seeds {REPORTING_SEEDS.start}-"
+            f"{REPORTING_SEEDS.stop - 1}, tuning seeds {TUNING_SEEDS.start}-{TUNING_SEEDS.stop - 1}; knobs are "
+            f"chosen on tuning seeds only)")
+        default_out = f"{_slug(args.backbone)}-large" + ("-tuning" if args.split == "tuning" else "")
+    elif args.session_file is not None:
+        try:
+            sessions = [load_session_file(args.session_file)]
+        except SessionFileError as error:
+            raise SystemExit(f"session bench: {error}") from None
+        title = f"session file {sessions[0].name} ({len(sessions[0].facts)} facts, {len(sessions[0].queries)} queries)"
+        sessions_description = f"external session file {args.session_file}"
+        default_out = f"{_slug(args.backbone)}-file-{_slug(sessions[0].name)}"
     else:
         sessions = [report_session(args.n_facts)]
         title = f"report session N={args.n_facts} ({args.n_facts} facts, {len(sessions[0].queries)} queries)"
+        sessions_description = f"the report's fixed N={args.n_facts} session"
         default_out = f"{_slug(args.backbone)}-n{args.n_facts}"
     if args.via_server:
         default_out += "-server"
@@ -719,6 +875,10 @@ def run_benchmark(args: argparse.Namespace, *, embedder: Embedder | None = None,
             "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
             "torch": torch.__version__, "machine": platform.machine(), "order": "interleaved per query",
             "key_scale": compiler.key_scale,
+            "key_scales_beside": sorted({mode_key_scale(m) for m in args.mode_list if "@ks" in m}),
+            "sessions_description": sessions_description,
+            "split": args.split if args.large else None,
+            "seeds": list(args.seed_list) if args.large else None,
         },
         "summary": summary,
         "targets": targets(summary, results),

@@ -1,9 +1,10 @@
 """Session fact sets and the prompt wording the session benchmark asks with.
 
 This module owns the benchmark's *data*: the facts a session writes as
-memories, the targeted-recall queries with their expected keywords, the hit
-rule, and the prompt wording (system prompt + user template) that every mode
-shares. It holds no model code.
+memories, the targeted-recall queries with their expected keywords and
+distractor answers, the hit rules (strict, the default, and the lenient
+substring rule reported beside it), the session-file format, and the seed
+split between tuning and reporting. It holds no model code.
 
 Two kinds of session:
 
@@ -15,7 +16,10 @@ Two kinds of session:
   default) about several people, generated from attribute templates, so that
   every query has distractors of the same attribute for other people and
   differences between modes are not one query wide. Facts are written one
-  person at a time.
+  person at a time (a choice made while looking at seeds 0 and 1, so reports
+  use other reporting seeds). Seeds 100-199 are for tuning, 0-99 for reports.
+* ``load_session_file(path)``: an external session (``parse_session`` has the
+  format).
 
 Designed for a weak reader (SmolLM2-135M): short facts phrased like their
 questions ("The user's code editor is Neovim." / "What is the user's code
@@ -24,14 +28,24 @@ system prompt asking for a few words from the notes. With all ten facts in the
 prompt (mode D) SmolLM2 answers 10/10 at N=10 and N=20, so the ceiling is real
 and every other mode is judged against it. On the generated 60-fact sessions it
 is not (32% over three seeds): there the benchmark's reference, the gold fact
-alone as text (89%), is the reader's ceiling.
+alone as text (89%), is the reader's ceiling. (Both measured with the lenient
+rule on seeds 0-2, before the strict rule and the seed split.)
 """
 
 from __future__ import annotations
 
+import json
 import random
+import re
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+# Generated sessions' seeds are split once: knobs (key scale, top-k, templates) are chosen on tuning seeds,
+# and a report is run on reporting seeds only, so no number a report states was looked at while tuning.
+REPORTING_SEEDS = range(0, 100)
+TUNING_SEEDS = range(100, 200)
+SPLITS = {"report": REPORTING_SEEDS, "tuning": TUNING_SEEDS}
 
 
 @dataclass(frozen=True)
@@ -47,16 +61,30 @@ class Fact:
         return f"{self.entity_path}/{self.key}"
 
 
+def mentions(answer: str, word: str) -> bool:
+    """``word`` appears in ``answer`` as a whole word, case-insensitive ("Teodora" does not mention "Teodor")."""
+    return re.search(rf"(?<!\w){re.escape(word.strip())}(?!\w)", answer, flags=re.IGNORECASE) is not None
+
+
 @dataclass(frozen=True)
 class Query:
-    """A targeted-recall question; ``fact_path`` names the fact that answers it."""
+    """A targeted-recall question; ``fact_path`` names the fact that answers it.
+
+    ``distractors`` are the answers a wrong fact would give (the same attribute of other people or
+    services); an answer that names one of them as well as the expected one has not chosen.
+    """
 
     question: str
     expected: str
     fact_path: str
+    distractors: tuple[str, ...] = ()
 
     def hit(self, answer: str) -> bool:
-        """The report's rule: the expected keyword appears in the answer, case-insensitive."""
+        """The strict rule, the benchmark's default: the expected keyword as a whole word, no distractor."""
+        return mentions(answer, self.expected) and not any(mentions(answer, d) for d in self.distractors)
+
+    def hit_lenient(self, answer: str) -> bool:
+        """The report's original rule, shown beside the strict one: the keyword as a substring, case-insensitive."""
         return self.expected.lower() in answer.lower()
 
 
@@ -225,6 +253,10 @@ def generated_session(seed: int, n_people: int = 6, n_facts: int = 60, n_queries
         fact = Fact(f"people/{person.lower()}", key, fact_tpl.format(p=person, v=value))
         facts.append(fact)
         queries.append(Query(q_tpl.format(p=person), value, fact.path))
+    # Distractors: the same attribute's answers for the other people in the session.
+    by_key = {key: [q.expected for (_, k), q in zip(pairs, queries) if k == key] for key in attrs}
+    queries = [Query(q.question, q.expected, q.fact_path, tuple(v for v in by_key[k] if v != q.expected))
+               for (_, k), q in zip(pairs, queries)]
     _check_unambiguous(queries)
     rng.shuffle(queries)
     n_queries = len(queries) if n_queries is None else n_queries
@@ -238,3 +270,108 @@ def _check_unambiguous(queries: list[Query]) -> None:
         clash = [e for e in expected if e != kw and (kw in e or e in kw)]
         if clash or kw in q.question.lower() or any(kw in p.lower() for p in _PEOPLE):
             raise AssertionError(f"ambiguous keyword {q.expected!r}: {clash}")
+
+
+def check_seeds(seeds: list[int], split: str) -> None:
+    """Refuse a seed outside ``split``'s range: a report never runs on a tuning seed, nor tuning on a reporting one."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {sorted(SPLITS)}, got {split!r}")
+    allowed = SPLITS[split]
+    wrong = [s for s in seeds if s not in allowed]
+    if wrong:
+        raise ValueError(f"seeds {wrong} are not {split} seeds; {split} seeds are {allowed.start}-{allowed.stop - 1} "
+                         f"(reporting {REPORTING_SEEDS.start}-{REPORTING_SEEDS.stop - 1}, tuning "
+                         f"{TUNING_SEEDS.start}-{TUNING_SEEDS.stop - 1})")
+    if not seeds:
+        raise ValueError(f"give at least one {split} seed")
+
+
+# ---------------------------------------------------------------------------
+# External sessions (--session-file)
+# ---------------------------------------------------------------------------
+
+class SessionFileError(ValueError):
+    """A session file that cannot be run; the message names the file, the place and what to fix."""
+
+
+def _field(obj: dict[str, Any], name: str, kind: type, where: str, *, required: bool = True) -> Any:
+    if name not in obj:
+        if required:
+            raise SessionFileError(f"{where}: missing field {name!r}")
+        return None
+    value = obj[name]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise SessionFileError(f"{where}: {name!r} must be a {kind.__name__}, got {type(value).__name__}")
+    if kind is str and not value.strip():
+        raise SessionFileError(f"{where}: {name!r} must not be empty")
+    return value
+
+
+def parse_session(data: Any, source: str = "session") -> Session:
+    """A ``Session`` from the session-file format; ``SessionFileError`` for any malformed part.
+
+    Format: ``{"name", "facts": [{"entity_path", "key", "text"}], "queries": [{"question", "expected",
+    "fact_path", "distractors": [...] (optional)}]}``; facts are written in the listed order and
+    ``fact_path`` is ``entity_path/key`` of the fact that answers the question.
+    """
+    if not isinstance(data, dict):
+        raise SessionFileError(f"{source}: the top level must be a JSON object with name, facts and queries, "
+                               f"got {type(data).__name__}")
+    name = _field(data, "name", str, source)
+    facts_raw = _field(data, "facts", list, source)
+    queries_raw = _field(data, "queries", list, source)
+    if not facts_raw:
+        raise SessionFileError(f"{source}: 'facts' is empty; a session writes at least one fact")
+    if not queries_raw:
+        raise SessionFileError(f"{source}: 'queries' is empty; a session asks at least one question")
+    facts: list[Fact] = []
+    seen: dict[str, int] = {}
+    for i, raw in enumerate(facts_raw):
+        where = f"{source}: facts[{i}]"
+        if not isinstance(raw, dict):
+            raise SessionFileError(f"{where} must be an object with entity_path, key and text, got {type(raw).__name__}")
+        fact = Fact(_field(raw, "entity_path", str, where).strip().strip("/"), _field(raw, "key", str, where).strip(),
+                    _field(raw, "text", str, where))
+        if "/" in fact.key:
+            raise SessionFileError(f"{where}: 'key' must not contain '/', got {fact.key!r} (put the path in entity_path)")
+        if fact.path in seen:
+            raise SessionFileError(f"{where}: duplicate key {fact.path!r} (also facts[{seen[fact.path]}]); "
+                                   "each fact needs its own entity_path/key")
+        seen[fact.path] = i
+        facts.append(fact)
+    queries: list[Query] = []
+    for i, raw in enumerate(queries_raw):
+        where = f"{source}: queries[{i}]"
+        if not isinstance(raw, dict):
+            raise SessionFileError(f"{where} must be an object with question, expected and fact_path, "
+                                   f"got {type(raw).__name__}")
+        question = _field(raw, "question", str, where)
+        expected = _field(raw, "expected", str, where).strip()
+        fact_path = _field(raw, "fact_path", str, where).strip().strip("/")
+        if fact_path not in seen:
+            raise SessionFileError(f"{where}: fact_path {fact_path!r} names no fact; it must be entity_path/key of "
+                                   f"one of the facts (e.g. {facts[0].path!r})")
+        distractors = _field(raw, "distractors", list, where, required=False) or []
+        for j, d in enumerate(distractors):
+            if not isinstance(d, str) or not d.strip():
+                raise SessionFileError(f"{where}: distractors[{j}] must be a non-empty string, got {d!r}")
+            if mentions(d, expected) or mentions(expected, d):
+                raise SessionFileError(f"{where}: distractor {d!r} names the expected answer {expected!r}; "
+                                       "no answer could ever be a hit")
+        queries.append(Query(question, expected, fact_path, tuple(d.strip() for d in distractors)))
+    return Session(name=name.strip(), facts=tuple(facts), queries=tuple(queries))
+
+
+def load_session_file(path: str | Path) -> Session:
+    """Read and check a session file (see ``parse_session``); errors name the file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise SessionFileError(f"{path}: cannot read the session file ({error.strerror or error})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SessionFileError(f"{path}: not valid JSON ({error.msg} at line {error.lineno}, "
+                               f"column {error.colno})") from None
+    return parse_session(data, str(path))

@@ -75,8 +75,12 @@ class Generated:
 
 
 def answer_from_memories(backbone: Backbone, compiler: MemoryCompiler, question: str, mode: AnswerMode,
-                         memories: Sequence[MemoryText], max_new_tokens: int) -> Generated:
-    """Answer ``question`` from ``memories`` (best first) in ``mode``; runs forward passes, so call it off the loop."""
+                         memories: Sequence[MemoryText], max_new_tokens: int, *,
+                         key_scale: float | None = None) -> Generated:
+    """Answer ``question`` from ``memories`` (best first) in ``mode``; runs forward passes, so call it off the loop.
+
+    ``key_scale`` overrides the compiler's for the prefix modes (the benchmark reports both settings).
+    """
     from .prefix_cache import generate_text, generate_with_prefix
 
     texts = [m.text for m in memories]
@@ -91,7 +95,7 @@ def answer_from_memories(backbone: Backbone, compiler: MemoryCompiler, question:
     compiled = [compiler.compile(m.memory_id, m.text) for m in memories]
     compile_ms = (time.perf_counter() - started) * 1000
     compiled_now = len(memories) - (stats.memory_hits + stats.disk_hits - cached_before)
-    prefix = compiler.build_prefix(compiled)
+    prefix = compiler.build_prefix(compiled, key_scale=key_scale)
     # Hybrid: the top memory also as text, closest to the question (where a weak reader looks first).
     as_text = texts[:1] if mode == "hybrid" else ()
     answer, metrics = generate_with_prefix(backbone, prefix, question, max_new_tokens, text_memories=as_text)

@@ -198,3 +198,84 @@ def test_cache_key_includes_version_and_text(backbone, compiler):
     other_layout = MemoryCompiler(backbone, layout=type(compiler.layout).for_tokenizer(
         backbone.tokenizer, system_prompt="Answer briefly."))
     assert other_layout.cache_key("user/profile/code_editor@v1", text) != v1.cache_key
+
+
+# ---------------------------------------------------------------------------
+# A Qwen2-style tokenizer: merges across the memory/question boundary
+# ---------------------------------------------------------------------------
+
+# Qwen2's pre-tokenizer pattern: punctuation takes the newlines after it (".\n\n" is one pre-token), so a
+# byte-level BPE with the merge "Ċ Ċ" tokenizes ".\n" + "\nQuestion" apart as '.', 'Ċ', 'Ċ' but the whole
+# prompt as '.', 'ĊĊ'. The real tokenizer.json is not available offline; this one has just that merge.
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def qwen2_style_backbone():
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    from amfs_server.ml.answer.backbone import _CHATML_TEMPLATE, _finish
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab = {tok: i for i, tok in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()) + ["ĊĊ"])}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[("Ċ", "Ċ")]))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                        additional_special_tokens=["<|im_start|>"])
+    tokenizer.chat_template = _CHATML_TEMPLATE
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=True,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        model = Qwen2ForCausalLM(config)
+    import time
+
+    return _finish(model, tokenizer, name="tiny-random-qwen2-qwen2-style-tok", device=torch.device("cpu"),
+                   dtype=torch.float32, source="test", is_random=True, started=time.perf_counter())
+
+
+@pytest.fixture(scope="module")
+def qwen2_style(backbone):  # after `backbone`, which set one thread for the module
+    return qwen2_style_backbone()
+
+
+def test_qwen2_style_tokenizer_merges_across_the_memory_question_boundary(qwen2_style):
+    bb = qwen2_style
+    assert bb.tokenizer.convert_ids_to_tokens(encode(bb, "Biscuit.\n\nQ")) == [*"Biscuit", ".", "ĊĊ", "Q"]
+    assert bb.tokenizer.convert_ids_to_tokens(encode(bb, "Biscuit.\n") + encode(bb, "\nQ")) == \
+        [*"Biscuit", ".", "Ċ", "Ċ", "Q"]
+    layout = MemoryCompiler(bb).layout
+    assert not segmentation_agrees(bb, layout, MEMORIES, QUESTION)
+
+
+@pytest.mark.parametrize("n_memories", [1, 3])
+def test_prefix_mode_re_prefills_the_boundary_and_reads_the_text_prompt_tokens(qwen2_style, n_memories):
+    bb = qwen2_style
+    compiler = MemoryCompiler(bb, key_scale=1.0)
+    memories = MEMORIES[:n_memories]
+    prefix = compiler.build_prefix(_compile_all(compiler, memories))
+    whole = encode(bb, compiler.layout.render(memories, QUESTION))
+    apart = prefix.token_ids + encode(bb, compiler.layout.suffix(QUESTION))
+    assert apart != whole  # the pieces alone would feed the model another sequence
+
+    answer, metrics = generate_with_prefix(bb, prefix, QUESTION, max_new_tokens=6)
+    assert metrics.retokenized_tokens == 1  # the last memory's 'Ċ', re-prefilled as part of 'ĊĊ'
+    assert metrics.prefix_tokens == prefix.n_tokens - 1
+    assert metrics.prefix_tokens + metrics.input_tokens == len(whole)
+    if n_memories == 1:
+        # One memory compiled after the head is exactly the text prompt's cache: the same answer, token for token.
+        text_answer, text_metrics = generate_text(bb, compiler.layout.messages(memories, QUESTION), max_new_tokens=6)
+        assert metrics.token_ids == text_metrics.token_ids and answer == text_answer
+
+
+def test_prefix_mode_reports_no_retokenized_tokens_when_the_pieces_agree(backbone, compiler):
+    _, metrics = generate_with_prefix(backbone, compiler.build_prefix(_compile_all(compiler, MEMORIES)), QUESTION,
+                                      max_new_tokens=2)
+    assert metrics.retokenized_tokens == 0

@@ -21,10 +21,34 @@ def test_report_session_shapes():
         report_session(15)
 
 
-def test_hit_is_case_insensitive_substring():
+def test_hit_is_a_case_insensitive_whole_word():
     q = Query("What is the user's project database?", "PostgreSQL", "user/profile/project_database")
     assert q.hit("It is postgresql.")
     assert not q.hit("MySQL")
+
+
+def test_strict_hit_refuses_a_longer_name_that_the_lenient_rule_accepts():
+    q = Query("Who owns billing?", "Teodor", "services/billing/owner")
+    assert not q.hit("Teodora owns it.") and q.hit_lenient("Teodora owns it.")
+    assert q.hit("Teodor owns it.") and q.hit("It's TEODOR's.")
+
+
+def test_strict_hit_is_a_miss_when_the_answer_also_names_a_distractor():
+    q = Query("Where does the billing team work?", "Porto", "services/billing/office", ("Ljubljana",))
+    both = "the office in Porto ... the office in Ljubljana"
+    assert not q.hit(both) and q.hit_lenient(both)
+    assert q.hit("The office in Porto.")
+    assert not q.hit("Ljubljana")
+
+
+def test_generated_queries_name_the_same_attribute_of_the_other_people_as_distractors():
+    s = generated_session(0)
+    for q in s.queries:
+        key = q.fact_path.rsplit("/", 1)[1]
+        others = {s.fact(f.path).text for f in s.facts if f.key == key and f.path != q.fact_path}
+        assert len(q.distractors) == len(others) and q.expected not in q.distractors
+        for d in q.distractors:  # each distractor is the answer of one of those facts
+            assert sum(d in text for text in others) == 1
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])

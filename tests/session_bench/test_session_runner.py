@@ -44,11 +44,16 @@ def test_runner_writes_json_markdown_and_chart_with_the_five_modes_and_the_oracl
     assert {p.name for p in out.iterdir()} == {"report.json", "report.md", "report.png"}
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((out / "report.json").read_text())
-    assert list(saved["summary"]) == [*sb.MODES, sb.ORACLE]
+    # Each prefix mode is followed by itself at key scale 1.0 (plain concatenation), beside the default.
+    assert list(saved["summary"]) == ["D_full_history", "B_flat_cos", "B_ams_text", "B_text_top1", "A_ams_prefix",
+                                      "A_ams_prefix@ks1.0", "C_ams_hybrid", "C_ams_hybrid@ks1.0", sb.ORACLE]
+    from amfs_server.ml.answer.prefix_cache import DEFAULT_KEY_SCALE
+
+    assert saved["config"]["key_scale"] == DEFAULT_KEY_SCALE and saved["config"]["key_scales_beside"] == [1.0]
     for mode, s in saved["summary"].items():
         assert s["n"] == 10, mode
         assert s["reference"] is (mode == sb.ORACLE) and s["served_by"] == ["in-process"]
-        for fld in ("hit_rate", "hit_rate_ci95", "avg_input_tokens", "avg_prefix_tokens", "avg_retrieve_ms",
+        for fld in ("hit_rate", "hit_rate_ci95", "hit_rate_lenient", "avg_input_tokens", "avg_prefix_tokens", "avg_retrieve_ms",
                     "avg_generate_ms", "avg_generate_ms_ci95", "avg_ttft_ms", "retrieval_recall",
                     "hit_rate_vs_oracle", "hit_rate_on_oracle_hits"):
             assert fld in s, (mode, fld)
@@ -58,6 +63,11 @@ def test_runner_writes_json_markdown_and_chart_with_the_five_modes_and_the_oracl
     assert summary["A_ams_prefix"]["avg_prefix_tokens"] > 0
     assert summary["A_ams_prefix"]["avg_input_tokens"] < summary["C_ams_hybrid"]["avg_input_tokens"] \
         < summary["B_ams_text"]["avg_input_tokens"] < summary["D_full_history"]["avg_input_tokens"]
+    # B_text_top1 reads only the top memory of the same retrieval.
+    assert summary["B_text_top1"]["avg_input_tokens"] < summary["B_ams_text"]["avg_input_tokens"]
+    assert all(len(q["memories"]) == 1 for q in saved["queries"] if q["mode"] == "B_text_top1")
+    # The same prefix at another key scale: same tokens, only the keys differ.
+    assert summary["A_ams_prefix@ks1.0"]["avg_prefix_tokens"] == summary["A_ams_prefix"]["avg_prefix_tokens"]
     # The oracle reads one fact as text: more than the question alone, less than three facts.
     assert summary["A_ams_prefix"]["avg_input_tokens"] < summary[sb.ORACLE]["avg_input_tokens"] \
         < summary["B_ams_text"]["avg_input_tokens"]
@@ -66,8 +76,12 @@ def test_runner_writes_json_markdown_and_chart_with_the_five_modes_and_the_oracl
     assert saved["config"]["path"] == "in-process" and saved["config"]["reference_modes"] == [sb.ORACLE]
     assert saved["sessions"][0]["memories_compiled"] == 20
     assert {"A_input_tokens_vs_D", "A_generate_ms_vs_B_ams_text", "C_generate_ms_vs_B_ams_text",
-            "A_hit_rate_at_least_B_ams_text", "A_minus_B_ams_text_paired_ci95"} <= set(saved["targets"])
-    assert len(saved["queries"]) == 60
+            "A_hit_rate_at_least_B_ams_text", "A_minus_B_ams_text_paired_ci95", "best_text_mode",
+            "vs_best_text"} <= set(saved["targets"])
+    assert saved["targets"]["best_text_mode"] in sb.TEXT_MODES
+    assert set(saved["targets"]["vs_best_text"]) == {"A_ams_prefix", "A_ams_prefix@ks1.0", "C_ams_hybrid",
+                                                     "C_ams_hybrid@ks1.0"}
+    assert len(saved["queries"]) == 90
     oracle = [q for q in saved["queries"] if q["mode"] == sb.ORACLE]
     session = sb.report_session(20)
     gold = {q.question: q.fact_path for q in session.queries}
@@ -83,6 +97,7 @@ def test_runner_writes_json_markdown_and_chart_with_the_five_modes_and_the_oracl
             sum(q["gold_rank"] == 1 for q in rows) / len(rows))
     markdown = (out / "report.md").read_text()
     assert "A_ams_prefix" in markdown and "randomly initialised" in markdown
+    assert "vs the best text mode" in markdown and "lenient" in markdown
     assert "O_gold_text (reference: gold fact only)" in markdown and "vs O" in markdown
     assert "Path: **in process" in markdown
     progress = capsys.readouterr().err
@@ -127,7 +142,9 @@ def test_large_session_runs_per_seed_with_pooled_intervals(tmp_path, one_thread)
     report = sb.run_benchmark(args)
     assert [s["n_facts"] for s in report["sessions"]] == [12, 12]
     assert report["summary"]["A_ams_prefix"]["n"] == 6
-    assert list(report["summary"]) == ["D_full_history", "A_ams_prefix"]
+    assert list(report["summary"]) == ["D_full_history", "A_ams_prefix", "A_ams_prefix@ks1.0"]
+    assert report["config"]["split"] == "report" and report["config"]["seeds"] == [0, 1]
+    assert "report split, seeds 0,1" in (tmp_path / "report.md").read_text()
     # Pooled over the seeds above, one line per seed below.
     assert list(report["per_session"]) == ["generated_s0_n12", "generated_s1_n12"]
     assert [s["A_ams_prefix"]["n"] for s in report["per_session"].values()] == [3, 3]
@@ -155,6 +172,17 @@ def test_unknown_mode_is_refused(capsys):
     with pytest.raises(SystemExit):
         sb.parse_args(["--modes", "A_ams_prefix,Z_magic"])
     assert "Z_magic" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        sb.parse_args(["--modes", "B_ams_text@ks0.5"])  # a key scale applies to prefix modes only
+    assert "B_ams_text@ks0.5" in capsys.readouterr().err
+
+
+def test_prefix_modes_at_named_key_scales_follow_their_base_mode():
+    args = sb.parse_args(["--modes", "C_ams_hybrid@ks1.0,A_ams_prefix@ks0.6,B_text_top1", "--key-scales-beside",
+                          "none"])
+    assert args.mode_list == ["B_text_top1", "A_ams_prefix", "A_ams_prefix@ks0.6", "C_ams_hybrid",
+                              "C_ams_hybrid@ks1.0"]
+    assert sb.mode_key_scale("A_ams_prefix@ks0.6") == 0.6 and sb.mode_key_scale("A_ams_prefix") is None
 
 
 def test_b_flat_cos_without_an_embedder_says_what_to_pass(tmp_path, one_thread):
@@ -212,7 +240,8 @@ def test_via_server_writes_through_amfs_write_and_answers_through_amfs_answer(tm
 
     # In process, with the same greedy backbone and retrieval, every server-served answer is the same: same
     # memories, same prompt sizes, same answer.
-    local = sb.run_benchmark(sb.parse_args([*common, "--modes", ",".join(SERVER_MODES_ORDER),
+    local = sb.run_benchmark(sb.parse_args([*common, "--modes", ",".join(SERVER_MODES_ORDER), "--key-scales-beside",
+                                            "none",
                                             "--out", str(tmp_path / "local")]))
     server_rows = {(q["mode"], q["question"]): q for q in via["queries"] if q["mode"] in SERVER_MODES_ORDER}
     local_rows = {(q["mode"], q["question"]): q for q in local["queries"]}
@@ -230,4 +259,12 @@ def test_via_server_refuses_settings_the_server_does_not_use(capsys):
     with pytest.raises(SystemExit):
         sb.parse_args(["--via-server", "--key-scale", "1.0"])
     assert "leave --key-scale out" in capsys.readouterr().err
-    assert sb.parse_args(["--via-server", "--key-scale", "0.8"]).via_server
+    from amfs_server.ml.answer.prefix_cache import DEFAULT_KEY_SCALE
+
+    assert sb.parse_args(["--via-server", "--key-scale", str(DEFAULT_KEY_SCALE)]).via_server
+    with pytest.raises(SystemExit):
+        sb.parse_args(["--via-server", "--modes", "B_text_top1,A_ams_prefix"])
+    assert "B_text_top1 has no server path" in capsys.readouterr().err
+    # By default --via-server runs every mode that has a server path, and none at another key scale.
+    assert sb.parse_args(["--via-server"]).mode_list == ["D_full_history", "B_flat_cos", "B_ams_text",
+                                                          "A_ams_prefix", "C_ams_hybrid", sb.ORACLE]

@@ -1,0 +1,144 @@
+"""External sessions (--session-file) and the tuning/reporting seed split."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from amfs_server.session_bench import session_bench as sb
+from amfs_server.session_bench.session_data import (REPORTING_SEEDS, TUNING_SEEDS, SessionFileError, check_seeds,
+                                                    load_session_file, parse_session)
+
+EXAMPLE = Path(sb.__file__).parent / "data" / "example_session.json"
+
+
+def _good() -> dict:
+    return json.loads(EXAMPLE.read_text())
+
+
+def test_the_committed_example_session_loads_in_order_with_distractors():
+    session = load_session_file(EXAMPLE)
+    raw = _good()
+    assert session.name == raw["name"]
+    assert [f.path for f in session.facts] == [f"{f['entity_path']}/{f['key']}" for f in raw["facts"]]
+    assert [q.question for q in session.queries] == [q["question"] for q in raw["queries"]]
+    assert session.queries[0].distractors == ("Ljubljana",)
+    assert session.queries[-1].distractors == ()  # optional
+    for q in session.queries:
+        assert q.hit(session.fact(q.fact_path).text)
+
+
+def _broken(change) -> dict:
+    data = copy.deepcopy(_good())
+    change(data)
+    return data
+
+
+MALFORMED = {
+    "top level not an object": ([1, 2], "top level must be a JSON object"),
+    "missing name": (_broken(lambda d: d.pop("name")), "missing field 'name'"),
+    "missing facts": (_broken(lambda d: d.pop("facts")), "missing field 'facts'"),
+    "missing queries": (_broken(lambda d: d.pop("queries")), "missing field 'queries'"),
+    "empty facts": (_broken(lambda d: d.update(facts=[])), "'facts' is empty"),
+    "empty queries": (_broken(lambda d: d.update(queries=[])), "'queries' is empty"),
+    "facts not a list": (_broken(lambda d: d.update(facts={"a": 1})), "'facts' must be a list"),
+    "name not a string": (_broken(lambda d: d.update(name=3)), "'name' must be a str"),
+    "empty name": (_broken(lambda d: d.update(name="  ")), "'name' must not be empty"),
+    "fact not an object": (_broken(lambda d: d["facts"].append("text")), "facts[6] must be an object"),
+    "fact missing text": (_broken(lambda d: d["facts"][1].pop("text")), "facts[1]: missing field 'text'"),
+    "fact key wrong type": (_broken(lambda d: d["facts"][2].update(key=7)), "facts[2]: 'key' must be a str"),
+    "fact key with a slash": (_broken(lambda d: d["facts"][2].update(key="a/b")), "must not contain '/'"),
+    "duplicate key": (_broken(lambda d: d["facts"].append(dict(d["facts"][0]))),
+                      "facts[6]: duplicate key 'services/billing/database' (also facts[0])"),
+    "query missing expected": (_broken(lambda d: d["queries"][0].pop("expected")),
+                               "queries[0]: missing field 'expected'"),
+    "query question wrong type": (_broken(lambda d: d["queries"][1].update(question=["?"])),
+                                  "queries[1]: 'question' must be a str"),
+    "fact_path names no fact": (_broken(lambda d: d["queries"][2].update(fact_path="services/billing/colour")),
+                                "queries[2]: fact_path 'services/billing/colour' names no fact"),
+    "distractors not a list": (_broken(lambda d: d["queries"][0].update(distractors="Ljubljana")),
+                               "'distractors' must be a list"),
+    "distractor not a string": (_broken(lambda d: d["queries"][0].update(distractors=[3])),
+                                "distractors[0] must be a non-empty string"),
+    "distractor is the answer": (_broken(lambda d: d["queries"][0].update(distractors=["porto"])),
+                                 "names the expected answer"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_every_malformed_session_is_refused_with_a_message_naming_the_place(case, tmp_path):
+    data, message = MALFORMED[case]
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(SessionFileError) as error:
+        load_session_file(path)
+    assert message in str(error.value) and str(path) in str(error.value)
+
+
+def test_unreadable_and_invalid_json_files_are_clear_errors(tmp_path):
+    with pytest.raises(SessionFileError, match="cannot read the session file"):
+        load_session_file(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"name": "x",')
+    with pytest.raises(SessionFileError, match=r"not valid JSON .* line 1"):
+        load_session_file(bad)
+    assert isinstance(SessionFileError("x"), ValueError)
+    with pytest.raises(SessionFileError):
+        parse_session({"name": "x", "facts": [], "queries": []})
+
+
+def test_bench_runs_every_mode_on_a_session_file(tmp_path, capsys):
+    from tests.session_bench.test_session_runner import BagOfWordsEmbedder
+
+    out = tmp_path / "r"
+    args = sb.parse_args(["--backbone", "tiny-random-qwen2", "--device", "cpu", "--session-file", str(EXAMPLE),
+                          "--max-new-tokens", "2", "--embedder", "none", "--out", str(out)])
+    report = sb.run_benchmark(args, embedder=BagOfWordsEmbedder())
+    assert report["sessions"][0]["session"] == "example_services" and report["sessions"][0]["n_facts"] == 6
+    assert all(s["n"] == 4 for s in report["summary"].values())
+    assert "external session file" in (out / "report.md").read_text()
+    distractors = {q["question"]: q["distractors"] for q in report["queries"]}
+    assert distractors["Where does the billing team work from?"] == ["Ljubljana"]
+
+
+def test_a_malformed_session_file_stops_the_bench_with_the_loader_message(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"name": "x", "facts": [], "queries": []}))
+    args = sb.parse_args(["--backbone", "tiny-random-qwen2", "--device", "cpu", "--session-file", str(path),
+                          "--embedder", "none", "--out", str(tmp_path / "r")])
+    with pytest.raises(SystemExit, match="'facts' is empty"):
+        sb.run_benchmark(args, loaded=(None, None, None))
+
+
+def test_seed_ranges_are_disjoint_and_each_split_refuses_the_others_seeds():
+    assert not set(REPORTING_SEEDS) & set(TUNING_SEEDS)
+    check_seeds([0, 5, 99], "report")
+    check_seeds([100, 150], "tuning")
+    with pytest.raises(ValueError, match=r"seeds \[100\] are not report seeds"):
+        check_seeds([0, 100], "report")
+    with pytest.raises(ValueError, match=r"seeds \[3\] are not tuning seeds"):
+        check_seeds([3], "tuning")
+
+
+def test_no_report_run_reads_a_tuning_seed_session(tmp_path, capsys, monkeypatch):
+    read = []
+    real = sb.generated_session
+    monkeypatch.setattr(sb, "generated_session", lambda seed, **kw: read.append(seed) or real(seed, **kw))
+    with pytest.raises(SystemExit):
+        sb.parse_args(["--large", "--seeds", "0,100"])
+    assert "not report seeds" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        sb.parse_args(["--large", "--split", "tuning", "--seeds", "1"])
+    assert "not tuning seeds" in capsys.readouterr().err
+    # The default report seed is a reporting seed, the default tuning seed a tuning one.
+    assert sb.parse_args(["--large"]).seed_list == [REPORTING_SEEDS.start]
+    assert sb.parse_args(["--large", "--split", "tuning"]).seed_list == [TUNING_SEEDS.start]
+    # Arguments built past parse_args are checked again before any session is generated.
+    args = sb.parse_args(["--large", "--embedder", "none", "--out", str(tmp_path)])
+    args.seed_list = [100]
+    with pytest.raises(ValueError, match="not report seeds"):
+        sb.run_benchmark(args, loaded=(None, None, None))
+    assert read == []
