@@ -68,7 +68,7 @@ async def use_the_memory(data_dir: Path, marker: str) -> None:
                                               "value": "exponential backoff, max 3 attempts"})
         await client.call_tool("amfs_read", {"entity_path": ENTITY, "key": KEY})
         hits = (await client.call_tool("amfs_retrieve", {"query": "where does ada live?", "limit": 3})).structured_content
-        assert any(h["entry"]["entry_key"] == f"{ENTITY}/{KEY}" for h in hits["results"]), hits
+        assert any(h["entry_key"] == f"{ENTITY}/{KEY}" for h in hits["results"]), hits
         await client.call_tool("amfs_commit_outcome", {"outcome_ref": "INC-7", "outcome_type": "success"})
 
 
@@ -116,7 +116,7 @@ async def test_amfs_forget_leaves_no_byte_of_the_memory_in_any_file_or_the_expor
         assert files_holding(data_dir, marker.encode()) == []
         assert files_holding(data_dir, vector) == []
         left = (await client.call_tool("amfs_retrieve", {"query": "checkout retries", "limit": 5})).structured_content
-        assert [h["entry"]["entry_key"] for h in left["results"]] == ["services/checkout/retry"]
+        assert [h["entry_key"] for h in left["results"]] == ["services/checkout/retry"]
     await assert_gone(data_dir, marker, vector, monkeypatch)
 
 

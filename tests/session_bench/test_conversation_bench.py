@@ -116,7 +116,7 @@ def test_harness_runs_every_ranker_end_to_end_on_sqlite(tmp_path, capsys):
     report = bench.main(["--dataset", str(path), "--split", "all", "--json", str(out)])
 
     table = capsys.readouterr().out
-    expected = [bench.FUSION, *bench.SINGLE_STRATEGIES, bench.BM25_ROW]
+    expected = [bench.FUSION, bench.SEED_RRF, *bench.SINGLE_STRATEGIES, bench.BM25_ROW]
     for name in expected:
         assert f"| {name} |" in table
     summary = report["runs"]["sqlite"]["summary"]
