@@ -8,9 +8,7 @@ On stdio nothing but protocol reaches stdout: no banner, no update check, logs g
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
-import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -40,10 +38,11 @@ from .auth import (
     parse_api_keys,
 )
 from .composition import build_service
-from .limits import CallLimiter, GuardedH11Protocol, RepeatFilter, ServerLimits, SessionGuard, raise_open_file_limit
+from .limits import CallLimiter, GuardedH11Protocol, ServerLimits, SessionGuard, raise_open_file_limit
+from .logs import configure_logging, log_level_number, uvicorn_log_config
 from .json_guard import DuplicateKeyGuard
 from .config_file import build_learning_service
-from .settings import LOG_LEVELS, Settings
+from .settings import Settings
 
 logger = logging.getLogger("amfs_server.server")
 
@@ -135,39 +134,6 @@ def _warm_up_embedder(service: MemoryService) -> asyncio.Task[Any] | None:
     return asyncio.create_task(warm())
 
 
-def configure_logging(level: int | str = logging.INFO) -> None:
-    """Server logs go to stderr: on stdio, stdout carries the protocol and nothing else.
-
-    `level` is a logging level or one of LOG_LEVELS (any case); anything else is a ValidationError."""
-    level = _log_level(level)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler.addFilter(RepeatFilter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    logging.getLogger("fastmcp").setLevel(level)  # FastMCP logs through its own handler, not the root's
-
-
-def _log_level(level: int | str) -> int:
-    if isinstance(level, int):
-        return level
-    if level.strip().lower() not in LOG_LEVELS:
-        raise ValidationError(f"Log level {level!r} is not one of {', '.join(LOG_LEVELS)} (--log-level, AMFS_LOG_LEVEL).")
-    return logging.getLevelNamesMapping()[level.strip().upper()]
-
-
-def _uvicorn_log_config() -> dict[str, Any]:
-    from uvicorn.config import LOGGING_CONFIG
-
-    config = copy.deepcopy(LOGGING_CONFIG)
-    config["filters"] = {"repeats": {"()": RepeatFilter}}
-    for handler in config["handlers"].values():
-        handler["stream"] = "ext://sys.stderr"
-        handler["filters"] = ["repeats"]
-    return config
-
-
 def http_options(host: str, allowed_origins: Sequence[str] = (), limits: ServerLimits | None = None) -> dict[str, Any]:
     """Keyword arguments for FastMCP's http_app: our Origin/Host guard in place of FastMCP's own, and the
     per-key session limits (after auth, which FastMCP puts first)."""
@@ -195,7 +161,7 @@ def serve_http(
                         **http_options(host, allowed_origins, limits))
     protocol = type("H11", (GuardedH11Protocol,), {"header_timeout_s": limits.header_timeout_s})
     config = uvicorn.Config(
-        asgi, host=host, port=port, http=protocol, log_config=_uvicorn_log_config(), log_level=log_level, lifespan="on",
+        asgi, host=host, port=port, http=protocol, log_config=uvicorn_log_config(), log_level=log_level, lifespan="on",
         timeout_keep_alive=int(limits.keep_alive_s), limit_concurrency=limits.max_connections,
         h11_max_incomplete_event_size=limits.max_header_bytes,
         timeout_graceful_shutdown=int(limits.graceful_shutdown_s),
@@ -209,7 +175,7 @@ def run_server(
 ) -> None:
     """Serve until stopped. Refuses (SystemExit with the reason) to bind beyond loopback without API keys."""
     try:
-        level = _log_level(log_level)
+        level = log_level_number(log_level)
         configure_logging(level)
         keys = parse_api_keys(settings.api_keys)
         origins = parse_allowed_origins(settings.allowed_origins)

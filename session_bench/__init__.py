@@ -4,7 +4,13 @@ Its plotting needs the `[bench]` extra (matplotlib)."""
 
 from __future__ import annotations
 
+import os
+import sys
+import uuid
+from pathlib import Path
 from typing import Any
+
+SINGLE_STRATEGIES = ("semantic", "keyword", "temporal", "confidence")
 
 
 def pyplot() -> Any:
@@ -17,3 +23,35 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+async def open_store(kind: str, workdir: Path, dimension: int):
+    if kind == "sqlite":
+        from ..adapters.sqlite import SQLiteStore
+
+        store = SQLiteStore(workdir / f"bench-{uuid.uuid4().hex[:8]}.db")
+    else:
+        from ..adapters.postgres import PostgresStore
+
+        store = PostgresStore(postgres_dsn(), embedding_dimension=dimension, schema=f"amfs_bench_{uuid.uuid4().hex[:8]}")
+    await store.open()
+    return store
+
+
+async def close_store(store) -> None:
+    if hasattr(store, "drop_schema"):
+        await store.drop_schema()
+    await store.close()
+
+
+def postgres_dsn() -> str:
+    return os.environ.get("AMFS_POSTGRES_DSN") or "postgresql://postgres@127.0.0.1:5432/test"

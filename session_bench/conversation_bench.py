@@ -26,7 +26,6 @@ import json
 import math
 import re
 import statistics
-import sys
 import tempfile
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -35,7 +34,7 @@ from typing import Any
 
 from ..core.models import Actor
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
-from .retrieval_bench import SINGLE_STRATEGIES, close_store, log, open_store
+from . import SINGLE_STRATEGIES, close_store, log, open_store
 
 DATASET = Path(__file__).parent / "data" / "conversations_eval.json"
 SPLITS = ("tuning", "test", "all")

@@ -28,7 +28,8 @@ import numpy as np
 from ..adapters.sqlite import SQLiteStore
 from ..core.models import Actor
 from ..core.service import MemoryService, WriteRequest
-from .retrieval_bench import log, percentile, synthetic_notes
+from . import log, percentile
+from .retrieval_bench import synthetic_notes
 
 
 class HashEmbedder:

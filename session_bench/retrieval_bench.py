@@ -19,7 +19,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -30,44 +29,9 @@ from ..core.models import Actor, MemoryEntry, MemoryType, NewEntry, Provenance, 
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
 from ..core.tiers import priority_score, tier_for
 from ..core.ports import StoreSnapshot
-from . import pyplot
+from . import SINGLE_STRATEGIES, close_store, log, open_store, percentile, pyplot
 
 DATASET = Path(__file__).parent / "data" / "retrieval_eval.json"
-SINGLE_STRATEGIES = ("semantic", "keyword", "temporal", "confidence")
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
-
-
-async def open_store(kind: str, workdir: Path, dimension: int):
-    if kind == "sqlite":
-        from ..adapters.sqlite import SQLiteStore
-
-        store = SQLiteStore(workdir / f"bench-{uuid.uuid4().hex[:8]}.db")
-    else:
-        from ..adapters.postgres import PostgresStore
-
-        store = PostgresStore(postgres_dsn(), embedding_dimension=dimension, schema=f"amfs_bench_{uuid.uuid4().hex[:8]}")
-    await store.open()
-    return store
-
-
-async def close_store(store) -> None:
-    if hasattr(store, "drop_schema"):
-        await store.drop_schema()
-    await store.close()
-
-
-def postgres_dsn() -> str:
-    import os
-
-    return os.environ.get("AMFS_POSTGRES_DSN") or "postgresql://postgres@127.0.0.1:5432/test"
 
 
 # -- quality ------------------------------------------------------------------------------------

@@ -487,7 +487,7 @@ def run_ui(settings: Any, host: str = "127.0.0.1", port: int = 8765) -> None:
     import uvicorn
 
     from ...core.embedding import EmbedderUnavailableError
-    from ..app import _uvicorn_log_config, configure_logging
+    from ..logs import configure_logging, uvicorn_log_config
     from ..auth import parse_allowed_origins, parse_api_keys
     from ..composition import build_service
     from ..config_file import build_learning_service
@@ -512,4 +512,4 @@ def run_ui(settings: Any, host: str = "127.0.0.1", port: int = 8765) -> None:
     app = create_ui_app(ui, keys, host=host, allowed_origins=origins)
     shown = f"[{host}]" if ":" in host else host
     print(f"amfs memory browser: http://{shown}:{port}{UI_PATH}/", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=host, port=port, log_config=_uvicorn_log_config())
+    uvicorn.run(app, host=host, port=port, log_config=uvicorn_log_config())
