@@ -109,7 +109,9 @@ class ServiceConfig:
 
 
 class MemoryService:
-    def __init__(self, store: MemoryStore, config: ServiceConfig | None = None, embedder: Embedder | None = None) -> None:
+    def __init__(
+        self, store: MemoryStore, config: ServiceConfig | None = None, embedder: Embedder | None = None
+    ) -> None:
         self.store = store
         self.config = config or ServiceConfig()
         if self.config.decay_half_life_days is not None and not self.config.decay_half_life_days > 0:
