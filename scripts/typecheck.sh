@@ -8,4 +8,5 @@ base="$(mktemp -d)"
 trap 'rm -rf "$base"' EXIT
 ln -s "$root" "$base/amfs_server"
 cd "$base"
-python -m mypy --config-file "$root/pyproject.toml" --cache-dir "$root/.mypy_cache" -p amfs_server.core -p amfs_server.adapters "$@"
+python -m mypy --config-file "$root/pyproject.toml" --cache-dir "$root/.mypy_cache" \
+  -p amfs_server.core -p amfs_server.adapters "$@"
