@@ -128,6 +128,7 @@ class OnnxEmbedder:
         elif self._package is not None:
             path = _locate_package_file(self._package, _MODEL_FILE, self._hint)
         else:
+            assert self._bundled is not None, "every VARIANTS entry names a bundled file or a package"
             path = self._bundled
         if not path.is_file():
             raise EmbedderUnavailableError(f"ONNX model {path} does not exist. Reinstall amfs-server or: {self._hint}")
@@ -226,7 +227,8 @@ class OnnxEmbedder:
         weights = mask[:, :, None].astype(np.float32)
         pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
-        return (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
+        vectors: np.ndarray = (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
+        return vectors
 
     def __repr__(self) -> str:
         state = "loaded" if self.loaded else "not loaded"

@@ -789,7 +789,8 @@ class PostgresStore:
         async def search(conn: Any) -> list[Any]:
             # A piece made only of stop words becomes an empty tsquery (and would print a NOTICE): it matches nothing.
             await conn.execute("SET LOCAL client_min_messages = warning")
-            return await conn.fetch(sql, *params.values)
+            rows: list[Any] = await conn.fetch(sql, *params.values)
+            return rows
 
         rows = await self._tx(search, readonly=True)
         return [(_row_to_entry(row, with_embedding=False), float(row["score"])) for row in rows]
@@ -836,7 +837,8 @@ class PostgresStore:
             await conn.execute(f"SET LOCAL hnsw.ef_search = {ef_search}")
             if self._iterative_scan:
                 await conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-            return await conn.fetch(sql, *params.values)
+            rows: list[Any] = await conn.fetch(sql, *params.values)
+            return rows
 
         rows = await self._tx(search, readonly=True)
         results = []
@@ -952,16 +954,18 @@ class PostgresStore:
                 effects[position] = OutcomeEffect(
                     target.entity_path, target.key, target.version_read, row["version"], row["confidence"], after
                 )
+            # The loop wrote every position or raised, so this drops nothing; it only narrows the type.
+            written = [e for e in effects if e is not None]
             await conn.executemany(
                 _INSERT_EFFECT,
                 [
                     (outcome_ref, position, e.entity_path, e.key, e.version_read, e.version_updated,
                      e.confidence_before, e.confidence_after)
-                    for position, e in enumerate(effects)  # type: ignore[union-attr]
+                    for position, e in enumerate(written)
                 ],
             )
             return OutcomeRecord(
-                outcome_ref, outcome_type, multiplier, now, actor.agent_id, actor.session_id, tuple(effects)  # type: ignore[arg-type]
+                outcome_ref, outcome_type, multiplier, now, actor.agent_id, actor.session_id, tuple(written)
             )
 
         return await self._tx(write)

@@ -228,7 +228,8 @@ class PostgresLearningStore:
 
         try:
             async with self._require_pool().acquire() as conn:
-                return await conn.fetch(sql, *args)
+                rows: list[Any] = await conn.fetch(sql, *args)
+                return rows
         except (OSError, asyncpg.PostgresConnectionError, asyncpg.ConnectionDoesNotExistError) as error:
             raise StoreError(f"Lost the connection to PostgreSQL at {self.where}: {error}") from error
 

@@ -153,7 +153,8 @@ def decode_embedding(blob: bytes | None) -> list[float] | None:
         return None
     import numpy as np
 
-    return np.frombuffer(blob, dtype=np.float32).tolist()
+    values: list[float] = np.frombuffer(blob, dtype=np.float32).tolist()
+    return values
 
 
 def prefix_clause(column: str, entity_path: str) -> tuple[str, list[Any]]:

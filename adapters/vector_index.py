@@ -28,7 +28,8 @@ import numpy as np
 from ._cxx_runtime import initialise_system_cxx_locale
 
 initialise_system_cxx_locale()  # must precede the usearch import: see _cxx_runtime
-from usearch.index import Index, MetricKind, ScalarKind  # noqa: E402
+from usearch.compiled import MetricKind, ScalarKind  # noqa: E402
+from usearch.index import Index  # noqa: E402
 
 __all__ = ["VectorIndex", "VectorIndexError"]
 
@@ -139,8 +140,9 @@ class VectorIndex:
             raise VectorIndexError(f"{src}: failed to load ({exc})") from exc
         if fresh.ndim != self.dimension:  # pragma: no cover - guarded by the metadata check
             raise VectorIndexError(f"{src}: loaded dimension {fresh.ndim} != {self.dimension}")
-        fresh.expansion_search = self.expansion_search
-        fresh.expansion_add = self.expansion_add
+        # usearch's Index declares these setters apart from their getters, so mypy sees read-only properties.
+        fresh.expansion_search = self.expansion_search  # type: ignore[misc]
+        fresh.expansion_add = self.expansion_add  # type: ignore[misc]
         with self._lock:
             self._index = fresh
             self.dirty = False

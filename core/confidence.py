@@ -74,4 +74,5 @@ def effective_confidence(entry: MemoryEntry, now: datetime, base_half_life_days:
         base_half_life_days, entry.memory_type, entry.recall_count, entry.outcome_count
     )
     age_days = max(0.0, (now - entry.provenance.written_at).total_seconds() / SECONDS_PER_DAY)
-    return entry.confidence * 0.5 ** (age_days / half_life)
+    decay: float = 0.5 ** (age_days / half_life)
+    return entry.confidence * decay

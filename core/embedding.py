@@ -289,7 +289,8 @@ class MiniLMEmbedder:
             counts = mask.sum(dim=1).clamp(min=1e-9)
             pooled = summed / counts
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-        return pooled.float().cpu().numpy()
+        vectors: np.ndarray = pooled.float().cpu().numpy()
+        return vectors
 
     def __repr__(self) -> str:
         state = f"loaded on {self.device}" if self.loaded else "not loaded"

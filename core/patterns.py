@@ -182,14 +182,14 @@ def times_of_day(interactions: Sequence[Interaction], options: PatternOptions) -
         if tool not in best or (len(days), -hour) > (best[tool][1], -best[tool][0]):
             best[tool] = (hour, len(days))
     found: list[PatternDraft] = []
-    for tool, (hour, days) in sorted(best.items()):
-        frequency = days / len(active_days)
-        if days < options.min_support or frequency < options.time_min_frequency:
+    for tool, (hour, day_count) in sorted(best.items()):
+        frequency = day_count / len(active_days)
+        if day_count < options.min_support or frequency < options.time_min_frequency:
             continue
         found.append(PatternDraft(
             "time_of_day", tool, f"{tool}\x1f{hour}",
-            {"tool": tool, "hour": hour, "at": f"{hour:02d}:00", "timezone": options.timezone, "days": days,
+            {"tool": tool, "hour": hour, "at": f"{hour:02d}:00", "timezone": options.timezone, "days": day_count,
              "active_days": len(active_days)},
-            days, frequency, wilson_lower_bound(days, len(active_days)),
+            day_count, frequency, wilson_lower_bound(day_count, len(active_days)),
         ))
     return sorted(found, key=lambda p: (-p.confidence, p.signature))

@@ -8,13 +8,14 @@ service serves many MCP sessions.
 from __future__ import annotations
 
 import asyncio
+import builtins  # MemoryService.list shadows `list` in annotations inside the class body
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from .ports import MemoryStore, OutcomeTarget, StoreSnapshot, TierUpdate
+from .ports import Embedder, MemoryStore, OutcomeTarget, StoreSnapshot, TierUpdate
 from . import validation as v
 from .confidence import DEFAULT_MULTIPLIERS, effective_confidence, validate_multipliers
 from .embedding import INSTALL_HINT as TORCH_INSTALL_HINT, TORCH_MINILM
@@ -108,7 +109,9 @@ class ServiceConfig:
 
 
 class MemoryService:
-    def __init__(self, store: MemoryStore, config: ServiceConfig | None = None, embedder: Any | None = None) -> None:
+    def __init__(
+        self, store: MemoryStore, config: ServiceConfig | None = None, embedder: Embedder | None = None
+    ) -> None:
         self.store = store
         self.config = config or ServiceConfig()
         if self.config.decay_half_life_days is not None and not self.config.decay_half_life_days > 0:
@@ -136,7 +139,7 @@ class MemoryService:
             return
         recorded = await self.store.get_meta(EMBEDDER_META)
         if recorded is None:
-            recorded = await self._identify_stored_embedder()
+            recorded = await self._identify_stored_embedder(self.embedder)
             if recorded is None or recorded == self.embedder.name:
                 await self.store.set_meta(EMBEDDER_META, self.embedder.name)
                 return
@@ -150,26 +153,26 @@ class MemoryService:
                 + "."
             )
 
-    async def _identify_stored_embedder(self) -> str | None:
+    async def _identify_stored_embedder(self, embedder: Embedder) -> str | None:
         """None for a store without vectors; the configured embedder's name when stored vectors match it;
         otherwise a description of the unknown embedder."""
         import numpy as np
 
-        probe = [1.0] + [0.0] * (self.embedder.dimension - 1)
+        probe = [1.0] + [0.0] * (embedder.dimension - 1)
         now = utcnow()
         found = await self.store.semantic_candidates(probe, EntryFilter(), now, 3)
-        stored = [await self.store.get_current(e.entity_path, e.key, now) for e, _ in found]
-        stored = [e for e in stored if e is not None and e.embedding is not None]
+        current = [await self.store.get_current(e.entity_path, e.key, now) for e, _ in found]
+        stored = [e for e in current if e is not None and e.embedding is not None]
         if not stored:
             return None
         from .embedding import embedding_text
 
         fresh = await asyncio.to_thread(
-            self.embedder.embed, [embedding_text(e.entity_path, e.key, e.value) for e in stored]
+            embedder.embed, [embedding_text(e.entity_path, e.key, e.value) for e in stored]
         )
         old = np.asarray([e.embedding for e in stored], dtype=np.float32)
         if old.shape == fresh.shape and float((old * fresh).sum(axis=1).min()) >= SAME_EMBEDDER_COSINE:
-            return self.embedder.name
+            return embedder.name
         # Before the store recorded its embedder, the default was the torch MiniLM.
         return TORCH_MINILM if old.shape[1] == 384 else f"unknown ({old.shape[1]} dimensions)"
 
@@ -446,7 +449,7 @@ class MemoryService:
         """Current live entries per entity path (each path counts only the entries exactly at it)."""
         return await self.store.entity_counts(v.validate_entity_prefix(entity_path), utcnow())
 
-    async def entries_at(self, entity_path: str, offset: int = 0, limit: int = 50) -> list[MemoryEntry]:
+    async def entries_at(self, entity_path: str, offset: int = 0, limit: int = 50) -> builtins.list[MemoryEntry]:
         """One page of the current entries at exactly `entity_path`, by key; does not count as reading them."""
         entity_path = v.validate_entity_path(entity_path)
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
@@ -478,7 +481,7 @@ class MemoryService:
         count_as_read: bool = True,
         event_after: datetime | str | None = None,
         event_before: datetime | str | None = None,
-    ) -> list[RetrievedEntry]:
+    ) -> builtins.list[RetrievedEntry]:
         """Hybrid search for `query` (see core/retrieval.py); returned entries count as read by the session.
 
         `depth` 1 searches hot entries, 2 adds warm, 3 adds archive. `weights` and `fusion` override the configured
@@ -550,7 +553,7 @@ class MemoryService:
 
     async def _keyword_candidates(
         self, query: str, flt: EntryFilter, now: datetime, pool_size: int
-    ) -> list[tuple[MemoryEntry, float]]:
+    ) -> builtins.list[tuple[MemoryEntry, float]]:
         terms = keyword_terms(query)
         if not terms:
             return []
@@ -560,7 +563,7 @@ class MemoryService:
 
     async def _semantic_candidates(
         self, query: str, flt: EntryFilter, now: datetime, pool_size: int
-    ) -> list[tuple[MemoryEntry, float]]:
+    ) -> builtins.list[tuple[MemoryEntry, float]]:
         if self.embedder is None:
             return []  # embedder explicitly configured off (AMFS_EMBEDDER=none): keyword and re-rankers only
         vector = (await asyncio.to_thread(self.embedder.embed, [query]))[0]
@@ -569,10 +572,10 @@ class MemoryService:
     def _rankings(
         self,
         admitted: dict[str, MemoryEntry],
-        semantic: list[tuple[MemoryEntry, float]],
-        keyword: list[tuple[MemoryEntry, float]],
+        semantic: builtins.list[tuple[MemoryEntry, float]],
+        keyword: builtins.list[tuple[MemoryEntry, float]],
         now: datetime,
-    ) -> list[RankedList]:
+    ) -> builtins.list[RankedList]:
         relevant = {e.entry_key for e, _ in semantic[: self.config.rerank_pool]} | {
             e.entry_key for e, _ in keyword[: self.config.rerank_pool]
         }
@@ -597,7 +600,7 @@ class MemoryService:
         actor: Actor,
         outcome_ref: str,
         outcome_type: OutcomeType | str,
-        causal_entry_keys: list[str] | None = None,
+        causal_entry_keys: builtins.list[str] | None = None,
     ) -> OutcomeRecord:
         """Apply an outcome to the named entries, or to everything this session read; once per outcome_ref."""
         outcome_ref = v.validate_outcome_ref(outcome_ref)
@@ -633,7 +636,9 @@ class MemoryService:
         effects = tuple(e for e in record.effects if under(e.entity_path, actor.scope))
         return replace(record, outcome_ref=outcome_ref, effects=effects)
 
-    async def _explicit_targets(self, actor: Actor, keys: list[str], now: datetime) -> list[OutcomeTarget]:
+    async def _explicit_targets(
+        self, actor: Actor, keys: builtins.list[str], now: datetime
+    ) -> builtins.list[OutcomeTarget]:
         read_versions = {(t.entity_path, t.key): t.version_read for t in await self.store.session_reads(actor.session_id)}
         targets: list[OutcomeTarget] = []
         seen: set[tuple[str, str]] = set()
@@ -660,7 +665,7 @@ class MemoryService:
                 updates.append(TierUpdate(entry.entity_path, entry.key, entry.version, entry.tier, entry.priority_score or 0.0))
         await self.store.update_tiers(updates)
 
-    async def outcome_records(self, entity_path: str | None = None) -> list[OutcomeRecord]:
+    async def outcome_records(self, entity_path: str | None = None) -> builtins.list[OutcomeRecord]:
         return await self.store.outcome_records(v.validate_entity_prefix(entity_path))
 
     # -- maintenance --------------------------------------------------------------------------

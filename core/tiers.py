@@ -22,7 +22,7 @@ def priority_score(
     written_at: datetime, now: datetime, confidence: float, recall_count: int, importance_score: float | None
 ) -> float:
     age_days = max(0.0, (now - written_at).total_seconds() / 86_400.0)
-    recency = 0.5 ** (age_days / RECENCY_HALF_LIFE_DAYS)
+    recency: float = 0.5 ** (age_days / RECENCY_HALF_LIFE_DAYS)
     confidence_signal = min(max(confidence, 0.0), 1.0)
     recall_signal = 1.0 - 1.0 / (1.0 + math.log1p(recall_count))
     importance = DEFAULT_IMPORTANCE if importance_score is None else importance_score

@@ -190,6 +190,7 @@ def validate_event_time(value: Any, what: str = "event_at") -> datetime | None:
     if value is None:
         return None
     example = "e.g. '2023-05-08' or '2023-05-08T14:30:00Z'"
+    moment: datetime | None
     if isinstance(value, datetime):
         moment = value
     elif isinstance(value, date):

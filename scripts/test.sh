@@ -14,5 +14,6 @@ fi
 if ! bash scripts/ensure_postgres.sh; then
   echo "!!! PostgreSQL with pgvector could not be made available: the [postgres] tests will be SKIPPED !!!" >&2
 fi
+bash scripts/typecheck.sh  # strict on core/ and adapters/; a type error fails the test command
 export OMP_WAIT_POLICY=PASSIVE
 exec python -m pytest tests "$@"
