@@ -1,7 +1,7 @@
 """all-MiniLM-L6-v2 on onnxruntime + tokenizers: the torch-free embedder.
 
 Same model, pooling (attention-masked mean) and L2 normalisation as
-:class:`~amfs_server.core.embedding.MiniLMEmbedder`; tokenisation uses the
+:class:`~amfs_server.adapters.torch_embedder.MiniLMEmbedder`; tokenisation uses the
 ``tokenizers`` library with the model's own ``tokenizer.json`` (bundled next to
 this module, Apache-2.0).  Two ONNX files, one class:
 
@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..core.embedding import EmbedderUnavailableError
+from ..core.embedding import EmbedderUnavailableError, embed_in_batches
 
 __all__ = ["OnnxEmbedder", "ONNX_INSTALL_HINT", "VARIANTS"]
 
@@ -200,22 +200,7 @@ class OnnxEmbedder:
     # -- inference ---------------------------------------------------------- #
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        if isinstance(texts, str):
-            raise TypeError("embed() takes a sequence of strings, not a single string")
-        texts = list(texts)
-        for i, t in enumerate(texts):
-            if not isinstance(t, str):
-                raise TypeError(f"texts[{i}] is {type(t).__name__}, expected str")
-        out = np.empty((len(texts), self.dimension), dtype=np.float32)
-        if not texts:
-            return out
-        self.load()
-        # Longest first so each batch pads to similar lengths; rows go back to their source index.
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start : start + self.batch_size]
-            out[idx] = self._embed_batch([texts[i] for i in idx])
-        return out
+        return embed_in_batches(texts, self.dimension, self.batch_size, self._embed_batch, self.load)
 
     def _embed_batch(self, batch: list[str]) -> np.ndarray:
         with self._tokenizer_lock:

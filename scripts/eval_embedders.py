@@ -52,7 +52,7 @@ class Candidate:
 
 def make_candidate(name: str, threads: int, args: argparse.Namespace) -> Candidate:
     if name == "minilm-torch":
-        from amfs_server.core.embedding import MiniLMEmbedder
+        from amfs_server.adapters.torch_embedder import MiniLMEmbedder
 
         emb = MiniLMEmbedder(num_threads=threads)
         size = (emb.model_dir() / "model.safetensors").stat().st_size / 1e6

@@ -87,7 +87,7 @@ def check(model_dir: Path, onnx_paths: list[Path]) -> float:
     import numpy as np
 
     from amfs_server.adapters.onnx_embedder import OnnxEmbedder
-    from amfs_server.core.embedding import MiniLMEmbedder
+    from amfs_server.adapters.torch_embedder import MiniLMEmbedder
 
     reference = MiniLMEmbedder(model_dir=model_dir).embed(SAMPLE)
     worst = 1.0
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("--check", action="store_true", help="compare the exported files with the torch model")
     args = parser.parse_args(argv)
-    from amfs_server.core.embedding import MiniLMEmbedder
+    from amfs_server.adapters.torch_embedder import MiniLMEmbedder
 
     model_dir = MiniLMEmbedder().model_dir()
     fp32, int8 = export(model_dir, args.out_dir)

@@ -14,7 +14,7 @@ from .settings import Settings
 def build_service(settings: Settings) -> MemoryService:
     embedder = None
     if settings.embedder is not None:
-        from ..core.embedding import load_embedder
+        from ..adapters.embedders import load_embedder
 
         embedder = load_embedder(settings.embedder)
     store = create_store(
@@ -38,7 +38,7 @@ def preload_embedder(settings: Settings) -> None:
 
     def load() -> None:
         try:
-            from ..core.embedding import load_embedder
+            from ..adapters.embedders import load_embedder
 
             load_embedder(settings.embedder).load()
         except Exception:

@@ -173,7 +173,7 @@ async def run_in_process(conversations: list[dict[str, Any]], store_kind: str, e
                          selected: dict[str, Ranker] | None = None,
                          with_dates: bool = False) -> dict[str, list[dict[str, Any]]]:
     """Per ranker, one scored row per question over all `conversations` (each on a fresh `store_kind` store)."""
-    from ..core.embedding import load_embedder
+    from ..adapters.embedders import load_embedder
 
     embedder = embedder or load_embedder()
     selected = selected or rankers()

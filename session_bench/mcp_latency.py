@@ -242,7 +242,8 @@ async def measure(transport: str, env: dict[str, str], calls: int, seed: int, wa
 def query_embedding_latency(embedder_name: str | None, calls: int, warmup: int) -> dict[str, Any] | None:
     """One query at a time through the embedder the server uses (built the same way, in this process): the part
     of a retrieve that the model costs. None with embeddings off."""
-    from ..core.embedding import DEFAULT_EMBEDDER, load_embedder
+    from ..adapters.embedders import load_embedder
+    from ..core.embedding import DEFAULT_EMBEDDER
 
     name = DEFAULT_EMBEDDER if embedder_name is None else embedder_name
     if name.strip().lower() in {"", "none", "off"}:

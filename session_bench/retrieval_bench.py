@@ -24,7 +24,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ..core.embedding import embedding_text, load_embedder
+from ..adapters.embedders import load_embedder
+from ..core.embedding import embedding_text
 from ..core.models import Actor, MemoryEntry, MemoryType, NewEntry, Provenance, utcnow
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
 from ..core.tiers import priority_score, tier_for

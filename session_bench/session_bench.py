@@ -794,7 +794,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Embedder | None]:
         raise SystemExit(f"session bench: {error}") from None
     embedder = None
     if args.embedder.strip().lower() not in ("none", "off", ""):
-        from ..core.embedding import load_embedder
+        from ..adapters.embedders import load_embedder
 
         embedder = load_embedder(args.embedder)
     scale = {} if args.key_scale is None else {"key_scale": args.key_scale}

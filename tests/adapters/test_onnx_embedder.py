@@ -13,7 +13,8 @@ import pytest
 
 from amfs_server.adapters import onnx_embedder as onnx_mod
 from amfs_server.adapters.onnx_embedder import OnnxEmbedder
-from amfs_server.core.embedding import Embedder, EmbedderUnavailableError, load_embedder
+from amfs_server.adapters.embedders import load_embedder
+from amfs_server.core.embedding import Embedder, EmbedderUnavailableError
 
 SENTENCES = [
     "How many times do we retry the card authorisation before giving up?",
@@ -31,7 +32,7 @@ def int8() -> OnnxEmbedder:
 @pytest.fixture(scope="module")
 def torch_reference() -> np.ndarray:
     torch = pytest.importorskip("torch", reason="the torch reference needs torch (the [lm] extra)")
-    from amfs_server.core.embedding import MiniLMEmbedder
+    from amfs_server.adapters.torch_embedder import MiniLMEmbedder
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

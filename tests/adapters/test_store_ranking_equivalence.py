@@ -46,7 +46,7 @@ MIN_SAME_TOP1 = 0.45
 
 @pytest.fixture(scope="module")
 def embedder():
-    from amfs_server.core.embedding import load_embedder
+    from amfs_server.adapters.embedders import load_embedder
 
     return load_embedder()
 

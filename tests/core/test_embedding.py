@@ -8,15 +8,17 @@ import json
 import numpy as np
 import pytest
 
+from amfs_server.adapters import embedders as factory_mod
+from amfs_server.adapters import torch_embedder as torch_mod
+from amfs_server.adapters.embedders import load_embedder
+from amfs_server.adapters.torch_embedder import MiniLMEmbedder
 from amfs_server.core import embedding as emb_mod
 from amfs_server.core.embedding import (
     INSTALL_HINT,
     Embedder,
     EmbedderUnavailableError,
-    MiniLMEmbedder,
     TORCH_MINILM,
     embedding_text,
-    load_embedder,
 )
 
 
@@ -124,15 +126,15 @@ def test_missing_package_raises_with_install_hint() -> None:
 
 
 def test_factory_raises_when_package_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_locator = emb_mod._locate_package_model_dir
+    real_locator = torch_mod._locate_package_model_dir
     monkeypatch.setattr(
-        emb_mod, "_locate_package_model_dir",
+        torch_mod, "_locate_package_model_dir",
         lambda package: real_locator("amfs_no_such_model_package"),
     )
-    monkeypatch.setattr(emb_mod, "_cache", {})
+    monkeypatch.setattr(factory_mod, "_cache", {})
     with pytest.raises(EmbedderUnavailableError, match=r"amfs-server\[lm\]"):
         load_embedder(TORCH_MINILM)
-    assert emb_mod._cache == {}  # failures are not cached
+    assert factory_mod._cache == {}  # failures are not cached
 
 
 def test_model_dir_without_weights(tmp_path) -> None:

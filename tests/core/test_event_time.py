@@ -115,7 +115,7 @@ async def test_event_filters_use_the_event_time_else_the_write_time(service: Mem
 
 @pytest.fixture(scope="module")
 def embedder():
-    from amfs_server.core.embedding import load_embedder
+    from amfs_server.adapters.embedders import load_embedder
 
     return load_embedder()
 

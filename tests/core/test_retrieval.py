@@ -22,7 +22,7 @@ NOTES = [
 
 @pytest.fixture(scope="module")
 def embedder():
-    from amfs_server.core.embedding import load_embedder
+    from amfs_server.adapters.embedders import load_embedder
 
     return load_embedder()
 

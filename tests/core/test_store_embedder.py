@@ -162,7 +162,7 @@ def test_memory_reembed_command_moves_a_store_to_the_default_embedder(tmp_path: 
     assert '"retry-policy"' in backup.read_text()
 
     async def reopen() -> str:
-        from amfs_server.core.embedding import load_embedder
+        from amfs_server.adapters.embedders import load_embedder
 
         service = MemoryService(SQLiteStore(data_dir / "amfs.db"), embedder=load_embedder())
         await service.open()

@@ -1,0 +1,62 @@
+"""The embedders by name, and the process-wide factory the server, the SDK, the CLI and the benchmarks use."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ..core.embedding import DEFAULT_EMBEDDER, TORCH_MINILM
+from ..core.ports import Embedder
+
+
+def _onnx_embedder(variant: str) -> Any:
+    from .onnx_embedder import OnnxEmbedder  # on use: onnxruntime loads only for the embedder asked for
+
+    return OnnxEmbedder(variant=variant)
+
+
+def _torch_embedder() -> Any:
+    from .torch_embedder import MiniLMEmbedder  # on use: torch is the [lm] extra
+
+    return MiniLMEmbedder()
+
+
+# canonical name -> constructor; aliases map onto canonical names.
+KNOWN_EMBEDDERS: dict[str, Any] = {
+    TORCH_MINILM: _torch_embedder,
+    DEFAULT_EMBEDDER: lambda: _onnx_embedder("int8"),
+    "all-MiniLM-L6-v2-onnx": lambda: _onnx_embedder("fp32"),
+}
+_ALIASES = {
+    "all-minilm-l6-v2": TORCH_MINILM,
+    "sentence-transformers/all-minilm-l6-v2": TORCH_MINILM,
+    "minilm": TORCH_MINILM,
+    "all-minilm-l6-v2-onnx-int8": DEFAULT_EMBEDDER,
+    "minilm-onnx-int8": DEFAULT_EMBEDDER,
+    "all-minilm-l6-v2-onnx": "all-MiniLM-L6-v2-onnx",
+    "minilm-onnx": "all-MiniLM-L6-v2-onnx",
+}
+
+_cache: dict[str, Embedder] = {}
+_cache_lock = threading.Lock()
+
+
+def load_embedder(name: str = DEFAULT_EMBEDDER) -> Embedder:
+    """Return the process-wide embedder for ``name`` (one instance per name).
+
+    Checks cheaply that the model and runtime are installed (raising
+    :class:`EmbedderUnavailableError` otherwise) but loads weights lazily on
+    first use; call ``.load()`` on the result to warm it up eagerly.
+    """
+    canonical = _ALIASES.get(name.strip().lower()) if isinstance(name, str) else None
+    if canonical is None:
+        raise ValueError(
+            f"Unknown embedder {name!r}; known embedders: {', '.join(sorted(KNOWN_EMBEDDERS))}"
+        )
+    with _cache_lock:
+        emb = _cache.get(canonical)
+        if emb is None:
+            candidate = KNOWN_EMBEDDERS[canonical]()
+            candidate.check_available()  # raises; failures are not cached
+            emb = _cache[canonical] = candidate
+    return emb
