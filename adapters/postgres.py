@@ -988,21 +988,6 @@ class PostgresStore:
 
         return await self._tx(write)
 
-    async def update_tiers(self, updates: list[TierUpdate]) -> None:
-        if not updates:
-            return
-
-        async def write(conn: Any) -> None:
-            await conn.executemany(
-                "UPDATE entries SET tier = $1, priority_score = $2 WHERE entity_path = $3 AND key = $4 AND version = $5",
-                [
-                    (int(u.tier), u.priority_score, u.entity_path, u.key, u.version)
-                    for u in sorted(updates, key=lambda u: (u.entity_path, u.key, u.version))
-                ],
-            )
-
-        await self._tx(write)
-
     async def outcome_records(self, entity_path: str | None = None) -> list[OutcomeRecord]:
         if entity_path is None:
             return await self._read(lambda conn: self._outcome_records(conn, "", ()))

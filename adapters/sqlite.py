@@ -502,19 +502,6 @@ class SQLiteStore(SQLiteDatabase):
             (entity_path, key, _ts(now)),
         ).fetchone()
 
-    async def update_tiers(self, updates: list[TierUpdate]) -> None:
-        if not updates:
-            return
-
-        def write() -> None:
-            with self._transaction() as conn:
-                conn.executemany(
-                    "UPDATE entries SET tier = ?, priority_score = ? WHERE entity_path = ? AND key = ? AND version = ?",
-                    [(int(u.tier), u.priority_score, u.entity_path, u.key, u.version) for u in updates],
-                )
-
-        await self._run(write)
-
     async def outcome_records(self, entity_path: str | None = None) -> list[OutcomeRecord]:
         def fetch() -> list[OutcomeRecord]:
             conn = self._connection()

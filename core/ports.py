@@ -153,8 +153,6 @@ class MemoryStore(Protocol):
         """
         ...
 
-    async def update_tiers(self, updates: list[TierUpdate]) -> None: ...
-
     async def keyword_candidates(
         self, terms: list[str], flt: EntryFilter, now: datetime, limit: int
     ) -> list[tuple[MemoryEntry, float]]:

@@ -312,7 +312,7 @@ async def test_priority_sort_puts_entries_without_a_priority_last(store: MemoryS
     assert keys(await store.find_current(EntryFilter(), NOW, "priority", None)) == ["high", "low", "none"]
 
 
-# -- record_reads, session_reads, update_tiers, trace_events --------------------------------------
+# -- record_reads, session_reads, trace_events --------------------------------------
 
 
 async def test_record_reads_bumps_each_read_version_once_per_read_and_keeps_the_last_tier(store: MemoryStore) -> None:
@@ -373,17 +373,6 @@ async def test_session_reads_lists_each_entry_read_once_with_the_newest_version_
     ]
     assert await store.session_reads(OTHER.session_id) == [OutcomeTarget("svc/c", "k", 1)]
     assert await store.session_reads("no-such-session") == []
-
-
-async def test_update_tiers_sets_tier_and_priority_of_the_named_version_only(store: MemoryStore) -> None:
-    await write(store, draft("svc/a", "k", tier=Tier.HOT, priority_score=0.9))
-    await write(store, draft("svc/a", "k", tier=Tier.HOT, priority_score=0.8, written_at=at(1)))
-    await store.update_tiers([TierUpdate("svc/a", "k", 1, Tier.ARCHIVE, 0.01), TierUpdate("svc/a", "missing", 1, Tier.WARM, 0.2)])
-    old, new = await store.get_version("svc/a", "k", 1), await current(store, "svc/a", "k")
-    assert old is not None and (old.tier, old.priority_score, old.recall_count) == (Tier.ARCHIVE, 0.01, 0)
-    assert (new.tier, new.priority_score) == (Tier.HOT, 0.8)
-    await store.update_tiers([])
-    assert [t.kind for t in await store.trace_events()] == ["write", "write"]  # tier refreshes are not reads
 
 
 # -- apply_outcome, outcome_records ---------------------------------------------------------------
