@@ -65,7 +65,7 @@ from ..core.models import (
     TraceEvent,
     TraceKind,
 )
-from ..core.ports import OutcomeTarget, StoreSnapshot, TierUpdate
+from ..core.ports import OutcomeTarget, StoreSnapshot, TierUpdate, missing_causal_entry, nothing_read
 
 T = TypeVar("T")
 logger = logging.getLogger("amfs_server.adapters.postgres")
@@ -885,12 +885,14 @@ class PostgresStore:
         await self._tx(write)
 
     async def session_reads(self, session_id: str) -> list[OutcomeTarget]:
-        rows = await self._read(
-            lambda conn: conn.fetch(
-                "SELECT entity_path, key, max(version) AS version, min(event_id) AS first FROM trace_events "
-                "WHERE session_id = $1 AND kind IN ('read', 'retrieve') GROUP BY entity_path, key ORDER BY first",
-                session_id,
-            )
+        return await self._read(lambda conn: self._session_reads(conn, session_id))
+
+    @staticmethod
+    async def _session_reads(conn: Any, session_id: str) -> list[OutcomeTarget]:
+        rows = await conn.fetch(
+            "SELECT entity_path, key, max(version) AS version, min(event_id) AS first FROM trace_events "
+            "WHERE session_id = $1 AND kind IN ('read', 'retrieve') GROUP BY entity_path, key ORDER BY first",
+            session_id,
         )
         return [OutcomeTarget(row["entity_path"], row["key"], row["version"]) for row in rows]
 
@@ -912,14 +914,39 @@ class PostgresStore:
         multiplier: float,
         actor: Actor,
         now: datetime,
-        targets: list[OutcomeTarget],
-    ) -> OutcomeRecord:
+        targets: list[OutcomeTarget] | None,
+        retier: Callable[[MemoryEntry], MemoryEntry],
+    ) -> tuple[OutcomeRecord, list[MemoryEntry]]:
         from ..core.confidence import apply_outcome
 
-        order = sorted(range(len(targets)), key=lambda i: (targets[i].entity_path, targets[i].key))
-
-        async def write(conn: Any) -> OutcomeRecord:
-            # Claim the ref first: a concurrent commit of the same ref waits here for ours, then sees the conflict.
+        async def write(conn: Any) -> tuple[OutcomeRecord, list[MemoryEntry]]:
+            reads = await self._session_reads(conn, actor.session_id)
+            if targets is None:
+                candidates = reads
+            else:
+                read_versions = {(t.entity_path, t.key): t.version_read for t in reads}
+                candidates = [
+                    t if t.version_read is not None
+                    else OutcomeTarget(t.entity_path, t.key, read_versions.get((t.entity_path, t.key)))
+                    for t in targets
+                ]
+            await self._lock_keys(conn, ((t.entity_path, t.key) for t in candidates))
+            # Existence is settled for every target before the first write, so a refusal changes nothing.
+            rows: dict[int, Any] = {}
+            for position in sorted(range(len(candidates)), key=lambda i: (candidates[i].entity_path, candidates[i].key)):
+                target = candidates[position]
+                row = await conn.fetchrow(
+                    f"SELECT {_BASE_COLUMNS} FROM entries WHERE entity_path = $1 AND key = $2 AND is_current "
+                    "AND (ttl_at IS NULL OR ttl_at > $3) FOR UPDATE",
+                    target.entity_path, target.key, now,
+                )
+                if row is not None:
+                    rows[position] = row
+                elif targets is not None:
+                    raise missing_causal_entry(target.entity_path, target.key)
+            if not rows:
+                raise nothing_read(actor.session_id)
+            # Claim the ref: a concurrent commit of the same ref waits here for ours, then sees the conflict.
             claimed = await conn.fetchval(
                 "INSERT INTO outcomes (outcome_ref, outcome_type, multiplier, committed_at, agent_id, session_id) "
                 "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (outcome_ref) DO NOTHING RETURNING outcome_ref",
@@ -930,60 +957,38 @@ class PostgresStore:
                 if existing:
                     from dataclasses import replace
 
-                    return replace(existing[0], already_applied=True)
+                    return replace(existing[0], already_applied=True), []
                 raise ConflictError(f"Outcome {outcome_ref!r} is being committed concurrently; retry the call.")
-            await self._lock_keys(conn, ((t.entity_path, t.key) for t in targets))
-            effects: list[OutcomeEffect | None] = [None] * len(targets)
-            for position in order:
-                target = targets[position]
-                row = await conn.fetchrow(
-                    "SELECT row_id, version, confidence FROM entries WHERE entity_path = $1 AND key = $2 "
-                    "AND is_current FOR UPDATE",
-                    target.entity_path, target.key,
-                )
-                if row is None:
-                    raise ValidationError(
-                        f"No memory at '{target.entity_path}/{target.key}'; the outcome was not recorded. "
-                        "Check causal_entry_keys with amfs_list or amfs_retrieve."
+            effects: list[OutcomeEffect] = []
+            updated: list[MemoryEntry] = []
+            for position in sorted(rows):  # rows keep the targets' order; skipped session reads leave no gap
+                target, row = candidates[position], rows[position]
+                before = row["confidence"]
+                after = apply_outcome(before, multiplier)
+                entry = retier(
+                    _row_to_entry(row, with_embedding=False).with_changes(
+                        confidence=after, outcome_count=row["outcome_count"] + 1
                     )
-                after = apply_outcome(row["confidence"], multiplier)
+                )
                 await conn.execute(
-                    "UPDATE entries SET confidence = $1, outcome_count = outcome_count + 1 WHERE row_id = $2",
-                    after, row["row_id"],
+                    "UPDATE entries SET confidence = $1, outcome_count = $2, tier = $3, priority_score = $4 "
+                    "WHERE row_id = $5",
+                    after, entry.outcome_count, int(entry.tier), entry.priority_score, row["row_id"],
                 )
-                effects[position] = OutcomeEffect(
-                    target.entity_path, target.key, target.version_read, row["version"], row["confidence"], after
-                )
-            # The loop wrote every position or raised, so this drops nothing; it only narrows the type.
-            written = [e for e in effects if e is not None]
+                effects.append(OutcomeEffect(target.entity_path, target.key, target.version_read, row["version"], before, after))
+                updated.append(entry)
             await conn.executemany(
                 _INSERT_EFFECT,
                 [
                     (outcome_ref, position, e.entity_path, e.key, e.version_read, e.version_updated,
                      e.confidence_before, e.confidence_after)
-                    for position, e in enumerate(written)
+                    for position, e in enumerate(effects)
                 ],
             )
-            return OutcomeRecord(
-                outcome_ref, outcome_type, multiplier, now, actor.agent_id, actor.session_id, tuple(written)
-            )
+            record = OutcomeRecord(outcome_ref, outcome_type, multiplier, now, actor.agent_id, actor.session_id, tuple(effects))
+            return record, updated
 
         return await self._tx(write)
-
-    async def update_tiers(self, updates: list[TierUpdate]) -> None:
-        if not updates:
-            return
-
-        async def write(conn: Any) -> None:
-            await conn.executemany(
-                "UPDATE entries SET tier = $1, priority_score = $2 WHERE entity_path = $3 AND key = $4 AND version = $5",
-                [
-                    (int(u.tier), u.priority_score, u.entity_path, u.key, u.version)
-                    for u in sorted(updates, key=lambda u: (u.entity_path, u.key, u.version))
-                ],
-            )
-
-        await self._tx(write)
 
     async def outcome_records(self, entity_path: str | None = None) -> list[OutcomeRecord]:
         if entity_path is None:

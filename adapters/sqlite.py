@@ -17,6 +17,7 @@ import sqlite3
 import uuid
 from datetime import datetime
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from ..core.confidence import bounded_confidence
@@ -36,7 +37,7 @@ from ..core.models import (
     TraceEvent,
     TraceKind,
 )
-from ..core.ports import OutcomeTarget, StoreSnapshot, TierUpdate
+from ..core.ports import OutcomeTarget, StoreSnapshot, TierUpdate, missing_causal_entry, nothing_read
 from .sqlite_base import SQLiteDatabase, _dt, _ts
 from .vector_index import VectorIndex
 
@@ -391,15 +392,16 @@ class SQLiteStore(SQLiteDatabase):
         await self._run(write)
 
     async def session_reads(self, session_id: str) -> list[OutcomeTarget]:
-        def fetch() -> list[OutcomeTarget]:
-            rows = self._connection().execute(
-                "SELECT entity_path, key, MAX(version) AS version, MIN(event_id) AS first FROM trace_events "
-                "WHERE session_id = ? AND kind IN ('read', 'retrieve') GROUP BY entity_path, key ORDER BY first",
-                (session_id,),
-            ).fetchall()
-            return [OutcomeTarget(row["entity_path"], row["key"], row["version"]) for row in rows]
+        return await self._run(lambda: self._session_reads_sync(self._connection(), session_id))
 
-        return await self._run(fetch)
+    @staticmethod
+    def _session_reads_sync(conn: sqlite3.Connection, session_id: str) -> list[OutcomeTarget]:
+        rows = conn.execute(
+            "SELECT entity_path, key, MAX(version) AS version, MIN(event_id) AS first FROM trace_events "
+            "WHERE session_id = ? AND kind IN ('read', 'retrieve') GROUP BY entity_path, key ORDER BY first",
+            (session_id,),
+        ).fetchall()
+        return [OutcomeTarget(row["entity_path"], row["key"], row["version"]) for row in rows]
 
     async def trace_events(self, session_id: str | None = None) -> list[TraceEvent]:
         def fetch() -> list[TraceEvent]:
@@ -422,9 +424,12 @@ class SQLiteStore(SQLiteDatabase):
         multiplier: float,
         actor: Actor,
         now: datetime,
-        targets: list[OutcomeTarget],
-    ) -> OutcomeRecord:
-        return await self._run(lambda: self._apply_outcome_sync(outcome_ref, outcome_type, multiplier, actor, now, targets))
+        targets: list[OutcomeTarget] | None,
+        retier: Callable[[MemoryEntry], MemoryEntry],
+    ) -> tuple[OutcomeRecord, list[MemoryEntry]]:
+        return await self._run(
+            lambda: self._apply_outcome_sync(outcome_ref, outcome_type, multiplier, actor, now, targets, retier)
+        )
 
     def _apply_outcome_sync(
         self,
@@ -433,36 +438,52 @@ class SQLiteStore(SQLiteDatabase):
         multiplier: float,
         actor: Actor,
         now: datetime,
-        targets: list[OutcomeTarget],
-    ) -> OutcomeRecord:
+        targets: list[OutcomeTarget] | None,
+        retier: Callable[[MemoryEntry], MemoryEntry],
+    ) -> tuple[OutcomeRecord, list[MemoryEntry]]:
         from ..core.confidence import apply_outcome
 
         with self._transaction() as conn:
+            reads = self._session_reads_sync(conn, actor.session_id)
+            # Existence is settled for every target before the first write, so a refusal changes nothing.
+            rows: list[tuple[OutcomeTarget, sqlite3.Row]] = []
+            if targets is None:
+                for target in reads:
+                    row = self._live_current_row(conn, target.entity_path, target.key, now)
+                    if row is not None:
+                        rows.append((target, row))
+            else:
+                read_versions = {(t.entity_path, t.key): t.version_read for t in reads}
+                for target in targets:
+                    row = self._live_current_row(conn, target.entity_path, target.key, now)
+                    if row is None:
+                        raise missing_causal_entry(target.entity_path, target.key)
+                    if target.version_read is None:
+                        target = OutcomeTarget(
+                            target.entity_path, target.key, read_versions.get((target.entity_path, target.key))
+                        )
+                    rows.append((target, row))
+            if not rows:
+                raise nothing_read(actor.session_id)
             existing = self._outcome_records_sync(conn, "WHERE o.outcome_ref = ?", (outcome_ref,))
             if existing:
-                return _already_applied(existing[0])
+                return _already_applied(existing[0]), []
             conn.execute(
                 "INSERT INTO outcomes (outcome_ref, outcome_type, multiplier, committed_at, agent_id, session_id) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 (outcome_ref, outcome_type.value, multiplier, _ts(now), actor.agent_id, actor.session_id),
             )
             effects: list[OutcomeEffect] = []
-            for position, target in enumerate(targets):
-                row = conn.execute(
-                    "SELECT row_id, version, confidence FROM entries WHERE entity_path = ? AND key = ? AND is_current = 1",
-                    (target.entity_path, target.key),
-                ).fetchone()
-                if row is None:
-                    raise ValidationError(
-                        f"No memory at '{target.entity_path}/{target.key}'; the outcome was not recorded. "
-                        "Check causal_entry_keys with amfs_list or amfs_retrieve."
-                    )
-                after = apply_outcome(row["confidence"], multiplier)
+            updated: list[MemoryEntry] = []
+            for position, (target, row) in enumerate(rows):
+                before = row["confidence"]
+                after = apply_outcome(before, multiplier)
+                entry = retier(_row_to_entry(row, with_embedding=False).with_changes(confidence=after, outcome_count=row["outcome_count"] + 1))
                 conn.execute(
-                    "UPDATE entries SET confidence = ?, outcome_count = outcome_count + 1 WHERE row_id = ?",
-                    (after, row["row_id"]),
+                    "UPDATE entries SET confidence = ?, outcome_count = ?, tier = ?, priority_score = ? WHERE row_id = ?",
+                    (after, entry.outcome_count, int(entry.tier), entry.priority_score, row["row_id"]),
                 )
-                effect = OutcomeEffect(target.entity_path, target.key, target.version_read, row["version"], row["confidence"], after)
+                effect = OutcomeEffect(target.entity_path, target.key, target.version_read, row["version"], before, after)
                 conn.execute(
                     "INSERT INTO outcome_effects (outcome_ref, position, entity_path, key, version_read, version_updated, "
                     "confidence_before, confidence_after) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -470,20 +491,18 @@ class SQLiteStore(SQLiteDatabase):
                      effect.confidence_before, effect.confidence_after),
                 )
                 effects.append(effect)
-        return OutcomeRecord(outcome_ref, outcome_type, multiplier, now, actor.agent_id, actor.session_id, tuple(effects))
+                updated.append(entry)
+        record = OutcomeRecord(outcome_ref, outcome_type, multiplier, now, actor.agent_id, actor.session_id, tuple(effects))
+        return record, updated
 
-    async def update_tiers(self, updates: list[TierUpdate]) -> None:
-        if not updates:
-            return
-
-        def write() -> None:
-            with self._transaction() as conn:
-                conn.executemany(
-                    "UPDATE entries SET tier = ?, priority_score = ? WHERE entity_path = ? AND key = ? AND version = ?",
-                    [(int(u.tier), u.priority_score, u.entity_path, u.key, u.version) for u in updates],
-                )
-
-        await self._run(write)
+    @staticmethod
+    def _live_current_row(conn: sqlite3.Connection, entity_path: str, key: str, now: datetime) -> sqlite3.Row | None:
+        row: sqlite3.Row | None = conn.execute(
+            f"SELECT {_BASE_COLUMNS} FROM entries WHERE entity_path = ? AND key = ? AND is_current = 1 "
+            "AND (ttl_at IS NULL OR ttl_at > ?)",
+            (entity_path, key, _ts(now)),
+        ).fetchone()
+        return row
 
     async def outcome_records(self, entity_path: str | None = None) -> list[OutcomeRecord]:
         def fetch() -> list[OutcomeRecord]:

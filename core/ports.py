@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -27,6 +27,7 @@ from .models import (
     TraceEvent,
     TraceKind,
 )
+from .errors import NotFoundError, ValidationError
 from .learning_records import Interaction, LearningSnapshot, Pattern, Preference, PreferenceChange
 
 
@@ -37,6 +38,21 @@ class OutcomeTarget:
     entity_path: str
     key: str
     version_read: int | None
+
+
+def missing_causal_entry(entity_path: str, key: str) -> NotFoundError:
+    """The one error for a causal key with no live current version (absent, forgotten or expired)."""
+    return NotFoundError(
+        f"No memory at '{entity_path}/{key}'; no outcome was recorded. "
+        "Check causal_entry_keys with amfs_list or amfs_retrieve."
+    )
+
+
+def nothing_read(session_id: str) -> ValidationError:
+    return ValidationError(
+        f"Session {session_id!r} has read nothing that still exists, so there is nothing to link the outcome to. "
+        "Read the relevant entries first or pass causal_entry_keys."
+    )
 
 
 @dataclass(frozen=True)
@@ -121,15 +137,21 @@ class MemoryStore(Protocol):
         multiplier: float,
         actor: Actor,
         now: datetime,
-        targets: list[OutcomeTarget],
-    ) -> OutcomeRecord:
-        """Multiply the confidence of each target's current version, once per outcome_ref.
+        targets: list[OutcomeTarget] | None,
+        retier: Callable[[MemoryEntry], MemoryEntry],
+    ) -> tuple[OutcomeRecord, list[MemoryEntry]]:
+        """Multiply the confidence of each target's current version and re-tier it, in one transaction, once
+        per outcome_ref; returns the record and the updated entries (in effect order, without embeddings).
 
-        A ref already committed returns the stored record with `already_applied=True` and changes nothing.
+        Targets are the named ones (each once, in order; a None version_read becomes the newest version the actor's
+        session read, if any), or with None every entry the session read that still exists (live), each with the
+        newest version read. A named target with no live current version (absent, forgotten, expired) raises
+        `missing_causal_entry`; a session with nothing left to link raises `nothing_read`; both before anything
+        changes. `retier(entry)` gets each updated version and returns it with the tier and priority_score to
+        store (the formula stays in core). A ref already committed returns the stored record with
+        `already_applied=True`, no entries, and changes nothing.
         """
         ...
-
-    async def update_tiers(self, updates: list[TierUpdate]) -> None: ...
 
     async def keyword_candidates(
         self, terms: list[str], flt: EntryFilter, now: datetime, limit: int

@@ -606,64 +606,29 @@ class MemoryService:
         outcome_ref = v.validate_outcome_ref(outcome_ref)
         resolved_type = v.validate_outcome_type(outcome_type)
         now = utcnow()
+        targets: list[OutcomeTarget] | None = None
         if causal_entry_keys is not None:
             if not causal_entry_keys:
                 raise ValidationError(
                     "causal_entry_keys is empty; omit it to apply the outcome to every entry this session read."
                 )
-            targets = await self._explicit_targets(actor, causal_entry_keys, now)
-        else:
-            # Entries read earlier but forgotten or expired since cannot carry the outcome; the rest still do.
-            targets = [
-                target for target in await self.store.session_reads(actor.session_id)
-                if await self.store.get_current(target.entity_path, target.key, now) is not None
-            ]
-            if not targets:
-                raise ValidationError(
-                    f"Session {actor.session_id!r} has read nothing that still exists, so there is nothing to link outcome "
-                    f"{outcome_ref!r} to. Read the relevant entries first or pass causal_entry_keys."
-                )
-        record = await self.store.apply_outcome(
+            targets = []
+            for text in causal_entry_keys:
+                entity_path, key = split_entry_key(text)
+                target = OutcomeTarget(v.validate_entity_path(entity_path), v.validate_key(key), None)
+                if target not in targets:
+                    targets.append(target)
+        # One store call: existence (TTL honoured), the confidences and the new tiers share one transaction.
+        record, _ = await self.store.apply_outcome(
             scoped_outcome_ref(actor.scope, outcome_ref), resolved_type, self.multipliers[resolved_type], actor, now,
-            targets,
+            targets, lambda entry: self.with_current_tier(entry, now),
         )
-        if not record.already_applied:
-            await self._retier_effects(record, now)
         if actor.scope is None:
             return record
         # The caller sees its own ref; a record an unscoped key filed under this scope's namespace may name
         # entries elsewhere, and those stay out of the reply.
         effects = tuple(e for e in record.effects if under(e.entity_path, actor.scope))
         return replace(record, outcome_ref=outcome_ref, effects=effects)
-
-    async def _explicit_targets(
-        self, actor: Actor, keys: builtins.list[str], now: datetime
-    ) -> builtins.list[OutcomeTarget]:
-        read_versions = {(t.entity_path, t.key): t.version_read for t in await self.store.session_reads(actor.session_id)}
-        targets: list[OutcomeTarget] = []
-        seen: set[tuple[str, str]] = set()
-        for text in keys:
-            entity_path, key = split_entry_key(text)
-            entity_path, key = v.validate_entity_path(entity_path), v.validate_key(key)
-            if (entity_path, key) in seen:
-                continue
-            seen.add((entity_path, key))
-            if await self.store.get_current(entity_path, key, now) is None:
-                raise NotFoundError(
-                    f"No memory at '{entity_path}/{key}'; no outcome was recorded. "
-                    "Check causal_entry_keys with amfs_list or amfs_retrieve."
-                )
-            targets.append(OutcomeTarget(entity_path, key, read_versions.get((entity_path, key))))
-        return targets
-
-    async def _retier_effects(self, record: OutcomeRecord, now: datetime) -> None:
-        updates = []
-        for effect in record.effects:
-            entry = await self.store.get_version(effect.entity_path, effect.key, effect.version_updated)
-            if entry is not None:
-                entry = self.with_current_tier(entry, now)
-                updates.append(TierUpdate(entry.entity_path, entry.key, entry.version, entry.tier, entry.priority_score or 0.0))
-        await self.store.update_tiers(updates)
 
     async def outcome_records(self, entity_path: str | None = None) -> builtins.list[OutcomeRecord]:
         return await self.store.outcome_records(v.validate_entity_prefix(entity_path))

@@ -412,19 +412,19 @@ async def test_concurrent_outcomes_in_one_process(pg_store: PostgresStore) -> No
     target = [OutcomeTarget("race/o", "entry", None)]
     now = utcnow()
     same = await asyncio.gather(
-        *(pg_store.apply_outcome("same-ref", OutcomeType.FAILURE, 1.1, ACTOR, now, target) for _ in range(5))
+        *(pg_store.apply_outcome("same-ref", OutcomeType.FAILURE, 1.1, ACTOR, now, target, lambda e: e) for _ in range(5))
     )
-    assert sorted(r.already_applied for r in same) == [False, True, True, True, True]
-    assert len({r.effects for r in same}) == 1
+    assert sorted(r.already_applied for r, _ in same) == [False, True, True, True, True]
+    assert len({r.effects for r, _ in same}) == 1
     different = await asyncio.gather(
-        *(pg_store.apply_outcome(f"ref-{n}", OutcomeType.SUCCESS, 0.9, ACTOR, now, target) for n in range(5))
+        *(pg_store.apply_outcome(f"ref-{n}", OutcomeType.SUCCESS, 0.9, ACTOR, now, target, lambda e: e) for n in range(5))
     )
-    assert not any(r.already_applied for r in different)
+    assert not any(r.already_applied for r, _ in different)
     entry = await pg_store.get_current("race/o", "entry", utcnow())
     assert entry is not None
     assert entry.confidence == pytest.approx(1.1 * 0.9**5)
     assert entry.outcome_count == 6
-    befores = sorted((r.effects[0].confidence_before for r in different), reverse=True)
+    befores = sorted((r.effects[0].confidence_before for r, _ in different), reverse=True)
     assert befores == pytest.approx([1.1 * 0.9**n for n in range(5)])
 
 
@@ -434,7 +434,7 @@ async def test_nul_in_a_name_is_a_clear_validation_error(pg_store: PostgresStore
     are refused with a message saying so."""
     await pg_store.insert_versions([draft("svc/a", "k")], ACTOR)
     with pytest.raises(ValidationError, match="NUL"):
-        await pg_store.apply_outcome("bad\x00ref", OutcomeType.FAILURE, 1.1, ACTOR, utcnow(), [OutcomeTarget("svc/a", "k", None)])
+        await pg_store.apply_outcome("bad\x00ref", OutcomeType.FAILURE, 1.1, ACTOR, utcnow(), [OutcomeTarget("svc/a", "k", None)], lambda e: e)
     with pytest.raises(ValidationError, match="NUL"):
         await pg_store.set_meta("bad\x00name", 1)
 

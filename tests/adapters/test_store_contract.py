@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 
 from amfs_server.core.embedding import embedding_text
-from amfs_server.core.errors import ValidationError
+from amfs_server.core.errors import NotFoundError, ValidationError
 from amfs_server.core.models import (
     Actor,
     EntryFilter,
     MemoryEntry,
     MemoryType,
     NewEntry,
+    OutcomeRecord,
     OutcomeType,
     Provenance,
     Tier,
@@ -86,6 +87,24 @@ def keys(entries: list[MemoryEntry] | list[tuple[MemoryEntry, float]]) -> list[s
 
 async def write(store: MemoryStore, *drafts: NewEntry, actor: Actor = ACTOR) -> list[MemoryEntry]:
     return await store.insert_versions(list(drafts), actor)
+
+
+def tier_kept(entry: MemoryEntry) -> MemoryEntry:
+    return entry
+
+
+async def outcome(
+    store: MemoryStore,
+    ref: str,
+    outcome_type: OutcomeType,
+    multiplier: float,
+    actor: Actor,
+    now: datetime,
+    targets: list[OutcomeTarget] | None,
+) -> OutcomeRecord:
+    """apply_outcome for tests about confidences and records: every updated version keeps its tier."""
+    record, _ = await store.apply_outcome(ref, outcome_type, multiplier, actor, now, targets, tier_kept)
+    return record
 
 
 async def current(store: MemoryStore, entity_path: str, key: str, now: datetime = NOW) -> MemoryEntry:
@@ -293,7 +312,7 @@ async def test_priority_sort_puts_entries_without_a_priority_last(store: MemoryS
     assert keys(await store.find_current(EntryFilter(), NOW, "priority", None)) == ["high", "low", "none"]
 
 
-# -- record_reads, session_reads, update_tiers, trace_events --------------------------------------
+# -- record_reads, session_reads, trace_events --------------------------------------
 
 
 async def test_record_reads_bumps_each_read_version_once_per_read_and_keeps_the_last_tier(store: MemoryStore) -> None:
@@ -356,17 +375,6 @@ async def test_session_reads_lists_each_entry_read_once_with_the_newest_version_
     assert await store.session_reads("no-such-session") == []
 
 
-async def test_update_tiers_sets_tier_and_priority_of_the_named_version_only(store: MemoryStore) -> None:
-    await write(store, draft("svc/a", "k", tier=Tier.HOT, priority_score=0.9))
-    await write(store, draft("svc/a", "k", tier=Tier.HOT, priority_score=0.8, written_at=at(1)))
-    await store.update_tiers([TierUpdate("svc/a", "k", 1, Tier.ARCHIVE, 0.01), TierUpdate("svc/a", "missing", 1, Tier.WARM, 0.2)])
-    old, new = await store.get_version("svc/a", "k", 1), await current(store, "svc/a", "k")
-    assert old is not None and (old.tier, old.priority_score, old.recall_count) == (Tier.ARCHIVE, 0.01, 0)
-    assert (new.tier, new.priority_score) == (Tier.HOT, 0.8)
-    await store.update_tiers([])
-    assert [t.kind for t in await store.trace_events()] == ["write", "write"]  # tier refreshes are not reads
-
-
 # -- apply_outcome, outcome_records ---------------------------------------------------------------
 
 
@@ -374,7 +382,7 @@ async def test_an_outcome_multiplies_the_current_version_of_each_target(store: M
     await write(store, draft("svc/a", "k", confidence=0.8), draft("svc/b", "k", confidence=0.5))
     await write(store, draft("svc/a", "k", confidence=0.6, written_at=at(1)))
     targets = [OutcomeTarget("svc/b", "k", None), OutcomeTarget("svc/a", "k", 1)]  # session read version 1 of svc/a
-    record = await store.apply_outcome("INC-1", OutcomeType.FAILURE, 1.1, ACTOR, at(10), targets)
+    record = await outcome(store, "INC-1", OutcomeType.FAILURE, 1.1, ACTOR, at(10), targets)
     assert (record.outcome_ref, record.outcome_type, record.multiplier, record.committed_at) == (
         "INC-1", OutcomeType.FAILURE, 1.1, at(10)
     )
@@ -395,8 +403,8 @@ async def test_an_outcome_multiplies_the_current_version_of_each_target(store: M
 
 async def test_an_outcome_ref_applies_once_and_a_repeat_returns_the_stored_record(store: MemoryStore) -> None:
     await write(store, draft("svc/a", "k", confidence=0.5), draft("svc/b", "k", confidence=0.5))
-    first = await store.apply_outcome("INC-7", OutcomeType.FAILURE, 1.1, ACTOR, at(1), [OutcomeTarget("svc/a", "k", None)])
-    again = await store.apply_outcome(
+    first = await outcome(store, "INC-7", OutcomeType.FAILURE, 1.1, ACTOR, at(1), [OutcomeTarget("svc/a", "k", None)])
+    again = await outcome(store, 
         "INC-7", OutcomeType.SUCCESS, 0.5, ACTOR, at(2), [OutcomeTarget("svc/a", "k", None), OutcomeTarget("svc/b", "k", None)]
     )
     assert again.already_applied and not first.already_applied
@@ -408,34 +416,92 @@ async def test_an_outcome_ref_applies_once_and_a_repeat_returns_the_stored_recor
     )
     assert (await current(store, "svc/b", "k")).confidence == 0.5
     assert await store.outcome_records() == [first]
-    second = await store.apply_outcome("INC-8", OutcomeType.FAILURE, 1.1, ACTOR, at(3), [OutcomeTarget("svc/a", "k", None)])
+    second = await outcome(store, "INC-8", OutcomeType.FAILURE, 1.1, ACTOR, at(3), [OutcomeTarget("svc/a", "k", None)])
     assert second.effects[0].confidence_before == pytest.approx(0.55)  # another ref compounds
     assert (await current(store, "svc/a", "k")).outcome_count == 2
 
 
-async def test_an_outcome_naming_a_missing_entry_records_nothing_and_keeps_the_ref_free(store: MemoryStore) -> None:
-    await write(store, draft("svc/a", "k"))
-    targets = [OutcomeTarget("svc/a", "k", 1), OutcomeTarget("svc/a", "missing", None)]
-    with pytest.raises(ValidationError, match="svc/a/missing"):
-        await store.apply_outcome("ref", OutcomeType.FAILURE, 1.1, ACTOR, NOW, targets)
-    assert await store.outcome_records() == []
-    entry = await current(store, "svc/a", "k")
-    assert (entry.confidence, entry.outcome_count) == (1.0, 0)
+async def test_an_outcome_naming_a_missing_entry_among_several_changes_nothing_and_keeps_the_ref_free(
+    store: MemoryStore,
+) -> None:
+    await write(store, draft("svc/a", "k"), draft("svc/z", "k"))
+    # The missing key sits between two live ones: the live one after it must not be touched either.
+    targets = [OutcomeTarget("svc/a", "k", 1), OutcomeTarget("svc/a", "missing", None), OutcomeTarget("svc/z", "k", None)]
+    before = await store.export_snapshot()
+    with pytest.raises(NotFoundError, match=r"No memory at 'svc/a/missing'; no outcome was recorded.*amfs_list"):
+        await outcome(store, "ref", OutcomeType.FAILURE, 1.1, ACTOR, NOW, targets)
+    assert await store.export_snapshot() == before
     # The ref was not consumed: it can be committed once the targets exist.
-    record = await store.apply_outcome("ref", OutcomeType.FAILURE, 1.1, ACTOR, NOW, targets[:1])
+    record = await outcome(store, "ref", OutcomeType.FAILURE, 1.1, ACTOR, NOW, targets[:1])
     assert not record.already_applied and len(record.effects) == 1
     await store.forget("svc/a", "k")
-    with pytest.raises(ValidationError, match="svc/a/k"):  # a forgotten entry is missing too
-        await store.apply_outcome("ref-2", OutcomeType.SUCCESS, 0.9, ACTOR, NOW, [OutcomeTarget("svc/a", "k", 1)])
+    with pytest.raises(NotFoundError, match="svc/a/k"):  # a forgotten entry is missing too
+        await outcome(store, "ref-2", OutcomeType.SUCCESS, 0.9, ACTOR, NOW, [OutcomeTarget("svc/a", "k", 1)])
+
+
+async def test_an_outcome_naming_an_expired_entry_is_refused_like_a_missing_one(store: MemoryStore) -> None:
+    await write(store, draft("svc", "live"), draft("svc", "expiring", ttl_at=at(10)))
+    targets = [OutcomeTarget("svc", "live", None), OutcomeTarget("svc", "expiring", None)]
+    before = await store.export_snapshot()
+    with pytest.raises(NotFoundError, match="No memory at 'svc/expiring'"):
+        await outcome(store, "ref", OutcomeType.FAILURE, 1.1, ACTOR, at(10), targets)  # expiry at exactly now counts
+    assert await store.export_snapshot() == before
+    record = await outcome(store, "ref", OutcomeType.FAILURE, 1.1, ACTOR, at(9), targets)  # still live a second earlier
+    assert [e.key for e in record.effects] == ["live", "expiring"]
+
+
+async def test_an_outcome_stores_the_tier_retier_gives_each_updated_version_in_the_same_call(store: MemoryStore) -> None:
+    await write(store, draft("svc/a", "k", confidence=0.8, tier=Tier.HOT, priority_score=0.9), draft("svc/b", "k"))
+    await write(store, draft("svc/a", "k", confidence=0.6, tier=Tier.HOT, priority_score=0.9, written_at=at(1)))
+    seen: list[MemoryEntry] = []
+
+    def retier(entry: MemoryEntry) -> MemoryEntry:
+        seen.append(entry)
+        return entry.with_changes(tier=Tier.ARCHIVE, priority_score=0.01 * len(seen))
+
+    targets = [OutcomeTarget("svc/a", "k", None), OutcomeTarget("svc/b", "k", None)]
+    record, entries = await store.apply_outcome("INC-1", OutcomeType.FAILURE, 1.1, ACTOR, at(5), targets, retier)
+    # retier sees each current version as the outcome left it.
+    assert [(e.entity_path, e.version, e.confidence, e.outcome_count) for e in seen] == [
+        ("svc/a", 2, pytest.approx(0.66), 1), ("svc/b", 1, pytest.approx(1.1), 1)
+    ]
+    assert [(e.entity_path, e.version, e.tier, e.priority_score) for e in entries] == [
+        ("svc/a", 2, Tier.ARCHIVE, 0.01), ("svc/b", 1, Tier.ARCHIVE, 0.02)
+    ]
+    assert [(e.entity_path, e.version_updated) for e in record.effects] == [("svc/a", 2), ("svc/b", 1)]
+    stored = [await current(store, "svc/a", "k"), await current(store, "svc/b", "k")]
+    assert [e.with_changes(embedding=None) for e in stored] == entries
+    old = await store.get_version("svc/a", "k", 1)
+    assert old is not None and (old.tier, old.priority_score) == (Tier.HOT, 0.9)  # only the current version
+    again, none = await store.apply_outcome("INC-1", OutcomeType.FAILURE, 1.1, ACTOR, at(6), targets, retier)
+    assert again.already_applied and none == [] and len(seen) == 2  # a repeat re-tiers nothing
+
+
+async def test_an_outcome_without_targets_applies_to_what_the_session_read_that_still_lives(store: MemoryStore) -> None:
+    await write(store, draft("svc", "kept"), draft("svc", "gone"), draft("svc", "expiring", ttl_at=at(10)))
+    await write(store, draft("svc", "kept", written_at=at(1)))
+    reads = [TierUpdate("svc", key, 1, Tier.HOT, 0.5) for key in ("gone", "kept", "expiring")]
+    await store.record_reads(ACTOR, "read", reads, at(2))
+    await store.forget("svc", "gone")
+    record = await outcome(store, "INC-1", OutcomeType.SUCCESS, 0.9, ACTOR, at(10), None)
+    assert [(e.key, e.version_read, e.version_updated) for e in record.effects] == [("kept", 1, 2)]
+    # A named target the session read carries the version read too; one it did not read carries None.
+    named = [OutcomeTarget("svc", "kept", None)]
+    assert (await outcome(store, "INC-2", OutcomeType.SUCCESS, 0.9, ACTOR, at(10), named)).effects[0].version_read == 1
+    assert (await outcome(store, "INC-3", OutcomeType.SUCCESS, 0.9, OTHER, at(10), named)).effects[0].version_read is None
+    before = await store.export_snapshot()
+    with pytest.raises(ValidationError, match="'session-other' has read nothing that still exists"):
+        await outcome(store, "INC-4", OutcomeType.SUCCESS, 0.9, OTHER, at(10), None)
+    assert await store.export_snapshot() == before
 
 
 async def test_outcome_records_come_in_commit_order_and_filter_by_entity_path_prefix(store: MemoryStore) -> None:
     await write(store, draft("svc", "root"), draft("svc/a", "k"), draft("svc-other", "k"), draft("web", "k"))
-    one = await store.apply_outcome("R1", OutcomeType.SUCCESS, 0.9, ACTOR, at(5), [OutcomeTarget("svc/a", "k", None)])
-    two = await store.apply_outcome(
+    one = await outcome(store, "R1", OutcomeType.SUCCESS, 0.9, ACTOR, at(5), [OutcomeTarget("svc/a", "k", None)])
+    two = await outcome(store, 
         "R2", OutcomeType.FAILURE, 1.1, ACTOR, at(1), [OutcomeTarget("web", "k", None), OutcomeTarget("svc", "root", None)]
     )
-    three = await store.apply_outcome("R3", OutcomeType.MINOR_FAILURE, 1.08, ACTOR, at(5), [OutcomeTarget("svc-other", "k", None)])
+    three = await outcome(store, "R3", OutcomeType.MINOR_FAILURE, 1.08, ACTOR, at(5), [OutcomeTarget("svc-other", "k", None)])
     assert await store.outcome_records() == [two, one, three]  # by committed_at, then commit order
     assert await store.outcome_records("svc") == [two, one]  # a record with any effect in scope comes whole
     assert await store.outcome_records("svc/a") == [one]
@@ -583,8 +649,8 @@ async def test_candidate_searches_apply_every_filter(store: MemoryStore) -> None
 async def test_forget_deletes_every_version_of_one_key(store: MemoryStore) -> None:
     await write(store, draft("svc/a", "k", embedding=direction(0)), draft("svc/a", "kept"))
     await write(store, draft("svc/a", "k", written_at=at(1), embedding=direction(0)))
-    await store.apply_outcome("R1", OutcomeType.SUCCESS, 0.9, ACTOR, at(2), [OutcomeTarget("svc/a", "k", None)])
-    await store.apply_outcome("R2", OutcomeType.FAILURE, 1.1, ACTOR, at(2), [OutcomeTarget("svc/a", "kept", None)])
+    await outcome(store, "R1", OutcomeType.SUCCESS, 0.9, ACTOR, at(2), [OutcomeTarget("svc/a", "k", None)])
+    await outcome(store, "R2", OutcomeType.FAILURE, 1.1, ACTOR, at(2), [OutcomeTarget("svc/a", "kept", None)])
     assert await store.forget("svc/a", "k") == 2
     assert await store.history("svc/a", "k") == [] and await store.get_current("svc/a", "k", at(3)) is None
     assert keys(await store.find_current(EntryFilter(), at(3), "recency", None)) == ["kept"]
@@ -612,7 +678,7 @@ async def test_purge_expired_deletes_every_version_of_keys_whose_current_version
 async def test_clear_empties_the_store_and_leaves_it_usable(store: MemoryStore) -> None:
     await write(store, draft("svc", "k", embedding=direction(0)))
     await store.record_reads(ACTOR, "read", [TierUpdate("svc", "k", 1, Tier.HOT, 0.5)], NOW)
-    await store.apply_outcome("R1", OutcomeType.SUCCESS, 0.9, ACTOR, NOW, [OutcomeTarget("svc", "k", None)])
+    await outcome(store, "R1", OutcomeType.SUCCESS, 0.9, ACTOR, NOW, [OutcomeTarget("svc", "k", None)])
     await store.set_meta("m", {"x": 1})
     await store.clear()
     assert await store.export_snapshot() == StoreSnapshot()
@@ -680,8 +746,8 @@ async def test_export_then_import_restores_everything_exactly(store: MemoryStore
     await write(store, draft("ünï/çødé", "ключ", "unicode path and key", written_at=at(2)), actor=OTHER)
     detail = {"query": "q", "ranks": {"semantic": 1, "keyword": 2}}
     await store.record_reads(ACTOR, "retrieve", [TierUpdate("svc/values", "nested", 1, Tier.ARCHIVE, 0.01, detail)], at(3))
-    await store.apply_outcome("INC-1", OutcomeType.FAILURE, 1.1, ACTOR, at(4), [OutcomeTarget("svc/values", "nested", 1)])
-    await store.apply_outcome("INC-2", OutcomeType.SUCCESS, 0.97, OTHER, at(4), [OutcomeTarget("ünï/çødé", "ключ", None)])
+    await outcome(store, "INC-1", OutcomeType.FAILURE, 1.1, ACTOR, at(4), [OutcomeTarget("svc/values", "nested", 1)])
+    await outcome(store, "INC-2", OutcomeType.SUCCESS, 0.97, OTHER, at(4), [OutcomeTarget("ünï/çødé", "ключ", None)])
     await store.set_meta("outcome_multipliers", {"failure": 1.5, "nested": {"b": [1, 2], "a": None}})
     await store.set_meta("ünï", "value")
     snapshot = await store.export_snapshot()
@@ -723,7 +789,7 @@ async def test_import_refuses_a_snapshot_whose_key_exists_and_writes_nothing(sto
 
 async def test_import_refuses_an_outcome_ref_already_committed_and_writes_nothing(store: MemoryStore) -> None:
     await write(store, draft("svc", "existing"))
-    committed = await store.apply_outcome("INC-1", OutcomeType.FAILURE, 1.1, ACTOR, NOW, [OutcomeTarget("svc", "existing", None)])
+    committed = await outcome(store, "INC-1", OutcomeType.FAILURE, 1.1, ACTOR, NOW, [OutcomeTarget("svc", "existing", None)])
     before = await store.export_snapshot()
     with pytest.raises(ValidationError, match="INC-1"):
         await store.import_snapshot(StoreSnapshot(entries=[_entry("svc", "new")], outcomes=[committed], meta={"m": 1}))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -257,3 +259,61 @@ async def test_a_read_only_actor_reads_and_retrieves_without_leaving_a_trace(ser
     assert await service.store.session_reads("s-ro") == []  # nothing for a later outcome to be charged to
     await service.read(Actor("agent/rw", "s-rw"), "svc", "retry")
     assert [t.key for t in await service.store.session_reads("s-rw")] == ["retry"]
+
+
+class CountingStore:
+    """Forwards to a real store and records the name of each store coroutine called (one call = one round trip)."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner, self.calls = inner, []
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(self.inner, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+
+        async def counted(*args: object, **kwargs: object) -> object:
+            self.calls.append(name)
+            return await attr(*args, **kwargs)
+
+        return counted
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["causal-keys", "session-reads"])
+async def test_an_outcome_is_one_store_call_whatever_the_number_of_entries(
+    service: MemoryService, actor: Actor, named: bool
+) -> None:
+    # Before this was one call, an outcome over N entries took 2N+3 (9 for these 3).
+    keys = ["svc/a", "svc/b", "svc/c"]
+    for key in keys:
+        await service.write(actor, WriteRequest("svc", key[-1], "v"))
+        await service.read(actor, "svc", key[-1])
+    counting = CountingStore(service.store)
+    service.store = counting  # type: ignore[assignment]
+    record = await service.commit_outcome(actor, "INC-1", "failure", keys if named else None)
+    assert sorted(e.key for e in record.effects) == ["a", "b", "c"]
+    assert counting.calls == ["apply_outcome"]
+
+
+async def test_an_outcome_naming_an_expired_entry_is_not_found_and_changes_nothing(
+    service: MemoryService, actor: Actor
+) -> None:
+    await service.write(actor, WriteRequest("svc", "live", "v", confidence=0.5))
+    await service.write(actor, WriteRequest("svc", "temp", "v", ttl_seconds=0.05))
+    await asyncio.sleep(0.1)
+    with pytest.raises(NotFoundError, match=r"No memory at 'svc/temp'; no outcome was recorded"):
+        await service.commit_outcome(actor, "INC-1", "failure", ["svc/live", "svc/temp"])
+    live = await service.store.get_current("svc", "live", datetime.now(timezone.utc))
+    assert (live.confidence, live.outcome_count) == (0.5, 0)
+    assert await service.outcome_records() == []
+
+
+async def test_an_outcome_refreshes_the_tier_of_each_entry_it_changes(service: MemoryService, actor: Actor) -> None:
+    await service.write(actor, WriteRequest("svc", "k", "v", confidence=0.9))
+    before = await service.store.get_current("svc", "k", datetime.now(timezone.utc))
+    await service.commit_outcome(actor, "INC-1", OutcomeType.CRITICAL_FAILURE, ["svc/k"])
+    now = datetime.now(timezone.utc)
+    after = await service.store.get_current("svc", "k", now)
+    assert after.confidence > before.confidence and after.priority_score != before.priority_score
+    expected = service.with_current_tier(after, now)  # the stored score is the one at commit time, a moment ago
+    assert after.tier == expected.tier and after.priority_score == pytest.approx(expected.priority_score, abs=1e-3)
