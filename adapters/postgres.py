@@ -378,14 +378,16 @@ WITH pieces AS (
     SELECT greatest(max(c.reltuples), (SELECT count(*) FROM matched), 1) AS n FROM pg_class c
     WHERE c.oid = 'entries'::regclass
 ), idf AS (
-    SELECT piece, ln(1 + ((SELECT n FROM total) - count(*) + 0.5) / (count(*) + 0.5)) AS weight
-    FROM hits GROUP BY piece
+    SELECT p.piece, ln(1 + ((SELECT n FROM total) - count(h.row_id) + 0.5) / (count(h.row_id) + 0.5)) AS weight
+    FROM pieces p LEFT JOIN hits h USING (piece) WHERE numnode(p.piece) > 0 GROUP BY p.piece
+), reference AS (
+    SELECT greatest(sum(weight), 1e-6) AS weight FROM idf
 ), top AS (
     SELECT m.row_id, m.written_at, sum(idf.weight) AS score FROM hits h JOIN idf USING (piece)
     JOIN matched m USING (row_id) GROUP BY m.row_id, m.written_at
     ORDER BY score DESC, m.written_at DESC, m.row_id DESC LIMIT {limit}
 )
-SELECT {columns}, top.score FROM top JOIN entries USING (row_id, written_at)
+SELECT {columns}, top.score / (SELECT weight FROM reference) AS score FROM top JOIN entries USING (row_id, written_at)
 ORDER BY top.score DESC, top.written_at DESC, top.row_id DESC
 """
 
@@ -774,7 +776,9 @@ class PostgresStore:
     ) -> list[tuple[MemoryEntry, float]]:
         """Current live entries matching ANY term (an OR tsquery), best first by the summed IDF of the terms
         they match, `ln(1 + (N - df + 0.5) / (df + 0.5))` as in BM25: an entry matching a rare word outranks
-        one matching several common ones. df counts the matching entries within the filter's scope."""
+        one matching several common ones. df counts the matching entries within the filter's scope. The score is
+        that sum over the sum of every query word's IDF (unmatched words included): the share of the query's word
+        weight the entry matches, 1 for an entry holding every word."""
         words = _tsquery_pieces(terms)
         if not words or limit <= 0:
             return []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import sqlite3
@@ -130,15 +131,34 @@ _SORT_SQL: dict[str, str] = {
     "priority": "priority_score DESC, written_at DESC, row_id DESC",
 }
 _TOKEN = re.compile(r"\w+")
+MAX_KEYWORD_PHRASES = 64  # as PostgreSQL's MAX_QUERY_WORDS: one index lookup per word
+
+
+def match_words(terms: list[str]) -> list[str]:
+    """The FTS5 phrases of the terms' words, each quoted: `["retry policy", "ERR_42"]` -> `['"retry"', '"policy"',
+    '"ERR_42"']`. Words are `\\w+` runs, as the tokenizer (`tokenchars '_'`) and PostgreSQL's adapter split them;
+    quoting each one keeps FTS5 operators in user text inert."""
+    return [f'"{word}"' for word in dict.fromkeys(word for term in terms for word in _TOKEN.findall(term or ""))]
 
 
 def match_any(terms: list[str]) -> str:
-    """An FTS5 query matching any word of any term: `["retry policy", "ERR_42"]` -> `"retry" OR "policy" OR "ERR_42"`.
+    """An FTS5 query matching any word of any term: `"retry" OR "policy" OR "ERR_42"`; empty when there is no word."""
+    return " OR ".join(match_words(terms))
 
-    Words are `\\w+` runs, as the tokenizer (`tokenchars '_'`) and PostgreSQL's adapter split them; quoting
-    each one keeps FTS5 operators in user text inert. Empty when the terms hold no word."""
-    words = dict.fromkeys(word for term in terms for word in _TOKEN.findall(term or ""))
-    return " OR ".join(f'"{word}"' for word in words)
+
+def fts_row_count(conn: sqlite3.Connection) -> int:
+    """The index's row count without counting: the first varint of FTS5's averages record (`entries_fts_data`, id 1;
+    SQLite's documented FTS5 file format), the N its own bm25() uses. Falls back to counting when it is missing."""
+    row = conn.execute("SELECT block FROM entries_fts_data WHERE id = 1").fetchone()
+    block: bytes = row[0] if row else b""
+    if block:
+        value = 0
+        for byte in block[:9]:
+            value = (value << 7) | (byte & 0x7F)
+            if not byte & 0x80:
+                return value
+    counted: int = conn.execute("SELECT count(*) FROM entries_fts").fetchone()[0]
+    return counted
 
 
 def encode_embedding(embedding: list[float] | None) -> bytes | None:
@@ -546,20 +566,40 @@ class SQLiteStore(SQLiteDatabase):
     async def keyword_candidates(
         self, terms: list[str], flt: EntryFilter, now: datetime, limit: int
     ) -> list[tuple[MemoryEntry, float]]:
-        match = match_any(terms)
-        if not match or limit <= 0:
+        """Entries matching ANY word (OR), ranked as PostgreSQL's adapter ranks them: the summed IDF of the words an
+        entry holds, `ln(1 + (N - df + 0.5) / (df + 0.5))`, df counted within the filter's scope, N the index's
+        row count (or the matches, if more). The score is that sum over the sum of every word's IDF: the share of
+        the query's word weight the entry matches. Not FTS5's bm25(): on both retrieval sets its term-frequency
+        and length terms ranked worse (README), and both stores now rank alike."""
+        phrases = match_words(terms)[:MAX_KEYWORD_PHRASES]
+        if not phrases or limit <= 0:
             return []
-        # Any word may match (OR); bm25 ranks entries that match more and rarer words first.
         clauses, params = self._filter_sql(flt, now, column_prefix="e.")
-        sql = (
-            f"SELECT {_prefixed_columns('e.')}, bm25(entries_fts) AS rank FROM entries_fts "
-            f"JOIN entries e ON e.row_id = entries_fts.rowid "
-            f"WHERE entries_fts MATCH ? AND {' AND '.join(clauses)} ORDER BY rank, e.written_at DESC, e.row_id DESC LIMIT ?"
+        hits_sql = (
+            "SELECT e.row_id, e.written_at FROM entries_fts JOIN entries e ON e.row_id = entries_fts.rowid "
+            f"WHERE entries_fts MATCH ? AND {' AND '.join(clauses)}"
         )
 
         def fetch() -> list[tuple[MemoryEntry, float]]:
-            rows = self._connection().execute(sql, [match, *params, limit]).fetchall()
-            return [(_row_to_entry(row, with_embedding=False), -row["rank"]) for row in rows]
+            conn = self._connection()
+            matches = [conn.execute(hits_sql, [phrase, *params]).fetchall() for phrase in phrases]
+            written: dict[int, str] = {row_id: at for rows in matches for row_id, at in rows}
+            if not written:
+                return []
+            total = max(fts_row_count(conn), len(written))
+            weights = [math.log(1 + (total - len(rows) + 0.5) / (len(rows) + 0.5)) for rows in matches]
+            scores: dict[int, float] = {}
+            for rows, weight in zip(matches, weights):
+                for row_id, _ in rows:
+                    scores[row_id] = scores.get(row_id, 0.0) + weight
+            best = sorted(scores, key=lambda row_id: (scores[row_id], written[row_id], row_id), reverse=True)[:limit]
+            reference = sum(weights)
+            marks = ",".join("?" * len(best))
+            found = {
+                row["row_id"]: row
+                for row in conn.execute(f"SELECT {_BASE_COLUMNS} FROM entries WHERE row_id IN ({marks})", best)
+            }
+            return [(_row_to_entry(found[row_id], with_embedding=False), scores[row_id] / reference) for row_id in best]
 
         return await self._run(fetch)
 

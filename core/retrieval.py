@@ -4,11 +4,13 @@ semantic and keyword search the store for the query; temporal (recency of the ev
 confidence (effective confidence after decay) and, once a ranker is trained, learned, order that
 same candidate pool: on their own they know nothing about the query. Two fusions:
 
-* `hybrid` (the default): each strategy's raw scores are min-max normalised over its own pool (its best score is 1,
-  its `pool`-th best and anything below 0), then summed with weights. Semantic and keyword share the relevance
-  weight; the query-blind strategies get small weights, so they break near-ties between relevant entries and cannot
-  outvote a clear relevance gap. Score-aware, so a query whose keyword match is decisive (a rare name, an identifier)
-  is not flattened into ranks.
+* `hybrid` (the default): a weighted sum of scores on a common 0..1 scale. Keyword scores already are one (the
+  share of the query's word weight an entry matches, capped at 1: see `MemoryStore.keyword_candidates`), so a
+  keyword hit counts by how much of the question it covers: an entry naming the rare word asked about scores high,
+  one sharing only a common word stays low even when it is the best keyword hit there is. The other strategies
+  are min-max normalised over their own pool (best score 1, the `pool`-th best and below 0). Semantic and keyword
+  share the relevance weight; the query-blind strategies get small weights, so they break near-ties between
+  relevant entries and cannot outvote a clear relevance gap.
 * `rrf` (the seed's design, kept as a named configuration): weighted Reciprocal Rank Fusion,
   `score = sum_s w_s / (k + rank_s)` with 1-based ranks, weights 0.4/0.2/0.2/0.2.
 """
@@ -29,7 +31,9 @@ QUERY_BLIND: frozenset[str] = frozenset({"temporal", "confidence", "learned"})
 FUSIONS: tuple[str, ...] = ("hybrid", "rrf")
 RRF_WEIGHTS: dict[str, float] = {"semantic": 0.4, "keyword": 0.2, "temporal": 0.2, "confidence": 0.2, "learned": 0.0}
 # Chosen on the conversation set's tuning half (session_bench/tune_retrieval.py); see the README for both halves.
-HYBRID_WEIGHTS: dict[str, float] = {"semantic": 0.5, "keyword": 0.5, "temporal": 0.05, "confidence": 0.05, "learned": 0.0}
+HYBRID_WEIGHTS: dict[str, float] = {"semantic": 0.3, "keyword": 0.7, "temporal": 0.05, "confidence": 0.05, "learned": 0.0}
+# Strategies whose scores are already on the fusion's 0..1 scale (capped at 1 rather than min-max normalised).
+ABSOLUTE_SCORES: frozenset[str] = frozenset({"keyword"})
 DEFAULT_WEIGHTS = HYBRID_WEIGHTS
 LEARNED_WEIGHT = 0.3
 HYBRID_POOL = 50
@@ -173,7 +177,10 @@ def fuse_hybrid(
     hits: dict[str, dict[str, StrategyHit]] = {}
     for ranking in rankings:
         weight = weights.get(ranking.strategy, 0.0)
-        norm = normalised(ranking, pool)
+        if ranking.strategy in ABSOLUTE_SCORES:
+            norm = {key: min(1.0, max(0.0, raw)) for key, raw in zip(ranking.keys, ranking.scores)}
+        else:
+            norm = normalised(ranking, pool)
         position = 0
         for index, (key, raw) in enumerate(zip(ranking.keys, ranking.scores), start=1):
             if index == 1 or raw != ranking.scores[index - 2]:

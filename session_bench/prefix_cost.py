@@ -243,7 +243,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     except BackboneUnavailable as error:
         raise SystemExit(f"prefix cost: {error}") from None
     compiler = MemoryCompiler(backbone)
-    warm = make_memories(backbone, compiler.layout, 20, 2)
+    # Warm-up memories of their own (ids and texts no cell uses), so every cell's memories are compiled, not cache hits.
+    warm = [MemoryText(f"warm-up/{m.memory_id}", f"Warm-up. {m.text}") for m in make_memories(backbone, compiler.layout, 20, 2)]
     for mode in ("text", "prefix", "hybrid"):  # first-call costs land nowhere
         answer_from_memories(backbone, compiler, "What is this about?", mode, warm, 2)
     started = time.perf_counter()

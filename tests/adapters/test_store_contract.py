@@ -541,6 +541,20 @@ async def test_keyword_candidates_rank_a_rare_word_above_a_common_one(store: Mem
     assert [score for _, score in hits] == sorted((score for _, score in hits), reverse=True)
 
 
+async def test_keyword_score_is_the_share_of_the_query_word_weight_an_entry_holds(store: MemoryStore) -> None:
+    """Scores mean the same for every query: an entry holding every word scores 1, one holding only a common word
+    scores far less, and the scale does not move with how many entries match."""
+    await write(store, *[draft("svc/noise", f"k{i}", search_text=f"deploy note {i} about the dashboard") for i in range(8)])
+    await write(store, draft("svc/all", "k", search_text="flamegraph of the deploy dashboard"))
+    hits = dict((e.entity_path + "/" + e.key, score) for e, score in
+                await store.keyword_candidates(["flamegraph", "deploy", "dashboard"], EntryFilter(), NOW, 20))
+    assert hits["svc/all/k"] == pytest.approx(1.0)
+    assert 0 < hits["svc/noise/k0"] < 0.5  # two common words of three: a small share of the weight
+    assert await store.keyword_candidates(["flamegraph", "unicorn"], EntryFilter(), NOW, 5) != []
+    share = (await store.keyword_candidates(["flamegraph", "unicorn"], EntryFilter(), NOW, 5))[0][1]
+    assert 0 < share < 0.9  # an unmatched rare word still counts in the query's weight
+
+
 async def test_only_current_live_versions_are_keyword_candidates(store: MemoryStore) -> None:
     await write(store, draft("svc/a", "k", search_text="svc a k: exponential backoff"))
     await write(store, draft("svc/a", "k", search_text="svc a k: give up", written_at=at(1)))

@@ -78,10 +78,21 @@ def test_normalised_gives_ties_no_order_of_their_own() -> None:
 
 def test_hybrid_fusion_lets_a_decisive_keyword_match_win_over_a_semantic_near_tie() -> None:
     semantic = RankedList.from_scored("semantic", [("a", 0.62), ("b", 0.61), ("c", 0.30)])
-    keyword = RankedList.from_scored("keyword", [("b", 12.0), ("a", 1.0), ("c", 0.5)])
-    fused = fuse_hybrid([semantic, keyword], {"semantic": 0.5, "keyword": 0.5}, pool=3)
+    keyword = RankedList.from_scored("keyword", [("b", 0.9), ("a", 0.1), ("c", 0.05)])  # b holds most of the query
+    fused = fuse_hybrid([semantic, keyword], {"semantic": 0.3, "keyword": 0.7}, pool=3)
     assert [key for key, _, _ in fused][:2] == ["b", "a"]
-    assert fused[0][2]["keyword"].contribution == pytest.approx(0.5)
+    assert fused[0][2]["keyword"].contribution == pytest.approx(0.63)
+
+
+def test_the_best_keyword_hit_counts_by_its_share_of_the_query_not_by_being_best() -> None:
+    """Min-max would give the best keyword hit full marks even when it shares one common word with the question."""
+    semantic = RankedList.from_scored("semantic", [("paraphrase", 0.70), ("near", 0.60), ("incidental", 0.30)])
+    keyword = RankedList.from_scored("keyword", [("incidental", 0.15), ("near", 0.05)])
+    fused = fuse_hybrid([semantic, keyword], {"semantic": 0.3, "keyword": 0.7}, pool=3)
+    assert [key for key, _, _ in fused][0] == "paraphrase"
+    assert fused[0][2]["semantic"].contribution == pytest.approx(0.3)
+    capped = fuse_hybrid([RankedList.from_scored("keyword", [("repeats", 1.8)])], {"keyword": 0.7})
+    assert capped[0][1] == pytest.approx(0.7)  # a bm25-style score above 1 is capped at the full weight
 
 
 def test_query_blind_strategies_break_near_ties_but_never_outvote_a_clear_relevance_gap() -> None:
