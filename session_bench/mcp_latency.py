@@ -213,7 +213,9 @@ def server_cpu_s() -> float | None:
 
 def import_client(transport: str) -> None:
     """The client's own imports (the mcp package: about a second of CPU) happen before the cold-start clock
-    starts: it measures the server, from spawn to answer, and the transport measured first would pay them."""
+    starts: it measures the server, from spawn to answer, and the transport measured first would pay them.
+    jsonschema is what the client imports on its first call_tool to check the result's structured content."""
+    import jsonschema  # noqa: F401
     from mcp import ClientSession  # noqa: F401
     from mcp.client.stdio import stdio_client  # noqa: F401
 
