@@ -24,8 +24,6 @@ from ..core.service import MemoryService
 from ..tools import ActorResolver, ToolErrorMiddleware, register_tools
 from ..ml.service import MLService
 from ..tools.learning_tools import register_learning_tools
-from ..tools.answer_tools import register_answer_tools
-from ..ml.answer.worker import LMWorker
 from ..tools.ml_tools import register_ml_tools
 from .auth import (
     ApiKey,
@@ -38,7 +36,7 @@ from .auth import (
     parse_api_keys,
 )
 from .composition import build_service
-from .limits import CallLimiter, GuardedH11Protocol, ServerLimits, SessionGuard, raise_open_file_limit
+from .limits import CallLimiter, ServerLimits, SessionGuard, raise_open_file_limit
 from .logs import configure_logging, log_level_number, uvicorn_log_config
 from .json_guard import DuplicateKeyGuard
 from .config_file import build_learning_service
@@ -62,7 +60,11 @@ def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence
     keys = parse_api_keys(settings.api_keys) if api_keys is None else list(api_keys)
     learning = build_learning_service(settings) if settings.learning.enabled else None
     ml = MLService(service, settings.ml_dir / "exports")
-    worker = LMWorker(settings.lm_backbone) if settings.lm_backbone else None  # off unless configured; loads lazily
+    worker = None
+    if settings.lm_backbone:  # off unless configured; the model loads lazily
+        from ..ml.answer.worker import LMWorker
+
+        worker = LMWorker(settings.lm_backbone)
 
     @asynccontextmanager
     async def lifespan(_: FastMCP) -> AsyncIterator[dict[str, Any]]:
@@ -102,6 +104,8 @@ def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence
     if learning is not None:
         register_learning_tools(mcp, learning, actors)
     if worker is not None:
+        from ..tools.answer_tools import register_answer_tools
+
         register_answer_tools(mcp, service, worker, actors)
     from .ui import UiServices, register_ui
 
@@ -155,6 +159,8 @@ def serve_http(
     `graceful_shutdown_s` to finish and the lifespan's finally closes the store (index saved, WAL
     checkpointed)."""
     import uvicorn
+
+    from .h11_guard import GuardedH11Protocol
 
     raise_open_file_limit()
     asgi = app.http_app(transport=transport, session_idle_timeout=limits.session_idle_expiry_s,

@@ -6,7 +6,7 @@
 - `CallLimiter`: at most `calls_per_key` tool calls in progress per key; more wait up to
   `call_queue_wait_s`, then are refused with what to do.
 - `max_response_bytes`: a tool result larger than this is refused with how to ask for less.
-- `GuardedH11Protocol`: a connection must finish sending a request's headers within
+- `GuardedH11Protocol` (server/h11_guard.py): a connection must finish sending a request's headers within
   `header_timeout_s` of opening (or of its last response), so slow connections cannot pile up.
 - `RepeatFilter`: a message repeated more than `REPEATS_PER_WINDOW` times per `REPEAT_WINDOW_S` is
   collapsed into a count, so a flood of failing connections cannot fill the disk with tracebacks.
@@ -22,13 +22,13 @@ import time
 from collections import OrderedDict, defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-from fastmcp.exceptions import ToolError
-from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
+
+if TYPE_CHECKING:  # the web stack is imported where it is used: settings and the CLI import this module
+    from starlette.responses import JSONResponse
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger("amfs_server.server.limits")
 
@@ -97,6 +97,8 @@ class SessionGuard:
             f"longer use (HTTP DELETE with their Mcp-Session-Id); unused ones expire after "
             f"{self.limits.unused_session_expiry_s:g} s."
         )
+        from starlette.responses import JSONResponse
+
         return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}}, 429)
 
     async def _sse(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -206,6 +208,8 @@ class CallLimiter:
         try:
             await asyncio.wait_for(semaphore.acquire(), self.limits.call_queue_wait_s)
         except TimeoutError:
+            from fastmcp.exceptions import ToolError
+
             raise ToolError(
                 f"This API key already has {self.limits.calls_per_key} calls in progress and this one waited "
                 f"{self.limits.call_queue_wait_s:g} s for a turn; nothing was done. Retry, or send fewer calls at once."
@@ -218,6 +222,8 @@ class CallLimiter:
     def check_response_size(self, name: str, result: Any) -> None:
         size = sum(len(getattr(block, "text", "") or "") for block in getattr(result, "content", None) or [])
         if size > self.limits.max_response_bytes:
+            from fastmcp.exceptions import ToolError
+
             raise ToolError(
                 f"{name}'s result is {size / MIB:.1f} MiB, over the server's {self.limits.max_response_bytes / MIB:g} "
                 "MiB response limit. Ask for less: a smaller limit, a narrower entity_path or query."
@@ -225,38 +231,6 @@ class CallLimiter:
 
 
 # -- connections ---------------------------------------------------------------------------------
-
-
-class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a header deadline: uvicorn times out idle keep-alive connections, but
-    not one that opens and then sends its headers a byte at a time (or never)."""
-
-    header_timeout_s = ServerLimits.header_timeout_s
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._arm_header_deadline()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        self._arm_header_deadline()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        deadline = getattr(self, "_header_deadline", None)
-        if deadline is not None:
-            deadline.cancel()
-        super().connection_lost(exc)
-
-    def _arm_header_deadline(self) -> None:
-        previous = getattr(self, "_header_deadline", None)
-        if previous is not None:
-            previous.cancel()
-        self._header_deadline = self.loop.call_later(self.header_timeout_s, self._header_timeout)
-
-    def _header_timeout(self) -> None:
-        waiting_for_headers = self.cycle is None or self.cycle.response_complete
-        if waiting_for_headers and not self.transport.is_closing():
-            self.transport.close()
 
 
 def raise_open_file_limit() -> int:

@@ -3,8 +3,8 @@
 Each transport gets a fresh `amfs-server` subprocess on a temporary store, driven by the official MCP
 SDK client (what Claude Desktop, Cursor and the Inspector speak): seed entries, warm up, then time
 sequential calls end to end (client serialisation, transport, tool, store, embedding). Also measured per
-transport: the time from spawning the server to the answer of its first `amfs_write` (cold start), and the
-server process's resident memory after all calls.
+transport: the time from spawning the server to the answer of its first `amfs_write` (cold start; the client's
+own imports are done before the clock starts), and the server process's resident memory after all calls.
 
     python -m amfs_server.session_bench.mcp_latency                    # both transports, default embedder
     python -m amfs_server.session_bench.mcp_latency --embedder none --calls 300 --json out.json
@@ -211,8 +211,22 @@ def server_cpu_s() -> float | None:
     return round(times.user + times.system, 2)
 
 
+def import_client(transport: str) -> None:
+    """The client's own imports (the mcp package: about a second of CPU) happen before the cold-start clock
+    starts: it measures the server, from spawn to answer, and the transport measured first would pay them.
+    jsonschema is what the client imports on its first call_tool to check the result's structured content."""
+    import jsonschema  # noqa: F401
+    from mcp import ClientSession  # noqa: F401
+    from mcp.client.stdio import stdio_client  # noqa: F401
+
+    if transport != "stdio":
+        import httpx2  # noqa: F401
+        from mcp.client.streamable_http import streamable_http_client  # noqa: F401
+
+
 async def measure(transport: str, env: dict[str, str], calls: int, seed: int, warmup: int) -> dict[str, Any]:
     session_factory = stdio_session if transport == "stdio" else http_session
+    import_client(transport)
     spawned = time.perf_counter()
     async with session_factory(env) as session:
         await _timed(session, "amfs_write", {"entity_path": "bench", "key": "cold-start", "value": "first write"})

@@ -1,14 +1,22 @@
 """The default install has no torch: the default embedder is the bundled int8 ONNX MiniLM, and nothing on the
 server's start path, nor a write and a retrieve with the default settings, imports torch, transformers, lightgbm
-or matplotlib (each would also cost start-up time and memory). Checked in fresh interpreters."""
+or matplotlib (each would also cost start-up time and memory). Checked in fresh interpreters.
+
+The stdio server's cold start (spawn to the first `amfs_write` answered) also imports nothing it does not use:
+no asyncpg on a SQLite store, no LM worker when none is configured, no HTTP server protocol."""
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+
+import pytest
 
 from amfs_server.core.embedding import DEFAULT_EMBEDDER
 from amfs_server.server.settings import Settings
@@ -68,3 +76,69 @@ def test_importing_the_cli_loads_no_heavy_module(tmp_path: Path) -> None:
     imported = {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines() if "|" in line}
     assert "amfs_server" in imported  # the import-time report is what we think it is
     assert imported.isdisjoint(HEAVY), sorted(imported & set(HEAVY))
+
+
+# Imported only by what uses them: PostgreSQL stores, a configured LM, HTTP/SSE serving, the torch runtime.
+NOT_ON_STDIO_START = (
+    "asyncpg", "amfs_server.adapters.postgres", "amfs_server.ml.answer", "amfs_server.tools.answer_tools",
+    "amfs_server.adapters.torch_embedder", "h11", "uvicorn.protocols.http.h11_impl",
+)
+
+# The console script's entry point, with the modules it imported written out when it exits.
+STDIO_SERVER = """
+import atexit, json, sys
+atexit.register(lambda: open({path!r}, "w").write(json.dumps(sorted(sys.modules))))
+from amfs_server.server.cli import main
+main()
+"""
+
+
+def test_the_stdio_server_answers_a_first_write_without_importing_what_it_does_not_use(tmp_path: Path) -> None:
+    modules_file = tmp_path / "modules.json"
+    env = child_env(tmp_path)
+    env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
+    requests = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "amfs_write", "arguments": {
+            "entity_path": "svc/payments", "key": "retry-policy", "value": "retry the card authorisation 3 times"}}},
+    ]
+    with open(tmp_path / "stderr.log", "w+") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-c", STDIO_SERVER.format(path=str(modules_file))], env=env, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+        )
+        assert process.stdin is not None and process.stdout is not None
+        replies: queue.Queue[str] = queue.Queue()
+        stdout = process.stdout
+        threading.Thread(target=lambda: [replies.put(line) for line in stdout], daemon=True).start()
+        try:
+            process.stdin.write("".join(json.dumps(request) + "\n" for request in requests))
+            process.stdin.flush()
+            deadline = time.monotonic() + 240
+            while (reply := json.loads(replies.get(timeout=max(0.1, deadline - time.monotonic())))).get("id") != 2:
+                pass
+            assert reply["result"]["isError"] is False, reply
+            process.stdin.close()  # only now: the server cancels calls still in progress when stdin closes
+            assert process.wait(timeout=60) == 0
+        finally:
+            process.kill()
+            process.wait()
+            stderr.seek(0)
+            log = stderr.read()
+    assert modules_file.exists(), log
+    modules = set(json.loads(modules_file.read_text()))
+    assert {"amfs_server.server.stdio", "onnxruntime"} <= modules  # the real stdio path, with the real embedder
+    unwanted = set(HEAVY) | set(NOT_ON_STDIO_START)
+    assert sorted(name for name in modules if name in unwanted or name.split(".")[0] in HEAVY) == []
+
+
+@pytest.mark.parametrize("stack", ["fastmcp", "mcp", "starlette", "uvicorn"])
+def test_importing_the_cli_leaves_the_mcp_stack_to_serve(tmp_path: Path, stack: str) -> None:
+    """`amfs-server memory ...` needs no MCP stack, and `serve` starts loading the embedder before importing it."""
+    script = f"import sys, amfs_server.server.cli; print({stack!r} in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", script], env=child_env(tmp_path), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
