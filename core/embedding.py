@@ -37,6 +37,7 @@ __all__ = [
     "EmbedderUnavailableError",
     "DEFAULT_EMBEDDER",
     "TORCH_MINILM",
+    "MPNET",
     "INSTALL_HINT",
     "embed_in_batches",
     "embedding_text",
@@ -53,6 +54,8 @@ DEFAULT_EMBEDDER = "all-MiniLM-L6-v2-onnx-int8"
 # The same model on torch + transformers (the [lm] extra). Its vectors differ from the int8 ones (cosine ~0.99),
 # so a store keeps the embedder that wrote it (see MemoryService.open).
 TORCH_MINILM = "all-MiniLM-L6-v2"
+# all-mpnet-base-v2 on torch (the [mpnet] extra): better first-stage recall, several times the cost per text (README).
+MPNET = "all-mpnet-base-v2"
 
 # Longest text embedding_text() produces. The model itself truncates at 256
 # tokens (~1000-1500 characters of English); the extra room is for keyword search.
