@@ -206,7 +206,8 @@ async def mcp_fusion_ranker(session: Any, conversation: dict[str, Any], question
         if result.is_error:
             raise RuntimeError(f"amfs_retrieve failed: {result.content[0].text}")
         payload = result.structured_content or json.loads(result.content[0].text)
-        ranked.append([hit["entry"]["key"] for hit in payload["results"]])
+        prefix = conversation["conversation_id"] + "/"  # compact hits name the entry as "entity_path/key"
+        ranked.append([hit["entry_key"].removeprefix(prefix) for hit in payload["results"]])
     return ranked
 
 

@@ -129,6 +129,20 @@ def test_harness_runs_every_ranker_end_to_end_on_sqlite(tmp_path, capsys):
     assert json.loads(out.read_text())["questions"] == 12
 
 
+@pytest.mark.slow
+def test_the_mcp_protocol_ranks_as_the_service_does_in_process():
+    """amfs_write per turn and amfs_retrieve per question over stdio (a real server) give the in-process ranking."""
+    data = gen.build_dataset(seed=5, conversations=1, sessions=3)
+    conversation = data["conversations"][0]
+    conversation["questions"] = conversation["questions"][:8]
+    via_mcp = asyncio.run(bench.run_via_mcp([conversation]))[bench.FUSION + " via MCP"]
+    in_process = asyncio.run(bench.run_in_process([conversation], "sqlite",
+                                                  selected={bench.FUSION: bench.service_ranker(None)}))[bench.FUSION]
+    assert len(via_mcp) == 8 and any(row["recall@10"] > 0 for row in via_mcp)
+    assert [(r["id"], r["recall@10"], r["mrr@10"]) for r in via_mcp] == \
+        [(r["id"], r["recall@10"], r["mrr@10"]) for r in in_process]
+
+
 def test_rankers_return_one_ranked_list_per_question_from_the_conversation(tiny):
     conversation = tiny["conversations"][0]
     questions = conversation["questions"][:5]
