@@ -158,9 +158,9 @@ class MemoryStore(Protocol):
     ) -> list[tuple[MemoryEntry, float]]:
         """Current live entries matching ANY word of the terms, best full-text rank first; ties go to the newer write.
 
-        The score is the share of the query's word weight (IDF) the entry matches: about 1 for an entry holding
-        every word once (more for repeats, in a bm25 store), near 0 for one holding only common words. It means
-        the same for every query, so the hybrid fusion can use it as it is.
+        The score is the share of the query's word weight (IDF) the entry matches: 1 for an entry holding every
+        word, near 0 for one holding only common words. It means the same for every query, so the hybrid fusion
+        can use it as it is.
 
         Entries come back without embeddings.
         """

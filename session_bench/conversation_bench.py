@@ -16,6 +16,7 @@ The unit everything calls is a *ranker*: `async (service, conversation, question
     amfs-server bench retrieval conversations --split test --stores sqlite,postgres --json out.json
     amfs-server bench retrieval conversations --split tuning --conversations 1 --via-mcp
     amfs-server bench retrieval conversations --split tuning --with-dates   # each turn's date as event_at
+    amfs-server bench retrieval conversations --split all --embedder all-mpnet-base-v2   # the [mpnet] extra
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..core.embedding import EmbedderUnavailableError
 from ..core.models import Actor
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
 from . import SINGLE_STRATEGIES, close_store, log, open_store
@@ -279,12 +281,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--conversations", type=int, default=None, help="only the first N conversations of the split")
     parser.add_argument("--dataset", type=Path, default=DATASET)
     parser.add_argument("--json", type=Path, default=None, help="also write the summary (and per-question scores) here")
+    parser.add_argument("--embedder", default=None,
+                        help="in process: the embedder to use (default: the server's default, e.g. all-mpnet-base-v2)")
     parser.add_argument("--with-dates", action="store_true",
                         help="write each turn with its session date as event_at (in-process only; the held-out "
                              "protocol passes no dates)")
     args = parser.parse_args(argv)
-    if args.with_dates and args.via_mcp:
-        parser.error("--with-dates runs in process; drop --via-mcp")
+    if (args.with_dates or args.embedder) and args.via_mcp:
+        parser.error("--with-dates and --embedder run in process; drop --via-mcp")
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     unknown = set(stores) - {"sqlite", "postgres"}
     if unknown or not stores:
@@ -300,8 +304,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["runs"]["mcp-stdio"] = {"summary": summarise(rows), "questions": rows}
         texts.append(markdown(report["runs"]["mcp-stdio"]["summary"], "amfs-server over MCP stdio (SQLite)"))
     else:
+        from ..adapters.embedders import load_embedder
+
+        try:
+            embedder = load_embedder(args.embedder) if args.embedder else None
+        except (ValueError, EmbedderUnavailableError) as error:
+            parser.error(str(error))
+        report["embedder"] = getattr(embedder or load_embedder(), "name", "default")
         for store in stores:
-            rows = asyncio.run(run_in_process(conversations, store, with_dates=args.with_dates))
+            rows = asyncio.run(run_in_process(conversations, store, embedder=embedder, with_dates=args.with_dates))
             report["runs"][store] = {"summary": summarise(rows), "questions": rows}
             texts.append(markdown(report["runs"][store]["summary"], store + (" with dates" if args.with_dates else "")))
     text = "\n".join(texts)
