@@ -36,52 +36,67 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import math
-import random
 import re
-import shlex
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any, TypeVar
-from urllib.parse import parse_qs, urlsplit
+from typing import Any
 
-from ..core.confidence import bounded_confidence
-from ..core.errors import ConflictError, StorageFullError, StoreError, ValidationError
+from ..core.errors import ConflictError, StoreError, ValidationError
 from ..core.models import (
-    AMFS_VERSION,
     Actor,
     EntryFilter,
     MemoryEntry,
-    MemoryType,
     NewEntry,
     OutcomeEffect,
     OutcomeRecord,
     OutcomeType,
-    Provenance,
     SortBy,
-    Tier,
     TraceEvent,
     TraceKind,
 )
 from ..core.ports import OutcomeTarget, StoreSnapshot, TierUpdate, missing_causal_entry, nothing_read
+from .postgres_base import (
+    DEFAULT_SCHEMA as DEFAULT_SCHEMA,
+    MIGRATION_LOCK_KEY,
+    PostgresDatabase,
+    logger,
+    quote_ident,
+    redact_dsn as redact_dsn,
+    rowcount,
+    schema_from_dsn as schema_from_dsn,
+    vacuum,
+)
+from .sql_common import (
+    EFFECT_COLUMNS,
+    ENTRY_BASE_COLUMNS,
+    ENTRY_COLUMNS,
+    ENTRY_INSERT_COLUMNS,
+    OUTCOME_COLUMNS,
+    POSTGRES,
+    TRACE_COLUMNS,
+    TRACE_INSERT_COLUMNS,
+    already_applied,
+    draft_params,
+    effect_params,
+    entry_from_row,
+    export_store,
+    import_store,
+    latest_versions,
+    outcome_params,
+    outcome_records,
+    run_postgres,
+    sort_sql,
+    trace_from_row,
+    trace_params,
+    upsert_meta_sql,
+)
 
-T = TypeVar("T")
-logger = logging.getLogger("amfs_server.adapters.postgres")
-
-DEFAULT_SCHEMA = "amfs"
 VECTOR_EXTENSION = "vector"
 INSTALL_HINT = "run scripts/ensure_postgres.sh or install pgvector: https://github.com/pgvector/pgvector#installation"
-POOL_MIN_SIZE = 1
-POOL_MAX_SIZE = 10
-CONNECT_TIMEOUT_S = 10.0
-# One database-wide lock for extension + schema creation and migrations (a bigint key; per-key write
-# locks use the two-int4 form, a separate key space).
-MIGRATION_LOCK_KEY = 0x616D_6673_6D69_6772  # "amfsmigr"
 HNSW_EF_SEARCH = 100
 HNSW_MAX_DIMENSIONS = 2000  # pgvector cannot index `vector` columns wider than this
-MAX_TX_ATTEMPTS = 8
 MAX_QUERY_WORDS = 64
 # Planner statistics are refreshed once this many rows were added since the last refresh, and at least this
 # share of the table (autovacuum's insert thresholds, acted on at once instead of within its next round).
@@ -92,7 +107,6 @@ _NUL_MESSAGE = (
     "PostgreSQL cannot store the NUL character (\\x00) in text; remove it from the agent id, session id, "
     "outcome_ref or meta name."
 )
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 _WORD = re.compile(r"[^\W_]+")
 _TOKEN = re.compile(r"\w+")
 
@@ -191,120 +205,17 @@ _HNSW_INDEX = (
     "CREATE INDEX entries_embedding_hnsw ON entries USING hnsw (embedding vector_cosine_ops) WHERE is_current;"
 )
 
-_BASE_COLUMNS = (
-    "row_id, entity_path, key, version, value_json, confidence, agent_id, session_id, written_at, "
-    "outcome_count, recall_count, ttl_at, memory_type, tier, priority_score, importance_score, "
-    "importance_dimensions, amfs_version, event_at"
-)
-_ENTRY_COLUMNS = _BASE_COLUMNS + ", embedding"
-
-_SORT_SQL: dict[str, str] = {
-    "confidence": "confidence DESC, written_at DESC, row_id DESC",
-    "recency": "written_at DESC, row_id DESC",
-    "recall_count": "recall_count DESC, written_at DESC, row_id DESC",
-    "priority": "priority_score DESC NULLS LAST, written_at DESC, row_id DESC",
-}
-
-_INSERT_ENTRY = (
-    "INSERT INTO entries (entity_path, key, version, is_current, value_json, confidence, agent_id, session_id, "
-    "written_at, outcome_count, recall_count, ttl_at, memory_type, tier, priority_score, importance_score, "
-    "importance_dimensions, embedding, amfs_version, search_text, event_at) "
-    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21) "
-)
-_INSERT_TRACE = (
-    "INSERT INTO trace_events (session_id, agent_id, kind, entity_path, key, version, at, detail) "
-    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
-)
-_TRACE_COLUMNS = "session_id, agent_id, kind, entity_path, key, version, at, detail"
-_INSERT_EFFECT = (
-    "INSERT INTO outcome_effects (outcome_ref, position, entity_path, key, version_read, version_updated, "
-    "confidence_before, confidence_after) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
-)
-_UPSERT_META = (
-    "INSERT INTO meta (name, value_json) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value_json = EXCLUDED.value_json"
-)
-
-
-def quote_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def schema_from_dsn(dsn: str) -> str | None:
-    """The first schema of the DSN's search path, if it names one.
-
-    Understands libpq's `?options=-csearch_path%3Dname` (also `-c search_path=name`, `--search_path=name`)
-    and asyncpg's `?search_path=name`; `$user` and an empty path name none.
-    """
-    query = parse_qs(urlsplit(dsn).query)
-    path: str | None = None
-    if query.get("search_path"):
-        path = query["search_path"][-1]
-    elif query.get("options"):
-        try:
-            tokens = shlex.split(query["options"][-1])
-        except ValueError:
-            tokens = query["options"][-1].split()
-        settings: list[str] = []
-        for index, token in enumerate(tokens):
-            if token == "-c" and index + 1 < len(tokens):
-                settings.append(tokens[index + 1])
-            elif token.startswith("-c"):
-                settings.append(token[2:])
-            elif token.startswith("--"):
-                settings.append(token[2:])
-        for setting in settings:
-            name, sep, value = setting.partition("=")
-            if sep and name.strip().replace("-", "_").lower() == "search_path":
-                path = value
-    if path is None:
-        return None
-    first = path.split(",")[0].strip().strip('"')
-    return first if first and first != "$user" else None
-
-
-def redact_dsn(dsn: str) -> str:
-    """The DSN without its password, for error messages."""
-    parts = urlsplit(dsn)
-    host = parts.hostname or "localhost"
-    port = f":{parts.port}" if parts.port else ""
-    user = f"{parts.username}@" if parts.username else ""
-    return f"{parts.scheme}://{user}{host}{port}{parts.path}"
-
-
-def _embedding_list(value: Any) -> list[float] | None:
-    if value is None:
-        return None
-    if hasattr(value, "to_list"):
-        return [float(x) for x in value.to_list()]
-    return [float(x) for x in value]
+_BASE_COLUMNS = ENTRY_BASE_COLUMNS
+_ENTRY_COLUMNS = ENTRY_COLUMNS
+_SORT_SQL = sort_sql(POSTGRES)
+_INSERT_ENTRY = POSTGRES.insert("entries", ENTRY_INSERT_COLUMNS) + " "
+_INSERT_TRACE = POSTGRES.insert("trace_events", TRACE_INSERT_COLUMNS)
+_INSERT_EFFECT = POSTGRES.insert("outcome_effects", EFFECT_COLUMNS)
+_UPSERT_META = upsert_meta_sql(POSTGRES)
 
 
 def _row_to_entry(row: Any, with_embedding: bool = True) -> MemoryEntry:
-    dims = row["importance_dimensions"]
-    return MemoryEntry(
-        entity_path=row["entity_path"],
-        key=row["key"],
-        value=json.loads(row["value_json"]),
-        version=row["version"],
-        confidence=bounded_confidence(row["confidence"]),
-        provenance=Provenance(row["agent_id"], row["session_id"], row["written_at"]),
-        outcome_count=row["outcome_count"],
-        recall_count=row["recall_count"],
-        ttl_at=row["ttl_at"],
-        memory_type=MemoryType(row["memory_type"]),
-        tier=Tier(row["tier"]),
-        priority_score=row["priority_score"],
-        importance_score=row["importance_score"],
-        importance_dimensions=json.loads(dims) if dims else None,
-        embedding=_embedding_list(row["embedding"]) if with_embedding else None,
-        amfs_version=row["amfs_version"],
-        event_at=row["event_at"],
-    )
-
-
-def _search_text(text: str) -> str:
-    """PostgreSQL text cannot hold NUL; search text is only for matching, so NUL becomes a space."""
-    return text.replace("\x00", " ")
+    return entry_from_row(row, POSTGRES, with_embedding)
 
 
 def _tsquery_pieces(terms: Iterable[str]) -> list[str]:
@@ -409,28 +320,23 @@ _LEXEME_SQL = (
 )
 
 
-class PostgresStore:
+class PostgresStore(PostgresDatabase):
     """MemoryStore on PostgreSQL with pgvector; see the module docstring for the design."""
 
     name = "postgres"
+    DESCRIPTION = "PostgreSQL store"
+    CONNECT_HINT = "Check AMFS_POSTGRES_DSN and that the server is running (scripts/ensure_postgres.sh starts a local one)."
+    NUL_MESSAGE = (
+        "PostgreSQL cannot store the NUL character (\\x00) in text; remove it from the agent id, session id, "
+        "outcome_ref or meta name."
+    )
 
     def __init__(self, dsn: str, embedding_dimension: int = 384, schema: str | None = None) -> None:
-        if not dsn.startswith(("postgresql://", "postgres://")):
-            raise StoreError("The PostgreSQL DSN must be a postgresql:// URL, e.g. postgresql://user@host:5432/amfs")
-        schema = schema or schema_from_dsn(dsn) or DEFAULT_SCHEMA
-        if not _IDENTIFIER.match(schema):
-            raise StoreError(
-                f"PostgreSQL schema name {schema!r} is not a plain identifier (letters, digits, _ ; at most 63 "
-                "characters, not starting with a digit). Pick another schema name."
-            )
+        super().__init__(dsn, schema)
         if int(embedding_dimension) < 1:
             raise StoreError(f"embedding_dimension must be >= 1, got {embedding_dimension}")
-        self.dsn = dsn
         self._term_stats: tuple[float, dict[str, float]] | None = None
-        self.schema = schema
         self.embedding_dimension = int(embedding_dimension)
-        self._pool: Any | None = None
-        self._open_lock = asyncio.Lock()
         self._vector_schema = "public"
         self._iterative_scan = False
         self._lock_namespace: int | None = None  # hashtext(schema), fetched at open
@@ -441,53 +347,9 @@ class PostgresStore:
     # -- plumbing ---------------------------------------------------------------------------
 
     @property
-    def where(self) -> str:
-        return f"{redact_dsn(self.dsn)} (schema {self.schema})"
-
-    @property
     def _search_path(self) -> str:
         parts = [quote_ident(self.schema), quote_ident(self._vector_schema)]
         return ", ".join(dict.fromkeys(parts))
-
-    async def open(self) -> None:
-        """Connect, create the extension / schema / tables when missing, and start the pool. Idempotent."""
-        if self._pool is not None:
-            return
-        async with self._open_lock:
-            if self._pool is not None:
-                return
-            import asyncpg
-
-            try:
-                conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT_S)
-            except Exception as error:
-                raise StoreError(
-                    f"Cannot connect to PostgreSQL at {redact_dsn(self.dsn)}: {type(error).__name__}: {error}. "
-                    "Check AMFS_POSTGRES_DSN and that the server is running (scripts/ensure_postgres.sh starts a local one)."
-                ) from error
-            try:
-                await self._bootstrap(conn)
-            except StoreError:
-                raise
-            except Exception as error:
-                raise StoreError(
-                    f"Cannot prepare the amfs schema in PostgreSQL at {self.where}: {type(error).__name__}: {error}"
-                ) from error
-            finally:
-                await conn.close()
-            try:
-                self._pool = await asyncpg.create_pool(
-                    self.dsn,
-                    min_size=POOL_MIN_SIZE,
-                    max_size=POOL_MAX_SIZE,
-                    timeout=CONNECT_TIMEOUT_S,
-                    init=self._init_connection,
-                    server_settings={"search_path": self._search_path, "application_name": "amfs-server"},
-                )
-            except Exception as error:
-                raise StoreError(
-                    f"Cannot open a connection pool to PostgreSQL at {self.where}: {type(error).__name__}: {error}"
-                ) from error
 
     async def _init_connection(self, conn: Any) -> None:
         from pgvector.asyncpg import register_vector
@@ -499,10 +361,12 @@ class PostgresStore:
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_KEY)
             await self._ensure_vector_extension(conn)
-            if not await conn.fetchval("SELECT 1 FROM pg_namespace WHERE nspname = $1", self.schema):
-                await conn.execute(f"CREATE SCHEMA {quote_ident(self.schema)}")
-            await conn.execute(f"SET LOCAL search_path TO {self._search_path}")
-            await self._migrate(conn)
+            await self._create_schema(conn)
+            hnsw = _HNSW_INDEX if self.embedding_dimension <= HNSW_MAX_DIMENSIONS else ""
+            await self._migrate(
+                conn, "schema_migrations", MIGRATIONS,
+                lambda script: script.replace("{dim}", str(self.embedding_dimension)).replace("{hnsw}", hnsw),
+            )
             self._lock_namespace = await conn.fetchval("SELECT hashtext($1)", self.schema)
             self._rows_at_analyze = max(0.0, float(await conn.fetchval(_ROW_ESTIMATE_SQL)))
             typmod = await conn.fetchval(
@@ -546,29 +410,11 @@ class PostgresStore:
         self._vector_schema = row["nspname"]
         self._iterative_scan = _version_tuple(row["extversion"]) >= (0, 8)
 
-    async def _migrate(self, conn: Any) -> None:
-        await conn.execute(
-            "CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, "
-            "applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        current = await conn.fetchval("SELECT coalesce(max(version), 0) FROM schema_migrations")
-        if current > len(MIGRATIONS):
-            raise StoreError(
-                f"The PostgreSQL store at {self.where} has schema version {current}, newer than this amfs-server "
-                f"({len(MIGRATIONS)}). Upgrade amfs-server."
-            )
-        hnsw = _HNSW_INDEX if self.embedding_dimension <= HNSW_MAX_DIMENSIONS else ""
-        for number, script in enumerate(MIGRATIONS[current:], start=current + 1):
-            await conn.execute(script.replace("{dim}", str(self.embedding_dimension)).replace("{hnsw}", hnsw))
-            await conn.execute("INSERT INTO schema_migrations (version) VALUES ($1)", number)
-
     async def close(self) -> None:
         task, self._analyze_task = self._analyze_task, None
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            await pool.close()
+        await super().close()
 
     def _rows_added(self, count: int) -> None:
         """After a bulk load the planner still sizes the table as it was: it then scans every row for the nearest
@@ -591,64 +437,6 @@ class PostgresStore:
             self._term_stats = None  # the keyword statistics come from the same ANALYZE
         except Exception as error:  # statistics are an optimisation: autovacuum refreshes them anyway
             logger.warning("ANALYZE of %s failed: %s", self.where, error)
-
-    async def drop_schema(self) -> None:
-        """Drop this store's schema and everything in it (DROP SCHEMA ... CASCADE). For tests and teardown."""
-        sql = f"DROP SCHEMA IF EXISTS {quote_ident(self.schema)} CASCADE"
-        if self._pool is not None:
-            await self._pool.execute(sql)
-            return
-        import asyncpg
-
-        conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT_S)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    def _require_pool(self) -> Any:
-        if self._pool is None:
-            raise StoreError("The PostgreSQL store is not open; call `await store.open()` first.")
-        return self._pool
-
-    async def _tx(self, fn: Callable[[Any], Awaitable[T]], *, readonly: bool = False, isolation: str | None = None) -> T:
-        """Run `fn(conn)` in one transaction; retry it on deadlock / serialisation failure."""
-        import asyncpg
-
-        pool = self._require_pool()
-        for attempt in range(1, MAX_TX_ATTEMPTS + 1):
-            try:
-                async with pool.acquire() as conn:
-                    async with conn.transaction(readonly=readonly, isolation=isolation):
-                        return await fn(conn)
-            except (asyncpg.DeadlockDetectedError, asyncpg.SerializationError) as error:
-                if attempt == MAX_TX_ATTEMPTS:
-                    raise ConflictError(
-                        f"A PostgreSQL transaction kept conflicting with concurrent ones ({error}); retry the call."
-                    ) from error
-                await asyncio.sleep(random.uniform(0.005, 0.02) * attempt)
-            except asyncpg.CharacterNotInRepertoireError as error:
-                raise ValidationError(_NUL_MESSAGE) from error
-            except asyncpg.DiskFullError as error:
-                raise StorageFullError(
-                    f"PostgreSQL at {self.where} has no space left ({error}); nothing was written. Free space on "
-                    "the database server's disk. Reads keep working meanwhile."
-                ) from error
-            except (OSError, asyncpg.PostgresConnectionError, asyncpg.ConnectionDoesNotExistError) as error:
-                raise StoreError(f"Lost the connection to PostgreSQL at {self.where}: {error}") from error
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    async def _read(self, fn: Callable[[Any], Awaitable[T]]) -> T:
-        import asyncpg
-
-        pool = self._require_pool()
-        try:
-            async with pool.acquire() as conn:
-                return await fn(conn)
-        except asyncpg.CharacterNotInRepertoireError as error:
-            raise ValidationError(_NUL_MESSAGE) from error
-        except (OSError, asyncpg.PostgresConnectionError, asyncpg.ConnectionDoesNotExistError) as error:
-            raise StoreError(f"Lost the connection to PostgreSQL at {self.where}: {error}") from error
 
     async def _lock_keys(self, conn: Any, pairs: Iterable[tuple[str, str]]) -> None:
         """Take the per-key transaction locks, in hash order (so lock order is the same everywhere)."""
@@ -694,16 +482,12 @@ class PostgresStore:
                 )
                 version = 1 if previous is None else previous + 1
                 row = await conn.fetchrow(
-                    _INSERT_ENTRY + f"RETURNING {_ENTRY_COLUMNS}",
-                    draft.entity_path, draft.key, version, True, draft.value_json, float(draft.confidence),
-                    draft.agent_id, draft.session_id, draft.written_at, 0, 0, draft.ttl_at, draft.memory_type.value,
-                    int(draft.tier), draft.priority_score, draft.importance_score,
-                    json.dumps(draft.importance_dimensions) if draft.importance_dimensions else None,
-                    draft.embedding, AMFS_VERSION, _search_text(draft.search_text), draft.event_at,
+                    _INSERT_ENTRY + f"RETURNING {_ENTRY_COLUMNS}", *draft_params(draft, version, POSTGRES)
                 )
                 await conn.execute(
-                    _INSERT_TRACE, actor.session_id, actor.agent_id, "write", draft.entity_path, draft.key, version,
-                    draft.written_at, None,
+                    _INSERT_TRACE,
+                    *trace_params(actor.session_id, actor.agent_id, "write", draft.entity_path, draft.key, version,
+                                  draft.written_at, None, POSTGRES),
                 )
                 stored[index] = _row_to_entry(row)
             return stored  # type: ignore[return-value]
@@ -881,7 +665,8 @@ class PostgresStore:
             await conn.executemany(
                 _INSERT_TRACE,
                 [
-                    (actor.session_id, actor.agent_id, kind, r.entity_path, r.key, r.version, now, _detail_json(r.detail))
+                    trace_params(actor.session_id, actor.agent_id, kind, r.entity_path, r.key, r.version, now, r.detail,
+                                 POSTGRES)
                     for r in reads
                 ],
             )
@@ -901,13 +686,13 @@ class PostgresStore:
         return [OutcomeTarget(row["entity_path"], row["key"], row["version"]) for row in rows]
 
     async def trace_events(self, session_id: str | None = None) -> list[TraceEvent]:
-        sql = f"SELECT {_TRACE_COLUMNS} FROM trace_events"
+        sql = f"SELECT {TRACE_COLUMNS} FROM trace_events"
         args: tuple[Any, ...] = ()
         if session_id is not None:
             sql += " WHERE session_id = $1"
             args = (session_id,)
         rows = await self._read(lambda conn: conn.fetch(sql + " ORDER BY event_id", *args))
-        return [_trace(row) for row in rows]
+        return [trace_from_row(row, POSTGRES) for row in rows]
 
     # -- outcomes -----------------------------------------------------------------------------
 
@@ -952,16 +737,13 @@ class PostgresStore:
                 raise nothing_read(actor.session_id)
             # Claim the ref: a concurrent commit of the same ref waits here for ours, then sees the conflict.
             claimed = await conn.fetchval(
-                "INSERT INTO outcomes (outcome_ref, outcome_type, multiplier, committed_at, agent_id, session_id) "
-                "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (outcome_ref) DO NOTHING RETURNING outcome_ref",
-                outcome_ref, outcome_type.value, float(multiplier), now, actor.agent_id, actor.session_id,
+                POSTGRES.insert("outcomes", OUTCOME_COLUMNS, " ON CONFLICT (outcome_ref) DO NOTHING RETURNING outcome_ref"),
+                *outcome_params(outcome_ref, outcome_type, multiplier, now, actor.agent_id, actor.session_id, POSTGRES),
             )
             if claimed is None:
-                existing = await self._outcome_records(conn, "WHERE o.outcome_ref = $1", (outcome_ref,))
+                existing = await run_postgres(conn, outcome_records(POSTGRES, "WHERE o.outcome_ref = $1", (outcome_ref,)))
                 if existing:
-                    from dataclasses import replace
-
-                    return replace(existing[0], already_applied=True), []
+                    return already_applied(existing[0]), []
                 raise ConflictError(f"Outcome {outcome_ref!r} is being committed concurrently; retry the call.")
             effects: list[OutcomeEffect] = []
             updated: list[MemoryEntry] = []
@@ -981,14 +763,7 @@ class PostgresStore:
                 )
                 effects.append(OutcomeEffect(target.entity_path, target.key, target.version_read, row["version"], before, after))
                 updated.append(entry)
-            await conn.executemany(
-                _INSERT_EFFECT,
-                [
-                    (outcome_ref, position, e.entity_path, e.key, e.version_read, e.version_updated,
-                     e.confidence_before, e.confidence_after)
-                    for position, e in enumerate(effects)
-                ],
-            )
+            await conn.executemany(_INSERT_EFFECT, effect_params(outcome_ref, effects))
             record = OutcomeRecord(outcome_ref, outcome_type, multiplier, now, actor.agent_id, actor.session_id, tuple(effects))
             return record, updated
 
@@ -996,42 +771,12 @@ class PostgresStore:
 
     async def outcome_records(self, entity_path: str | None = None) -> list[OutcomeRecord]:
         if entity_path is None:
-            return await self._read(lambda conn: self._outcome_records(conn, "", ()))
+            return await self._read(lambda conn: run_postgres(conn, outcome_records(POSTGRES)))
         where = (
             "WHERE o.outcome_ref IN (SELECT e.outcome_ref FROM outcome_effects e "
             "WHERE e.entity_path = $1 OR starts_with(e.entity_path, $1 || '/'))"
         )
-        return await self._read(lambda conn: self._outcome_records(conn, where, (entity_path,)))
-
-    @staticmethod
-    async def _outcome_records(conn: Any, where: str, args: tuple[Any, ...]) -> list[OutcomeRecord]:
-        outcome_rows = await conn.fetch(
-            "SELECT o.outcome_ref, o.outcome_type, o.multiplier, o.committed_at, o.agent_id, o.session_id "
-            f"FROM outcomes o {where} ORDER BY o.committed_at, o.seq",
-            *args,
-        )
-        if not outcome_rows:
-            return []
-        effect_rows = await conn.fetch(
-            "SELECT outcome_ref, entity_path, key, version_read, version_updated, confidence_before, confidence_after "
-            "FROM outcome_effects WHERE outcome_ref = ANY($1::text[]) ORDER BY outcome_ref, position",
-            [row["outcome_ref"] for row in outcome_rows],
-        )
-        effects: dict[str, list[OutcomeEffect]] = {}
-        for e in effect_rows:
-            effects.setdefault(e["outcome_ref"], []).append(
-                OutcomeEffect(
-                    e["entity_path"], e["key"], e["version_read"], e["version_updated"],
-                    bounded_confidence(e["confidence_before"]), bounded_confidence(e["confidence_after"]),
-                )
-            )
-        return [
-            OutcomeRecord(
-                row["outcome_ref"], OutcomeType(row["outcome_type"]), row["multiplier"], row["committed_at"],
-                row["agent_id"], row["session_id"], tuple(effects.get(row["outcome_ref"], ())),
-            )
-            for row in outcome_rows
-        ]
+        return await self._read(lambda conn: run_postgres(conn, outcome_records(POSTGRES, where, (entity_path,))))
 
     # -- maintenance --------------------------------------------------------------------------
 
@@ -1075,7 +820,7 @@ class PostgresStore:
         if not pairs:
             return 0
         paths, keys = [r["entity_path"] for r in pairs], [r["key"] for r in pairs]
-        removed = _rowcount(await conn.execute(
+        removed = rowcount(await conn.execute(
             "DELETE FROM entries WHERE (entity_path, key) IN (SELECT * FROM unnest($1::text[], $2::text[]))", paths, keys
         ))
         for table in ("trace_events", "outcome_effects"):
@@ -1099,89 +844,16 @@ class PostgresStore:
         await self._tx(delete)
 
     async def export_snapshot(self) -> StoreSnapshot:
-        async def fetch(conn: Any) -> StoreSnapshot:
-            entries = [
-                _row_to_entry(row)
-                for row in await conn.fetch(f"SELECT {_ENTRY_COLUMNS} FROM entries ORDER BY entity_path, key, version")
-            ]
-            outcomes = await self._outcome_records(conn, "", ())
-            traces = [
-                _trace(row)
-                for row in await conn.fetch(
-                    f"SELECT {_TRACE_COLUMNS} FROM trace_events ORDER BY event_id"
-                )
-            ]
-            meta = {
-                row["name"]: json.loads(row["value_json"])
-                for row in await conn.fetch("SELECT name, value_json FROM meta ORDER BY name")
-            }
-            return StoreSnapshot(entries, outcomes, traces, meta)
-
-        return await self._tx(fetch, readonly=True, isolation="repeatable_read")
+        return await self._tx(lambda conn: run_postgres(conn, export_store(POSTGRES)), readonly=True, isolation="repeatable_read")
 
     async def import_snapshot(self, snapshot: StoreSnapshot) -> None:
-        from ..core.embedding import embedding_text
-
         for entry in snapshot.entries:
             self._check_embedding(entry.embedding, f"Imported entry '{entry.entry_key}' v{entry.version}")
-        latest: dict[tuple[str, str], int] = {}
-        for entry in snapshot.entries:
-            pair = (entry.entity_path, entry.key)
-            latest[pair] = max(latest.get(pair, 0), entry.version)
+        latest = latest_versions(snapshot)
 
         async def write(conn: Any) -> None:
             await self._lock_keys(conn, latest)
-            for entity_path, key in sorted(latest):
-                if await conn.fetchval("SELECT 1 FROM entries WHERE entity_path = $1 AND key = $2 LIMIT 1", entity_path, key):
-                    raise ValidationError(
-                        f"The store already holds '{entity_path}/{key}'; import refuses to overwrite. "
-                        "Import into an empty store, or `memory forget` that key first."
-                    )
-            rows = []
-            for entry in snapshot.entries:
-                rows.append(
-                    (
-                        entry.entity_path, entry.key, entry.version, latest[(entry.entity_path, entry.key)] == entry.version,
-                        json.dumps(entry.value, ensure_ascii=False, separators=(",", ":")), float(entry.confidence),
-                        entry.provenance.agent_id, entry.provenance.session_id, entry.provenance.written_at,
-                        entry.outcome_count, entry.recall_count, entry.ttl_at, entry.memory_type.value, int(entry.tier),
-                        entry.priority_score, entry.importance_score,
-                        json.dumps(entry.importance_dimensions) if entry.importance_dimensions else None,
-                        entry.embedding, entry.amfs_version,
-                        _search_text(embedding_text(entry.entity_path, entry.key, entry.value, entry.event_at)),
-                        entry.event_at,
-                    )
-                )
-            if rows:
-                await conn.executemany(_INSERT_ENTRY, rows)
-            for record in snapshot.outcomes:
-                if await conn.fetchval("SELECT 1 FROM outcomes WHERE outcome_ref = $1", record.outcome_ref):
-                    raise ValidationError(f"Outcome {record.outcome_ref!r} is already in the store; nothing imported.")
-                await conn.execute(
-                    "INSERT INTO outcomes (outcome_ref, outcome_type, multiplier, committed_at, agent_id, session_id) "
-                    "VALUES ($1, $2, $3, $4, $5, $6)",
-                    record.outcome_ref, record.outcome_type.value, float(record.multiplier), record.committed_at,
-                    record.agent_id, record.session_id,
-                )
-                if record.effects:
-                    await conn.executemany(
-                        _INSERT_EFFECT,
-                        [
-                            (record.outcome_ref, position, e.entity_path, e.key, e.version_read, e.version_updated,
-                             e.confidence_before, e.confidence_after)
-                            for position, e in enumerate(record.effects)
-                        ],
-                    )
-            if snapshot.traces:
-                await conn.executemany(
-                    _INSERT_TRACE,
-                    [
-                        (t.session_id, t.agent_id, t.kind, t.entity_path, t.key, t.version, t.at, _detail_json(t.detail))
-                        for t in snapshot.traces
-                    ],
-                )
-            for name, value in snapshot.meta.items():
-                await conn.execute(_UPSERT_META, name, json.dumps(value))
+            await run_postgres(conn, import_store(snapshot, POSTGRES))
 
         await self._tx(write)
         self._rows_added(len(snapshot.entries))
@@ -1200,39 +872,8 @@ class PostgresStore:
         await self._tx(write)
 
 
-def _trace(row: Any) -> TraceEvent:
-    detail = row["detail"]
-    return TraceEvent(
-        row["session_id"], row["agent_id"], row["kind"], row["entity_path"], row["key"], row["version"], row["at"],
-        json.loads(detail) if detail else None,
-    )
-
-
-def _detail_json(detail: dict[str, Any] | None) -> str | None:
-    return None if detail is None else json.dumps(detail)
-
-
-async def vacuum(pool: Any, where: str, *tables: str) -> None:
-    """VACUUM after a delete that must not linger: dead tuples (the deleted values) stay readable in the
-    table files until vacuum reclaims them. It runs outside a transaction; a failure is logged, not
-    raised (autovacuum gets there later), since the delete itself has committed."""
-    try:
-        async with pool.acquire() as conn:
-            await conn.execute(f"VACUUM {', '.join(tables)}")
-    except Exception as error:
-        logger.warning("VACUUM of %s at %s failed: %s", ", ".join(tables), where, error)
-
-
 _ERASED_TABLES = ("entries", "trace_events", "outcome_effects", "outcomes")
 """The tables a forget or TTL purge deletes from, vacuumed afterwards."""
-
-
-def _rowcount(status: str) -> int:
-    """`DELETE 3` -> 3."""
-    try:
-        return int(status.rsplit(" ", 1)[-1])
-    except (ValueError, AttributeError):
-        return 0
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:

@@ -2,7 +2,7 @@
 
 Tables `learning_interactions`, `learning_preferences`, `learning_patterns` live in the same schema
 as the entry store (the constructor's `schema`, else the DSN's search path, else `amfs`: the rule of
-`adapters/postgres.py`, whose helpers this module reuses) with their own migration ledger
+`adapters/postgres_base.py`, shared with the entry store) with their own migration ledger
 `learning_schema_migrations`, so the entry store's migrations are untouched. Its own small pool.
 
 Start-up takes the same database-wide advisory lock as the entry store while it creates the schema and
@@ -13,34 +13,32 @@ processes observing the same preference serialise instead of losing an observati
 
 from __future__ import annotations
 
-import asyncio
-import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
-from ..core.errors import ConflictError, StoreError
 from ..core.learning_records import Interaction, LearningSnapshot, Pattern, Preference, PreferenceChange
-from .postgres import DEFAULT_SCHEMA, MIGRATION_LOCK_KEY, quote_ident, redact_dsn, schema_from_dsn, vacuum
-from .sqlite_learning import (
+from .postgres_base import MIGRATION_LOCK_KEY, PostgresDatabase, rowcount, vacuum
+from .sql_common import (
+    INTERACTION_COLUMNS,
     LEGACY_CONTENT_SCRUB,
-    _INTERACTION_COLUMNS,
-    _PATTERN_COLUMNS,
-    _PREFERENCE_COLUMNS,
-    import_conflict,
-    interaction_row,
-    pattern_row,
-    preference_row,
-    row_to_interaction,
-    row_to_pattern,
-    row_to_preference,
+    PATTERN_COLUMNS,
+    POSTGRES,
+    PREFERENCE_COLUMNS,
+    export_learning,
+    import_learning,
+    insert_interaction_sql,
+    interaction_from_row,
+    interaction_params,
+    pattern_from_row,
+    pattern_params,
+    preference_from_row,
+    preference_params,
+    run_postgres,
+    select,
+    upsert_pattern_sql,
+    upsert_preference_sql,
 )
-
-T = TypeVar("T")
-
-POOL_MAX_SIZE = 4
-CONNECT_TIMEOUT_S = 10.0
-MAX_TX_ATTEMPTS = 8
 
 MIGRATIONS: list[str] = [
     """
@@ -92,146 +90,29 @@ MIGRATIONS: list[str] = [
     """ + LEGACY_CONTENT_SCRUB,
 ]
 
-_INSERT_INTERACTION = f"INSERT INTO learning_interactions ({_INTERACTION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
-_UPSERT_PREFERENCE = (
-    f"INSERT INTO learning_preferences ({_PREFERENCE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) "
-    "ON CONFLICT (user_id, category, key) DO UPDATE SET value_json = EXCLUDED.value_json, "
-    "confidence = EXCLUDED.confidence, sample_size = EXCLUDED.sample_size, support = EXCLUDED.support, "
-    "source = EXCLUDED.source, updated_at = EXCLUDED.updated_at, sessions = EXCLUDED.sessions, "
-    "last_session = EXCLUDED.last_session"
-)
-_UPSERT_PATTERN = (
-    f"INSERT INTO learning_patterns ({_PATTERN_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) "
-    "ON CONFLICT (pattern_id) DO UPDATE SET user_id = EXCLUDED.user_id, pattern_type = EXCLUDED.pattern_type, "
-    "tool_name = EXCLUDED.tool_name, data_json = EXCLUDED.data_json, occurrences = EXCLUDED.occurrences, "
-    "frequency = EXCLUDED.frequency, confidence = EXCLUDED.confidence, discovered_at = EXCLUDED.discovered_at, "
-    "updated_at = EXCLUDED.updated_at"
-)
+_INSERT_INTERACTION = insert_interaction_sql(POSTGRES)
+_UPSERT_PREFERENCE = upsert_preference_sql(POSTGRES)
+_UPSERT_PATTERN = upsert_pattern_sql(POSTGRES)
 
 
-def _rowcount(status: str) -> int:
-    try:
-        return int(status.rsplit(" ", 1)[-1])
-    except ValueError:
-        return 0
-
-
-class PostgresLearningStore:
+class PostgresLearningStore(PostgresDatabase):
     """LearningStore on PostgreSQL; see the module docstring."""
 
     name = "postgres"
+    DESCRIPTION = "PostgreSQL learning store"
+    CONNECT_HINT = "Check AMFS_POSTGRES_DSN, or use learning.storage.type: sqlite."
+    APPLICATION_NAME = "amfs-server-learning"
+    POOL_MAX_SIZE = 4
+    NUL_MESSAGE = (
+        "PostgreSQL cannot store the NUL character (\\x00) in text; remove it from the user id, session id, "
+        "tool name or preference name."
+    )
 
-    def __init__(self, dsn: str, schema: str | None = None) -> None:
-        if not dsn.startswith(("postgresql://", "postgres://")):
-            raise StoreError("The PostgreSQL DSN must be a postgresql:// URL, e.g. postgresql://user@host:5432/amfs")
-        self.dsn = dsn
-        self.schema = schema or schema_from_dsn(dsn) or DEFAULT_SCHEMA
-        self._pool: Any | None = None
-        self._open_lock = asyncio.Lock()
-
-    @property
-    def where(self) -> str:
-        return f"{redact_dsn(self.dsn)} (schema {self.schema})"
-
-    # -- plumbing ---------------------------------------------------------------------------
-
-    async def open(self) -> None:
-        if self._pool is not None:
-            return
-        async with self._open_lock:
-            if self._pool is not None:
-                return
-            import asyncpg
-
-            try:
-                conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT_S)
-            except Exception as error:
-                raise StoreError(
-                    f"Cannot connect to PostgreSQL at {redact_dsn(self.dsn)} for the learning store: "
-                    f"{type(error).__name__}: {error}. Check AMFS_POSTGRES_DSN, or use learning.storage.type: sqlite."
-                ) from error
-            try:
-                async with conn.transaction():
-                    await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_KEY)
-                    await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(self.schema)}")
-                    await conn.execute(f"SET LOCAL search_path TO {quote_ident(self.schema)}")
-                    await self._migrate(conn)
-            except StoreError:
-                raise
-            except Exception as error:
-                raise StoreError(f"Cannot prepare the learning tables at {self.where}: {type(error).__name__}: {error}") from error
-            finally:
-                await conn.close()
-            try:
-                self._pool = await asyncpg.create_pool(
-                    self.dsn, min_size=1, max_size=POOL_MAX_SIZE, timeout=CONNECT_TIMEOUT_S,
-                    server_settings={"search_path": quote_ident(self.schema), "application_name": "amfs-server-learning"},
-                )
-            except Exception as error:
-                raise StoreError(f"Cannot open a connection pool to PostgreSQL at {self.where}: {error}") from error
-
-    async def _migrate(self, conn: Any) -> None:
-        await conn.execute(
-            "CREATE TABLE IF NOT EXISTS learning_schema_migrations (version integer PRIMARY KEY, "
-            "applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        current = await conn.fetchval("SELECT coalesce(max(version), 0) FROM learning_schema_migrations")
-        if current > len(MIGRATIONS):
-            raise StoreError(
-                f"The learning tables at {self.where} have schema version {current}, newer than this amfs-server "
-                f"({len(MIGRATIONS)}). Upgrade amfs-server."
-            )
-        for number, script in enumerate(MIGRATIONS[current:], start=current + 1):
-            await conn.execute(script)
-            await conn.execute("INSERT INTO learning_schema_migrations (version) VALUES ($1)", number)
-
-    async def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            await pool.close()
-
-    async def drop_schema(self) -> None:
-        """Drop this store's schema and everything in it. For tests and teardown."""
-        import asyncpg
-
-        await self.close()
-        conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT_S)
-        try:
-            await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(self.schema)} CASCADE")
-        finally:
-            await conn.close()
-
-    def _require_pool(self) -> Any:
-        if self._pool is None:
-            raise StoreError("The PostgreSQL learning store is not open; call `await store.open()` first.")
-        return self._pool
-
-    async def _tx(self, fn: Callable[[Any], Awaitable[T]]) -> T:
-        import asyncpg
-
-        pool = self._require_pool()
-        for attempt in range(1, MAX_TX_ATTEMPTS + 1):
-            try:
-                async with pool.acquire() as conn:
-                    async with conn.transaction():
-                        return await fn(conn)
-            except (asyncpg.DeadlockDetectedError, asyncpg.SerializationError) as error:
-                if attempt == MAX_TX_ATTEMPTS:
-                    raise ConflictError(f"A learning-store transaction kept conflicting ({error}); retry the call.") from error
-                await asyncio.sleep(random.uniform(0.005, 0.02) * attempt)
-            except (OSError, asyncpg.PostgresConnectionError, asyncpg.ConnectionDoesNotExistError) as error:
-                raise StoreError(f"Lost the connection to PostgreSQL at {self.where}: {error}") from error
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    async def _fetch(self, sql: str, *args: Any) -> list[Any]:
-        import asyncpg
-
-        try:
-            async with self._require_pool().acquire() as conn:
-                rows: list[Any] = await conn.fetch(sql, *args)
-                return rows
-        except (OSError, asyncpg.PostgresConnectionError, asyncpg.ConnectionDoesNotExistError) as error:
-            raise StoreError(f"Lost the connection to PostgreSQL at {self.where}: {error}") from error
+    async def _bootstrap(self, conn: Any) -> None:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_KEY)
+            await self._create_schema(conn)
+            await self._migrate(conn, "learning_schema_migrations", MIGRATIONS)
 
     # -- interactions and preferences -------------------------------------------------------
 
@@ -240,7 +121,7 @@ class PostgresLearningStore:
 
         async def write(conn: Any) -> list[Preference]:
             if interaction is not None:
-                await conn.execute(_INSERT_INTERACTION, *interaction_row(interaction))
+                await conn.execute(_INSERT_INTERACTION, *interaction_params(interaction, POSTGRES))
             if names:
                 await conn.execute(
                     "SELECT pg_advisory_xact_lock(hashtext($1), h) FROM "
@@ -250,24 +131,27 @@ class PostgresLearningStore:
             stored: list[Preference] = []
             for change in changes:
                 row = await conn.fetchrow(
-                    f"SELECT {_PREFERENCE_COLUMNS} FROM learning_preferences "
-                    "WHERE user_id = $1 AND category = $2 AND key = $3",
+                    select("learning_preferences", PREFERENCE_COLUMNS, "WHERE user_id = $1 AND category = $2 AND key = $3"),
                     change.user_id, change.category, change.key,
                 )
-                preference = change.apply(None if row is None else row_to_preference(row, row["updated_at"]))
-                await conn.execute(_UPSERT_PREFERENCE, *preference_row(preference))
+                preference = change.apply(None if row is None else preference_from_row(row, POSTGRES))
+                await conn.execute(_UPSERT_PREFERENCE, *preference_params(preference, POSTGRES))
                 stored.append(preference)
             return stored
 
         return await self._tx(write)
 
+    async def _fetch(self, sql: str, *args: Any) -> list[Any]:
+        rows: list[Any] = await self._read(lambda conn: conn.fetch(sql, *args))
+        return rows
+
     async def interactions(self, user_id: str | None = None, limit: int | None = None) -> list[Interaction]:
         where, args = ("WHERE user_id = $1", [user_id]) if user_id is not None else ("", [])
-        sql = f"SELECT {_INTERACTION_COLUMNS} FROM learning_interactions {where} ORDER BY at DESC, seq DESC"
+        sql = select("learning_interactions", INTERACTION_COLUMNS, f"{where} ORDER BY at DESC, seq DESC")
         if limit is not None:
             sql += f" LIMIT {max(0, int(limit))}"  # a negative LIMIT is none to SQLite, an error to PostgreSQL
         rows = await self._fetch(sql, *args)
-        return [row_to_interaction(row, row["at"]) for row in reversed(rows)]
+        return [interaction_from_row(row, POSTGRES) for row in reversed(rows)]
 
     async def interaction_stats(self, user_id: str) -> tuple[int, datetime | None]:
         rows = await self._fetch("SELECT count(*) AS n, max(at) AS newest FROM learning_interactions WHERE user_id = $1", user_id)
@@ -281,7 +165,7 @@ class PostgresLearningStore:
 
     async def purge_interactions(self, before: datetime) -> int:
         async def delete(conn: Any) -> int:
-            return _rowcount(await conn.execute("DELETE FROM learning_interactions WHERE at < $1", before))
+            return rowcount(await conn.execute("DELETE FROM learning_interactions WHERE at < $1", before))
 
         removed = await self._tx(delete)
         if removed:
@@ -290,16 +174,18 @@ class PostgresLearningStore:
 
     async def preferences(self, user_id: str | None = None, category: str | None = None) -> list[Preference]:
         rows = await self._fetch(
-            f"SELECT {_PREFERENCE_COLUMNS} FROM learning_preferences "
-            "WHERE ($1::text IS NULL OR user_id = $1) AND ($2::text IS NULL OR category = $2) "
-            "ORDER BY user_id, category, key",
+            select(
+                "learning_preferences", PREFERENCE_COLUMNS,
+                "WHERE ($1::text IS NULL OR user_id = $1) AND ($2::text IS NULL OR category = $2) "
+                "ORDER BY user_id, category, key",
+            ),
             user_id, category,
         )
-        return [row_to_preference(row, row["updated_at"]) for row in rows]
+        return [preference_from_row(row, POSTGRES) for row in rows]
 
     async def delete_preference(self, user_id: str | None, category: str, key: str) -> int:
         async def delete(conn: Any) -> int:
-            return _rowcount(await conn.execute(
+            return rowcount(await conn.execute(
                 "DELETE FROM learning_preferences WHERE category = $1 AND key = $2 AND ($3::text IS NULL OR user_id = $3)",
                 category, key, user_id,
             ))
@@ -313,17 +199,19 @@ class PostgresLearningStore:
 
     async def patterns(self, user_id: str | None = None) -> list[Pattern]:
         rows = await self._fetch(
-            f"SELECT {_PATTERN_COLUMNS} FROM learning_patterns WHERE ($1::text IS NULL OR user_id = $1) "
-            "ORDER BY user_id, pattern_id",
+            select(
+                "learning_patterns", PATTERN_COLUMNS,
+                "WHERE ($1::text IS NULL OR user_id = $1) ORDER BY user_id, pattern_id",
+            ),
             user_id,
         )
-        return [row_to_pattern(row, row["discovered_at"], row["updated_at"]) for row in rows]
+        return [pattern_from_row(row, POSTGRES) for row in rows]
 
     async def replace_patterns(self, user_id: str, patterns: Sequence[Pattern]) -> None:
         async def write(conn: Any) -> None:
             await conn.execute("DELETE FROM learning_patterns WHERE user_id = $1", user_id)
             if patterns:
-                await conn.executemany(_UPSERT_PATTERN, [pattern_row(p) for p in patterns])
+                await conn.executemany(_UPSERT_PATTERN, [pattern_params(p, POSTGRES) for p in patterns])
 
         await self._tx(write)
 
@@ -336,55 +224,10 @@ class PostgresLearningStore:
         await self._tx(delete)
 
     async def export_snapshot(self) -> LearningSnapshot:
-        async def fetch(conn: Any) -> LearningSnapshot:
-            interactions = await conn.fetch(
-                f"SELECT {_INTERACTION_COLUMNS} FROM learning_interactions ORDER BY at, seq"
-            )
-            preferences = await conn.fetch(
-                f"SELECT {_PREFERENCE_COLUMNS} FROM learning_preferences ORDER BY user_id, category, key"
-            )
-            patterns = await conn.fetch(f"SELECT {_PATTERN_COLUMNS} FROM learning_patterns ORDER BY user_id, pattern_id")
-            return LearningSnapshot(
-                [row_to_interaction(r, r["at"]) for r in interactions],
-                [row_to_preference(r, r["updated_at"]) for r in preferences],
-                [row_to_pattern(r, r["discovered_at"], r["updated_at"]) for r in patterns],
-            )
-
-        import asyncpg
-
-        try:  # one consistent snapshot across the three tables
-            async with self._require_pool().acquire() as conn:
-                async with conn.transaction(isolation="repeatable_read", readonly=True):
-                    return await fetch(conn)
-        except (OSError, asyncpg.PostgresConnectionError, asyncpg.ConnectionDoesNotExistError) as error:
-            raise StoreError(f"Lost the connection to PostgreSQL at {self.where}: {error}") from error
+        # One consistent snapshot across the three tables.
+        return await self._tx(
+            lambda conn: run_postgres(conn, export_learning(POSTGRES)), readonly=True, isolation="repeatable_read"
+        )
 
     async def import_snapshot(self, snapshot: LearningSnapshot, check_only: bool = False) -> None:
-        async def write(conn: Any) -> None:
-            ids = [i.interaction_id for i in snapshot.interactions]
-            if ids:
-                found = await conn.fetchval(
-                    "SELECT interaction_id FROM learning_interactions WHERE interaction_id = ANY($1::text[]) LIMIT 1", ids
-                )
-                if found is not None:
-                    raise import_conflict(f"interaction {found!r}")
-            if snapshot.preferences:
-                found = await conn.fetchrow(
-                    "SELECT p.user_id, p.category, p.key FROM learning_preferences p "
-                    "JOIN unnest($1::text[], $2::text[], $3::text[]) AS n (user_id, category, key) "
-                    "ON p.user_id = n.user_id AND p.category = n.category AND p.key = n.key LIMIT 1",
-                    [p.user_id for p in snapshot.preferences], [p.category for p in snapshot.preferences],
-                    [p.key for p in snapshot.preferences],
-                )
-                if found is not None:
-                    raise import_conflict(f"preference '{found['category']}.{found['key']}' of {found['user_id']!r}")
-            if check_only:
-                return
-            if snapshot.interactions:
-                await conn.executemany(_INSERT_INTERACTION, [interaction_row(i) for i in snapshot.interactions])
-            if snapshot.preferences:
-                await conn.executemany(_UPSERT_PREFERENCE, [preference_row(p) for p in snapshot.preferences])
-            if snapshot.patterns:
-                await conn.executemany(_UPSERT_PATTERN, [pattern_row(p) for p in snapshot.patterns])
-
-        await self._tx(write)
+        await self._tx(lambda conn: run_postgres(conn, import_learning(snapshot, POSTGRES, check_only)))

@@ -21,25 +21,43 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
-from ..core.confidence import bounded_confidence
-from ..core.errors import ValidationError
 from ..core.models import (
     Actor,
     EntryFilter,
     MemoryEntry,
-    MemoryType,
     NewEntry,
     OutcomeEffect,
     OutcomeRecord,
     OutcomeType,
-    Provenance,
     SortBy,
-    Tier,
     TraceEvent,
     TraceKind,
 )
 from ..core.ports import OutcomeTarget, StoreSnapshot, TierUpdate, missing_causal_entry, nothing_read
-from .sqlite_base import SQLiteDatabase, _dt, _ts
+from .sql_common import (
+    ENTRY_BASE_COLUMNS,
+    ENTRY_COLUMNS,
+    ENTRY_INSERT_COLUMNS,
+    EFFECT_COLUMNS,
+    OUTCOME_COLUMNS,
+    SQLITE,
+    TRACE_COLUMNS,
+    TRACE_INSERT_COLUMNS,
+    already_applied,
+    draft_params,
+    effect_params,
+    entry_from_row,
+    export_store,
+    import_store,
+    outcome_params,
+    outcome_records,
+    run_sqlite,
+    sort_sql,
+    trace_from_row,
+    trace_params,
+    upsert_meta_sql,
+)
+from .sqlite_base import SQLiteDatabase, _ts
 from .vector_index import VectorIndex
 
 log = logging.getLogger(__name__)
@@ -116,20 +134,12 @@ MIGRATIONS: list[str] = [
     "ALTER TABLE entries ADD COLUMN event_at REAL;",
 ]
 
-_BASE_COLUMNS = (
-    "row_id, entity_path, key, version, value_json, confidence, agent_id, session_id, written_at, "
-    "outcome_count, recall_count, ttl_at, memory_type, tier, priority_score, importance_score, "
-    "importance_dimensions, amfs_version, event_at"
-)
-_ENTRY_COLUMNS = _BASE_COLUMNS + ", embedding"
-
-# Ties go to the newer write: written_at, then row_id (a batch shares one written_at). Same order as PostgreSQL.
-_SORT_SQL: dict[str, str] = {
-    "confidence": "confidence DESC, written_at DESC, row_id DESC",
-    "recency": "written_at DESC, row_id DESC",
-    "recall_count": "recall_count DESC, written_at DESC, row_id DESC",
-    "priority": "priority_score DESC, written_at DESC, row_id DESC",
-}
+_BASE_COLUMNS = ENTRY_BASE_COLUMNS
+_ENTRY_COLUMNS = ENTRY_COLUMNS
+_SORT_SQL = sort_sql(SQLITE)
+_INSERT_ENTRY = SQLITE.insert("entries", ENTRY_INSERT_COLUMNS)
+_INSERT_TRACE = SQLITE.insert("trace_events", TRACE_INSERT_COLUMNS)
+_UPSERT_META = upsert_meta_sql(SQLITE)
 _TOKEN = re.compile(r"\w+")
 MAX_KEYWORD_PHRASES = 64  # as PostgreSQL's MAX_QUERY_WORDS: one index lookup per word
 
@@ -161,55 +171,13 @@ def fts_row_count(conn: sqlite3.Connection) -> int:
     return counted
 
 
-def encode_embedding(embedding: list[float] | None) -> bytes | None:
-    if embedding is None:
-        return None
-    import numpy as np
-
-    return np.asarray(embedding, dtype=np.float32).tobytes()
-
-
-def decode_embedding(blob: bytes | None) -> list[float] | None:
-    if blob is None:
-        return None
-    import numpy as np
-
-    values: list[float] = np.frombuffer(blob, dtype=np.float32).tolist()
-    return values
-
-
 def prefix_clause(column: str, entity_path: str) -> tuple[str, list[Any]]:
     """`entity_path` and everything below it, without LIKE (paths contain `_`, a LIKE wildcard)."""
     return f"({column} = ? OR substr({column}, 1, ?) = ?)", [entity_path, len(entity_path) + 1, entity_path + "/"]
 
 
-def _row_to_trace(row: sqlite3.Row) -> TraceEvent:
-    return TraceEvent(
-        row["session_id"], row["agent_id"], row["kind"], row["entity_path"], row["key"], row["version"],
-        _dt(row["at"]), json.loads(row["detail"]) if row["detail"] else None,  # type: ignore[arg-type]
-    )
-
-
 def _row_to_entry(row: sqlite3.Row, with_embedding: bool = True) -> MemoryEntry:
-    return MemoryEntry(
-        entity_path=row["entity_path"],
-        key=row["key"],
-        value=json.loads(row["value_json"]),
-        version=row["version"],
-        confidence=bounded_confidence(row["confidence"]),
-        provenance=Provenance(row["agent_id"], row["session_id"], _dt(row["written_at"])),  # type: ignore[arg-type]
-        outcome_count=row["outcome_count"],
-        recall_count=row["recall_count"],
-        ttl_at=_dt(row["ttl_at"]),
-        memory_type=MemoryType(row["memory_type"]),
-        tier=Tier(row["tier"]),
-        priority_score=row["priority_score"],
-        importance_score=row["importance_score"],
-        importance_dimensions=json.loads(row["importance_dimensions"]) if row["importance_dimensions"] else None,
-        embedding=decode_embedding(row["embedding"]) if with_embedding else None,
-        amfs_version=row["amfs_version"],
-        event_at=_dt(row["event_at"]),
-    )
+    return entry_from_row(row, SQLITE, with_embedding)
 
 
 class SQLiteStore(SQLiteDatabase):
@@ -249,25 +217,12 @@ class SQLiteStore(SQLiteDatabase):
                     version = previous["version"] + 1
                     conn.execute("UPDATE entries SET is_current = 0 WHERE row_id = ?", (previous["row_id"],))
                     conn.execute("DELETE FROM entries_fts WHERE rowid = ?", (previous["row_id"],))
-                cursor = conn.execute(
-                    "INSERT INTO entries (entity_path, key, version, is_current, value_json, confidence, agent_id, "
-                    "session_id, written_at, ttl_at, memory_type, tier, priority_score, importance_score, "
-                    "importance_dimensions, embedding, amfs_version, search_text, event_at) "
-                    "VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        draft.entity_path, draft.key, version, draft.value_json, draft.confidence, draft.agent_id,
-                        draft.session_id, _ts(draft.written_at), _ts(draft.ttl_at), draft.memory_type.value,
-                        int(draft.tier), draft.priority_score, draft.importance_score,
-                        json.dumps(draft.importance_dimensions) if draft.importance_dimensions else None,
-                        encode_embedding(draft.embedding), "0.2.0", draft.search_text, _ts(draft.event_at),
-                    ),
-                )
-                row_id = cursor.lastrowid
+                row_id = conn.execute(_INSERT_ENTRY, draft_params(draft, version, SQLITE)).lastrowid
                 conn.execute("INSERT INTO entries_fts (rowid, search_text) VALUES (?, ?)", (row_id, draft.search_text))
                 conn.execute(
-                    "INSERT INTO trace_events (session_id, agent_id, kind, entity_path, key, version, at) "
-                    "VALUES (?, ?, 'write', ?, ?, ?, ?)",
-                    (actor.session_id, actor.agent_id, draft.entity_path, draft.key, version, _ts(draft.written_at)),
+                    _INSERT_TRACE,
+                    trace_params(actor.session_id, actor.agent_id, "write", draft.entity_path, draft.key, version,
+                                 draft.written_at, None, SQLITE),
                 )
                 row = conn.execute(f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE row_id = ?", (row_id,)).fetchone()
                 stored[index] = _row_to_entry(row)
@@ -400,11 +355,10 @@ class SQLiteStore(SQLiteDatabase):
                         (int(read.tier), read.priority_score, read.entity_path, read.key, read.version),
                     )
                 conn.executemany(
-                    "INSERT INTO trace_events (session_id, agent_id, kind, entity_path, key, version, at, detail) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    _INSERT_TRACE,
                     [
-                        (actor.session_id, actor.agent_id, kind, r.entity_path, r.key, r.version, _ts(now),
-                         json.dumps(r.detail) if r.detail is not None else None)
+                        trace_params(actor.session_id, actor.agent_id, kind, r.entity_path, r.key, r.version, now,
+                                     r.detail, SQLITE)
                         for r in reads
                     ],
                 )
@@ -425,13 +379,13 @@ class SQLiteStore(SQLiteDatabase):
 
     async def trace_events(self, session_id: str | None = None) -> list[TraceEvent]:
         def fetch() -> list[TraceEvent]:
-            sql = "SELECT session_id, agent_id, kind, entity_path, key, version, at, detail FROM trace_events"
+            sql = f"SELECT {TRACE_COLUMNS} FROM trace_events"
             params: tuple[Any, ...] = ()
             if session_id is not None:
                 sql += " WHERE session_id = ?"
                 params = (session_id,)
             rows = self._connection().execute(sql + " ORDER BY event_id", params).fetchall()
-            return [_row_to_trace(r) for r in rows]
+            return [trace_from_row(r, SQLITE) for r in rows]
 
         return await self._run(fetch)
 
@@ -485,17 +439,16 @@ class SQLiteStore(SQLiteDatabase):
                     rows.append((target, row))
             if not rows:
                 raise nothing_read(actor.session_id)
-            existing = self._outcome_records_sync(conn, "WHERE o.outcome_ref = ?", (outcome_ref,))
+            existing = run_sqlite(conn, outcome_records(SQLITE, "WHERE o.outcome_ref = ?", (outcome_ref,)))
             if existing:
-                return _already_applied(existing[0]), []
+                return already_applied(existing[0]), []
             conn.execute(
-                "INSERT INTO outcomes (outcome_ref, outcome_type, multiplier, committed_at, agent_id, session_id) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (outcome_ref, outcome_type.value, multiplier, _ts(now), actor.agent_id, actor.session_id),
+                SQLITE.insert("outcomes", OUTCOME_COLUMNS),
+                outcome_params(outcome_ref, outcome_type, multiplier, now, actor.agent_id, actor.session_id, SQLITE),
             )
             effects: list[OutcomeEffect] = []
             updated: list[MemoryEntry] = []
-            for position, (target, row) in enumerate(rows):
+            for target, row in rows:
                 before = row["confidence"]
                 after = apply_outcome(before, multiplier)
                 entry = retier(_row_to_entry(row, with_embedding=False).with_changes(confidence=after, outcome_count=row["outcome_count"] + 1))
@@ -503,15 +456,11 @@ class SQLiteStore(SQLiteDatabase):
                     "UPDATE entries SET confidence = ?, outcome_count = ?, tier = ?, priority_score = ? WHERE row_id = ?",
                     (after, entry.outcome_count, int(entry.tier), entry.priority_score, row["row_id"]),
                 )
-                effect = OutcomeEffect(target.entity_path, target.key, target.version_read, row["version"], before, after)
-                conn.execute(
-                    "INSERT INTO outcome_effects (outcome_ref, position, entity_path, key, version_read, version_updated, "
-                    "confidence_before, confidence_after) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (outcome_ref, position, effect.entity_path, effect.key, effect.version_read, effect.version_updated,
-                     effect.confidence_before, effect.confidence_after),
+                effects.append(
+                    OutcomeEffect(target.entity_path, target.key, target.version_read, row["version"], before, after)
                 )
-                effects.append(effect)
                 updated.append(entry)
+            conn.executemany(SQLITE.insert("outcome_effects", EFFECT_COLUMNS), effect_params(outcome_ref, effects))
         record = OutcomeRecord(outcome_ref, outcome_type, multiplier, now, actor.agent_id, actor.session_id, tuple(effects))
         return record, updated
 
@@ -528,38 +477,12 @@ class SQLiteStore(SQLiteDatabase):
         def fetch() -> list[OutcomeRecord]:
             conn = self._connection()
             if entity_path is None:
-                return self._outcome_records_sync(conn, "", ())
+                return run_sqlite(conn, outcome_records(SQLITE))
             clause, params = prefix_clause("e.entity_path", entity_path)
             where = f"WHERE o.outcome_ref IN (SELECT e.outcome_ref FROM outcome_effects e WHERE {clause})"
-            return self._outcome_records_sync(conn, where, tuple(params))
+            return run_sqlite(conn, outcome_records(SQLITE, where, tuple(params)))
 
         return await self._run(fetch)
-
-    @staticmethod
-    def _outcome_records_sync(conn: sqlite3.Connection, where: str, params: tuple[Any, ...]) -> list[OutcomeRecord]:
-        outcome_rows = conn.execute(
-            f"SELECT o.outcome_ref, o.outcome_type, o.multiplier, o.committed_at, o.agent_id, o.session_id "
-            f"FROM outcomes o {where} ORDER BY o.committed_at, o.rowid",
-            params,
-        ).fetchall()
-        records = []
-        for row in outcome_rows:
-            effects = conn.execute(
-                "SELECT entity_path, key, version_read, version_updated, confidence_before, confidence_after "
-                "FROM outcome_effects WHERE outcome_ref = ? ORDER BY position",
-                (row["outcome_ref"],),
-            ).fetchall()
-            records.append(
-                OutcomeRecord(
-                    row["outcome_ref"], OutcomeType(row["outcome_type"]), row["multiplier"], _dt(row["committed_at"]),  # type: ignore[arg-type]
-                    row["agent_id"], row["session_id"],
-                    tuple(
-                        OutcomeEffect(e[0], e[1], e[2], e[3], bounded_confidence(e[4]), bounded_confidence(e[5]))
-                        for e in effects
-                    ),
-                )
-            )
-        return records
 
     # -- retrieval candidates -----------------------------------------------------------------
 
@@ -711,7 +634,7 @@ class SQLiteStore(SQLiteDatabase):
             return
         self._checkpoint()
         self._vectors.forget(
-            self._connection(), [row_id for row_id, _ in erased], [decode_embedding(blob) for _, blob in erased]
+            self._connection(), [row_id for row_id, _ in erased], [SQLITE.embedding_value(blob) for _, blob in erased]
         )
 
     async def clear(self) -> None:
@@ -730,102 +653,23 @@ class SQLiteStore(SQLiteDatabase):
             conn = self._connection()
             conn.execute("BEGIN")  # one consistent read snapshot across tables
             try:
-                entries = [
-                    _row_to_entry(row)
-                    for row in conn.execute(f"SELECT {_ENTRY_COLUMNS} FROM entries ORDER BY entity_path, key, version")
-                ]
-                outcomes = self._outcome_records_sync(conn, "", ())
-                traces = [
-                    _row_to_trace(r)
-                    for r in conn.execute(
-                        "SELECT session_id, agent_id, kind, entity_path, key, version, at, detail FROM trace_events "
-                        "ORDER BY event_id"
-                    )
-                ]
-                meta = {
-                    r[0]: json.loads(r[1])
-                    for r in conn.execute(
-                        "SELECT name, value_json FROM meta WHERE name != ? ORDER BY name", (VECTOR_INDEX_META,)
-                    )
-                }
+                return run_sqlite(conn, export_store(SQLITE, hidden_meta=(VECTOR_INDEX_META,)))
             finally:
                 conn.execute("COMMIT")
-            return StoreSnapshot(entries, outcomes, traces, meta)
 
         return await self._run(fetch)
 
     async def import_snapshot(self, snapshot: StoreSnapshot) -> None:
-        from ..core.embedding import embedding_text
-
         def write() -> None:
             with self._transaction() as conn:
-                latest: dict[tuple[str, str], int] = {}
-                for entry in snapshot.entries:
-                    pair = (entry.entity_path, entry.key)
-                    latest[pair] = max(latest.get(pair, 0), entry.version)
-                for entity_path, key in latest:
-                    if conn.execute(
-                        "SELECT 1 FROM entries WHERE entity_path = ? AND key = ?", (entity_path, key)
-                    ).fetchone():
-                        raise ValidationError(
-                            f"The store already holds '{entity_path}/{key}'; import refuses to overwrite. "
-                            "Import into an empty store, or `memory forget` that key first."
-                        )
-                for entry in snapshot.entries:
-                    is_current = int(latest[(entry.entity_path, entry.key)] == entry.version)
-                    search_text = embedding_text(entry.entity_path, entry.key, entry.value, entry.event_at)
-                    cursor = conn.execute(
-                        "INSERT INTO entries (entity_path, key, version, is_current, value_json, confidence, agent_id, "
-                        "session_id, written_at, outcome_count, recall_count, ttl_at, memory_type, tier, priority_score, "
-                        "importance_score, importance_dimensions, embedding, amfs_version, search_text, event_at) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (
-                            entry.entity_path, entry.key, entry.version, is_current,
-                            json.dumps(entry.value, ensure_ascii=False, separators=(",", ":")), entry.confidence,
-                            entry.provenance.agent_id, entry.provenance.session_id, _ts(entry.provenance.written_at),
-                            entry.outcome_count, entry.recall_count, _ts(entry.ttl_at), entry.memory_type.value,
-                            int(entry.tier), entry.priority_score, entry.importance_score,
-                            json.dumps(entry.importance_dimensions) if entry.importance_dimensions else None,
-                            encode_embedding(entry.embedding), entry.amfs_version, search_text, _ts(entry.event_at),
-                        ),
-                    )
-                    if is_current:
-                        conn.execute(
-                            "INSERT INTO entries_fts (rowid, search_text) VALUES (?, ?)", (cursor.lastrowid, search_text)
-                        )
-                for record in snapshot.outcomes:
-                    if conn.execute("SELECT 1 FROM outcomes WHERE outcome_ref = ?", (record.outcome_ref,)).fetchone():
-                        raise ValidationError(f"Outcome {record.outcome_ref!r} is already in the store; nothing imported.")
-                    conn.execute(
-                        "INSERT INTO outcomes (outcome_ref, outcome_type, multiplier, committed_at, agent_id, session_id) "
-                        "VALUES (?, ?, ?, ?, ?, ?)",
-                        (record.outcome_ref, record.outcome_type.value, record.multiplier, _ts(record.committed_at),
-                         record.agent_id, record.session_id),
-                    )
-                    conn.executemany(
-                        "INSERT INTO outcome_effects (outcome_ref, position, entity_path, key, version_read, "
-                        "version_updated, confidence_before, confidence_after) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        [
-                            (record.outcome_ref, position, e.entity_path, e.key, e.version_read, e.version_updated,
-                             e.confidence_before, e.confidence_after)
-                            for position, e in enumerate(record.effects)
-                        ],
-                    )
-                conn.executemany(
-                    "INSERT INTO trace_events (session_id, agent_id, kind, entity_path, key, version, at, detail) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (t.session_id, t.agent_id, t.kind, t.entity_path, t.key, t.version, _ts(t.at),
-                         json.dumps(t.detail) if t.detail is not None else None)
-                        for t in snapshot.traces
-                    ],
+                top = conn.execute("SELECT COALESCE(MAX(row_id), 0) FROM entries").fetchone()[0]
+                run_sqlite(conn, import_store(snapshot, SQLITE))
+                # Row ids only grow (AUTOINCREMENT): the imported current versions are the current rows above `top`.
+                conn.execute(
+                    "INSERT INTO entries_fts (rowid, search_text) SELECT row_id, search_text FROM entries "
+                    "WHERE row_id > ? AND is_current = 1",
+                    (top,),
                 )
-                for name, value in snapshot.meta.items():
-                    conn.execute(
-                        "INSERT INTO meta (name, value_json) VALUES (?, ?) "
-                        "ON CONFLICT (name) DO UPDATE SET value_json = excluded.value_json",
-                        (name, json.dumps(value)),
-                    )
             self._vectors.dirty = True
 
         await self._run(write)
@@ -843,23 +687,9 @@ class SQLiteStore(SQLiteDatabase):
                 if value is None:
                     conn.execute("DELETE FROM meta WHERE name = ?", (name,))
                 else:
-                    conn.execute(
-                        "INSERT INTO meta (name, value_json) VALUES (?, ?) "
-                        "ON CONFLICT (name) DO UPDATE SET value_json = excluded.value_json",
-                        (name, json.dumps(value)),
-                    )
+                    conn.execute(_UPSERT_META, (name, json.dumps(value)))
 
         await self._run(write)
-
-
-def _already_applied(record: OutcomeRecord) -> OutcomeRecord:
-    from dataclasses import replace
-
-    return replace(record, already_applied=True)
-
-
-def _prefixed_columns(prefix: str) -> str:
-    return ", ".join(prefix + column.strip() for column in _BASE_COLUMNS.split(","))
 
 
 VECTOR_INDEX_META = "vector_index"
@@ -989,8 +819,7 @@ class VectorSync:
         os.replace(temporary, self.meta_path)
         try:
             conn.execute(
-                "INSERT INTO meta (name, value_json) VALUES (?, ?) "
-                "ON CONFLICT (name) DO UPDATE SET value_json = excluded.value_json",
+                _UPSERT_META,
                 (VECTOR_INDEX_META, json.dumps({"generation": generation, "watermark": self.watermark})),
             )
         except sqlite3.Error as error:  # the next start rebuilds the index; closing must not fail for it

@@ -10,23 +10,19 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TypeVar
 
 from ..core.errors import StorageFullError, StoreError
+from .sql_common import SQLITE
 
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 60_000
 
 
-def _ts(moment: datetime | None) -> float | None:
-    return None if moment is None else moment.timestamp()
-
-
-def _dt(seconds: float | None) -> datetime | None:
-    return None if seconds is None else datetime.fromtimestamp(seconds, tz=timezone.utc)
+_ts = SQLITE.ts  # datetime -> epoch seconds, as the SQLite stores keep times
+_dt = SQLITE.dt
 
 
 def _is_disk_full(error: BaseException) -> bool:

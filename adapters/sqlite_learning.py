@@ -6,24 +6,32 @@ around every change, one connection used from worker threads behind a lock, `use
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from ..core.errors import ValidationError
 from ..core.learning_records import Interaction, LearningSnapshot, Pattern, Preference, PreferenceChange
+from .sql_common import (
+    INTERACTION_COLUMNS,
+    LEGACY_CONTENT_SCRUB,
+    PATTERN_COLUMNS,
+    PREFERENCE_COLUMNS,
+    SQLITE,
+    export_learning,
+    import_learning,
+    insert_interaction_sql,
+    interaction_from_row,
+    interaction_params,
+    pattern_from_row,
+    pattern_params,
+    preference_from_row,
+    preference_params,
+    run_sqlite,
+    select,
+    upsert_pattern_sql,
+    upsert_preference_sql,
+)
 from .sqlite_base import SQLiteDatabase, _dt, _ts
-
-
-LEGACY_CONTENT_SCRUB = """
-    UPDATE learning_interactions SET parameters_json = '{}' WHERE tool_name LIKE 'amfs!_%' ESCAPE '!';
-    DELETE FROM learning_preferences WHERE category LIKE 'amfs!_%' ESCAPE '!';
-    DELETE FROM learning_patterns WHERE pattern_type = 'recurring_parameter' AND tool_name LIKE 'amfs!_%' ESCAPE '!'
-"""
-"""Before amfs 0.2 stopped recording memory content, calls to its own tools were stored with their
-arguments (a memory's value, a query) and learned as preferences: the upgrade drops those arguments
-and what was learned from them. Shared with the PostgreSQL learning store."""
 
 MIGRATIONS: list[str] = [
     """
@@ -74,80 +82,9 @@ MIGRATIONS: list[str] = [
     """ + LEGACY_CONTENT_SCRUB,
 ]
 
-_INTERACTION_COLUMNS = (
-    "interaction_id, user_id, session_id, tool_name, source, parameters_json, outcome_json, result_json, "
-    "execution_ms, at"
-)
-_PREFERENCE_COLUMNS = (
-    "user_id, category, key, value_json, confidence, sample_size, support, source, updated_at, sessions, last_session"
-)
-_PATTERN_COLUMNS = (
-    "pattern_id, user_id, pattern_type, tool_name, data_json, occurrences, frequency, confidence, discovered_at, "
-    "updated_at"
-)
-# A stored pattern id is replaced, whoever held it: replace_patterns and import agree, as in PostgreSQL.
-_UPSERT_PATTERN = (
-    f"INSERT INTO learning_patterns ({_PATTERN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-    "ON CONFLICT (pattern_id) DO UPDATE SET user_id = excluded.user_id, "
-    "pattern_type = excluded.pattern_type, tool_name = excluded.tool_name, "
-    "data_json = excluded.data_json, occurrences = excluded.occurrences, "
-    "frequency = excluded.frequency, confidence = excluded.confidence, "
-    "discovered_at = excluded.discovered_at, updated_at = excluded.updated_at"
-)
-
-
-def dump_json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def interaction_row(i: Interaction) -> tuple[Any, ...]:
-    """Column values in `_INTERACTION_COLUMNS` order, times left to the caller's dialect (index 9)."""
-    return (i.interaction_id, i.user_id, i.session_id, i.tool_name, i.source, dump_json(i.parameters),
-            None if i.outcome is None else dump_json(i.outcome), dump_json(i.result), i.execution_ms, i.at)
-
-
-def preference_row(p: Preference) -> tuple[Any, ...]:
-    return (p.user_id, p.category, p.key, dump_json(p.value), p.confidence, p.sample_size, p.support, p.source,
-            p.updated_at, p.sessions, p.last_session)
-
-
-def pattern_row(p: Pattern) -> tuple[Any, ...]:
-    return (p.pattern_id, p.user_id, p.pattern_type, p.tool_name, dump_json(p.data), p.occurrences, p.frequency,
-            p.confidence, p.discovered_at, p.updated_at)
-
-
-def row_to_interaction(row: Any, at: datetime) -> Interaction:
-    return Interaction(
-        row["interaction_id"], row["user_id"], row["session_id"], row["tool_name"], row["source"],
-        json.loads(row["parameters_json"]), None if row["outcome_json"] is None else json.loads(row["outcome_json"]),
-        json.loads(row["result_json"]), row["execution_ms"], at,
-    )
-
-
-def row_to_preference(row: Any, updated_at: datetime) -> Preference:
-    return Preference(
-        row["user_id"], row["category"], row["key"], json.loads(row["value_json"]), row["confidence"],
-        row["sample_size"], row["support"], row["source"], updated_at, sessions=row["sessions"],
-        last_session=row["last_session"],
-    )
-
-
-def row_to_pattern(row: Any, discovered_at: datetime, updated_at: datetime) -> Pattern:
-    return Pattern(
-        row["pattern_id"], row["user_id"], row["pattern_type"], row["tool_name"], json.loads(row["data_json"]),
-        row["occurrences"], row["frequency"], row["confidence"], discovered_at, updated_at,
-    )
-
-
-def import_conflict(what: str) -> ValidationError:
-    return ValidationError(
-        f"The learning store already holds {what}; import refuses to overwrite and nothing was imported. "
-        "Import into an empty store, or `amfs-server memory clear` first."
-    )
-
-
-def _with_times(row: tuple[Any, ...], *indexes: int) -> tuple[Any, ...]:
-    return tuple(_ts(value) if index in indexes else value for index, value in enumerate(row))
+_INSERT_INTERACTION = insert_interaction_sql(SQLITE)
+_UPSERT_PREFERENCE = upsert_preference_sql(SQLITE)
+_UPSERT_PATTERN = upsert_pattern_sql(SQLITE)
 
 
 class SQLiteLearningStore(SQLiteDatabase):
@@ -166,25 +103,14 @@ class SQLiteLearningStore(SQLiteDatabase):
             stored: list[Preference] = []
             with self._transaction() as conn:
                 if interaction is not None:
-                    conn.execute(
-                        f"INSERT INTO learning_interactions ({_INTERACTION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        _with_times(interaction_row(interaction), 9),
-                    )
+                    conn.execute(_INSERT_INTERACTION, interaction_params(interaction, SQLITE))
                 for change in changes:
                     row = conn.execute(
-                        f"SELECT {_PREFERENCE_COLUMNS} FROM learning_preferences WHERE user_id = ? AND category = ? AND key = ?",
+                        select("learning_preferences", PREFERENCE_COLUMNS, "WHERE user_id = ? AND category = ? AND key = ?"),
                         (change.user_id, change.category, change.key),
                     ).fetchone()
-                    previous = None if row is None else row_to_preference(row, _dt(row["updated_at"]))  # type: ignore[arg-type]
-                    preference = change.apply(previous)
-                    conn.execute(
-                        f"INSERT INTO learning_preferences ({_PREFERENCE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                        "ON CONFLICT (user_id, category, key) DO UPDATE SET value_json = excluded.value_json, "
-                        "confidence = excluded.confidence, sample_size = excluded.sample_size, "
-                        "support = excluded.support, source = excluded.source, updated_at = excluded.updated_at, "
-                        "sessions = excluded.sessions, last_session = excluded.last_session",
-                        _with_times(preference_row(preference), 8),
-                    )
+                    preference = change.apply(None if row is None else preference_from_row(row, SQLITE))
+                    conn.execute(_UPSERT_PREFERENCE, preference_params(preference, SQLITE))
                     stored.append(preference)
             return stored
 
@@ -192,13 +118,13 @@ class SQLiteLearningStore(SQLiteDatabase):
 
     async def interactions(self, user_id: str | None = None, limit: int | None = None) -> list[Interaction]:
         where, params = ("WHERE user_id = ?", [user_id]) if user_id is not None else ("", [])
-        sql = f"SELECT {_INTERACTION_COLUMNS} FROM learning_interactions {where} ORDER BY at DESC, rowid DESC"
+        sql = select("learning_interactions", INTERACTION_COLUMNS, f"{where} ORDER BY at DESC, rowid DESC")
         if limit is not None:
             sql += f" LIMIT {max(0, int(limit))}"  # a negative LIMIT is none to SQLite, an error to PostgreSQL
 
         def fetch() -> list[Interaction]:
             rows = self._connection().execute(sql, params).fetchall()
-            return [row_to_interaction(row, _dt(row["at"])) for row in reversed(rows)]  # type: ignore[arg-type]
+            return [interaction_from_row(row, SQLITE) for row in reversed(rows)]
 
         return await self._run(fetch)
 
@@ -238,13 +164,11 @@ class SQLiteLearningStore(SQLiteDatabase):
         if category is not None:
             clauses.append("category = ?")
             params.append(category)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
+        sql = select("learning_preferences", PREFERENCE_COLUMNS, f"{where}ORDER BY user_id, category, key")
 
         def fetch() -> list[Preference]:
-            rows = self._connection().execute(
-                f"SELECT {_PREFERENCE_COLUMNS} FROM learning_preferences {where} ORDER BY user_id, category, key", params
-            ).fetchall()
-            return [row_to_preference(row, _dt(row["updated_at"])) for row in rows]  # type: ignore[arg-type]
+            return [preference_from_row(row, SQLITE) for row in self._connection().execute(sql, params).fetchall()]
 
         return await self._run(fetch)
 
@@ -267,13 +191,11 @@ class SQLiteLearningStore(SQLiteDatabase):
     # -- patterns ---------------------------------------------------------------------------
 
     async def patterns(self, user_id: str | None = None) -> list[Pattern]:
-        where, params = ("WHERE user_id = ?", [user_id]) if user_id is not None else ("", [])
+        where, params = ("WHERE user_id = ? ", [user_id]) if user_id is not None else ("", [])
+        sql = select("learning_patterns", PATTERN_COLUMNS, f"{where}ORDER BY user_id, pattern_id")
 
         def fetch() -> list[Pattern]:
-            rows = self._connection().execute(
-                f"SELECT {_PATTERN_COLUMNS} FROM learning_patterns {where} ORDER BY user_id, pattern_id", params
-            ).fetchall()
-            return [row_to_pattern(row, _dt(row["discovered_at"]), _dt(row["updated_at"])) for row in rows]  # type: ignore[arg-type]
+            return [pattern_from_row(row, SQLITE) for row in self._connection().execute(sql, params).fetchall()]
 
         return await self._run(fetch)
 
@@ -281,7 +203,7 @@ class SQLiteLearningStore(SQLiteDatabase):
         def write() -> None:
             with self._transaction() as conn:
                 conn.execute("DELETE FROM learning_patterns WHERE user_id = ?", (user_id,))
-                conn.executemany(_UPSERT_PATTERN, [_with_times(pattern_row(p), 8, 9) for p in patterns])
+                conn.executemany(_UPSERT_PATTERN, [pattern_params(p, SQLITE) for p in patterns])
 
         await self._run(write)
 
@@ -301,52 +223,15 @@ class SQLiteLearningStore(SQLiteDatabase):
             conn = self._connection()
             conn.execute("BEGIN")  # one consistent read snapshot across tables
             try:
-                interactions = [
-                    row_to_interaction(row, _dt(row["at"]))  # type: ignore[arg-type]
-                    for row in conn.execute(
-                        f"SELECT {_INTERACTION_COLUMNS} FROM learning_interactions ORDER BY at, rowid"
-                    )
-                ]
-                preferences = [
-                    row_to_preference(row, _dt(row["updated_at"]))  # type: ignore[arg-type]
-                    for row in conn.execute(
-                        f"SELECT {_PREFERENCE_COLUMNS} FROM learning_preferences ORDER BY user_id, category, key"
-                    )
-                ]
-                patterns = [
-                    row_to_pattern(row, _dt(row["discovered_at"]), _dt(row["updated_at"]))  # type: ignore[arg-type]
-                    for row in conn.execute(f"SELECT {_PATTERN_COLUMNS} FROM learning_patterns ORDER BY user_id, pattern_id")
-                ]
+                return run_sqlite(conn, export_learning(SQLITE))
             finally:
                 conn.execute("COMMIT")
-            return LearningSnapshot(interactions, preferences, patterns)
 
         return await self._run(fetch)
 
     async def import_snapshot(self, snapshot: LearningSnapshot, check_only: bool = False) -> None:
         def write() -> None:
             with self._transaction() as conn:
-                for i in snapshot.interactions:
-                    if conn.execute(
-                        "SELECT 1 FROM learning_interactions WHERE interaction_id = ?", (i.interaction_id,)
-                    ).fetchone():
-                        raise import_conflict(f"interaction {i.interaction_id!r}")
-                for p in snapshot.preferences:
-                    if conn.execute(
-                        "SELECT 1 FROM learning_preferences WHERE user_id = ? AND category = ? AND key = ?",
-                        (p.user_id, p.category, p.key),
-                    ).fetchone():
-                        raise import_conflict(f"preference '{p.name}' of {p.user_id!r}")
-                if check_only:
-                    return
-                conn.executemany(
-                    f"INSERT INTO learning_interactions ({_INTERACTION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [_with_times(interaction_row(i), 9) for i in snapshot.interactions],
-                )
-                conn.executemany(
-                    f"INSERT INTO learning_preferences ({_PREFERENCE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [_with_times(preference_row(p), 8) for p in snapshot.preferences],
-                )
-                conn.executemany(_UPSERT_PATTERN, [_with_times(pattern_row(p), 8, 9) for p in snapshot.patterns])
+                run_sqlite(conn, import_learning(snapshot, SQLITE, check_only))
 
         await self._run(write)

@@ -810,6 +810,23 @@ async def test_import_refuses_an_outcome_ref_already_committed_and_writes_nothin
     assert await store.export_snapshot() == before
 
 
+async def test_import_names_the_first_clashing_key_in_key_order_on_every_store(store: MemoryStore) -> None:
+    await write(store, draft("svc", "b"), draft("svc", "a"))
+    with pytest.raises(ValidationError, match="'svc/a'"):
+        await store.import_snapshot(StoreSnapshot(entries=[_entry("svc", "b"), _entry("svc", "a"), _entry("svc", "c")]))
+
+
+async def test_import_refuses_an_outcome_ref_the_snapshot_repeats_and_writes_nothing(store: MemoryStore) -> None:
+    await write(store, draft("svc", "existing"))
+    committed = await outcome(store, "INC-1", OutcomeType.FAILURE, 1.1, ACTOR, NOW, [OutcomeTarget("svc", "existing", None)])
+    snapshot = await store.export_snapshot()
+    await store.clear()
+    repeated = StoreSnapshot(entries=snapshot.entries, outcomes=[committed, committed], traces=snapshot.traces)
+    with pytest.raises(ValidationError, match="INC-1"):
+        await store.import_snapshot(repeated)
+    assert await store.export_snapshot() == StoreSnapshot()
+
+
 async def test_export_orders_paths_and_keys_by_their_bytes(store: MemoryStore) -> None:
     names = ["b", "B", "_x", "a-b", "a.b", "a", "Z", "é", "a b", "~", "0"]
     await write(store, *[draft("svc/order", name) for name in names], *[draft(name, "k") for name in names])

@@ -283,6 +283,19 @@ async def test_import_refuses_an_existing_interaction_or_preference_and_writes_n
     assert await store.export_snapshot() == before
 
 
+@pytest.mark.parametrize("repeated", ["interaction", "preference"])
+async def test_import_refuses_a_snapshot_that_repeats_an_interaction_or_preference(store: LearningStore, repeated: str) -> None:
+    incoming = LearningSnapshot(
+        interactions=[interaction("i1"), interaction("i2", seconds=1)]
+        + ([interaction("i1", seconds=2)] if repeated == "interaction" else []),
+        preferences=[preference("alice", "fmt", "style")]
+        + ([preference("alice", "fmt", "style", "ruff")] if repeated == "preference" else []),
+    )
+    with pytest.raises(ValidationError, match="twice"):
+        await store.import_snapshot(incoming)
+    assert await store.export_snapshot() == LearningSnapshot()
+
+
 async def test_import_replaces_patterns_that_share_an_id(store: LearningStore) -> None:
     await store.replace_patterns("alice", [pattern("p1"), pattern("p2")])
     incoming = pattern("p1", "bob", confidence=0.95)

@@ -1,0 +1,592 @@
+"""What the SQLite and PostgreSQL stores share: one mapping between rows and records, one tie-break
+table, and one import / export path.
+
+A `Dialect` holds what differs between the two databases for the same column: timestamps (epoch
+seconds in SQLite, timestamptz in PostgreSQL), booleans, embeddings (a float32 blob, a pgvector), the
+parameter marks (`?`, `$n`) and the insertion-order column (`rowid`, `seq`). Everything else, the
+column lists, the row -> record mapping and back, and the order of import and export, is written once.
+
+Import and export are written as generators of `Step`s (a query to fetch, rows to insert, keys to look
+up) that each store runs on its own connection: `run_sqlite` in its worker thread, `run_postgres` on an
+asyncpg connection, inside the transaction the store opens. So the sequence of checks and writes is the
+same code for both stores, and only the SQL text differs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Generator, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+from ..core.confidence import bounded_confidence
+from ..core.errors import ValidationError
+from ..core.learning_records import Interaction, LearningSnapshot, Pattern, Preference
+from ..core.models import (
+    AMFS_VERSION,
+    MemoryEntry,
+    MemoryType,
+    NewEntry,
+    OutcomeEffect,
+    OutcomeRecord,
+    OutcomeType,
+    Provenance,
+    SortBy,
+    Tier,
+    TraceEvent,
+)
+from ..core.ports import StoreSnapshot
+
+T = TypeVar("T")
+
+
+# -- dialects ---------------------------------------------------------------------------------
+
+
+class Dialect:
+    """One database's spelling of the shared columns. Subclasses: `SQLiteDialect`, `PostgresDialect`."""
+
+    name = ""
+    seq = ""
+    """The column holding insertion order, the last tie-break wherever times are equal."""
+    nulls_last = ""
+    """What `DESC` needs to put NULLs last (SQLite's DESC already does)."""
+
+    def mark(self, position: int) -> str:
+        """The placeholder of the `position`-th (1-based) parameter."""
+        raise NotImplementedError
+
+    def marks(self, count: int, start: int = 1) -> str:
+        return ", ".join(self.mark(position) for position in range(start, start + count))
+
+    def ts(self, moment: datetime | None) -> Any:
+        return moment
+
+    def dt(self, value: Any) -> datetime | None:
+        return value  # type: ignore[no-any-return]
+
+    def flag(self, value: bool) -> Any:
+        return value
+
+    def embedding_param(self, embedding: list[float] | None) -> Any:
+        return embedding
+
+    def embedding_value(self, value: Any) -> list[float] | None:
+        raise NotImplementedError
+
+    def search_text(self, text: str) -> str:
+        return text
+
+    def insert(self, table: str, columns: Sequence[str], suffix: str = "") -> str:
+        return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({self.marks(len(columns))}){suffix}"
+
+    def upsert(self, table: str, columns: Sequence[str], key: Sequence[str]) -> str:
+        """Insert, or replace every non-key column of the row with the same `key`."""
+        updates = ", ".join(f"{column} = excluded.{column}" for column in columns if column not in key)
+        return self.insert(table, columns, f" ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}")
+
+
+class SQLiteDialect(Dialect):
+    name = "sqlite"
+    seq = "rowid"
+
+    def mark(self, position: int) -> str:
+        return "?"
+
+    def ts(self, moment: datetime | None) -> float | None:
+        return None if moment is None else moment.timestamp()
+
+    def dt(self, value: Any) -> datetime | None:
+        return None if value is None else datetime.fromtimestamp(value, tz=timezone.utc)
+
+    def flag(self, value: bool) -> int:
+        return int(value)
+
+    def embedding_param(self, embedding: list[float] | None) -> bytes | None:
+        if embedding is None:
+            return None
+        import numpy as np
+
+        return np.asarray(embedding, dtype=np.float32).tobytes()
+
+    def embedding_value(self, value: Any) -> list[float] | None:
+        if value is None:
+            return None
+        import numpy as np
+
+        values: list[float] = np.frombuffer(value, dtype=np.float32).tolist()
+        return values
+
+
+class PostgresDialect(Dialect):
+    name = "postgres"
+    seq = "seq"
+    nulls_last = " NULLS LAST"
+
+    def mark(self, position: int) -> str:
+        return f"${position}"
+
+    def embedding_value(self, value: Any) -> list[float] | None:
+        if value is None:
+            return None
+        if hasattr(value, "to_list"):
+            return [float(x) for x in value.to_list()]
+        return [float(x) for x in value]
+
+    def search_text(self, text: str) -> str:
+        """PostgreSQL text cannot hold NUL; search text is only for matching, so NUL becomes a space."""
+        return text.replace("\x00", " ")
+
+
+SQLITE = SQLiteDialect()
+POSTGRES = PostgresDialect()
+
+
+def dump_json(value: Any) -> str:
+    """Compact JSON that keeps non-ASCII text as it is (values are stored as their exact JSON text)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+# -- entries ----------------------------------------------------------------------------------
+
+ENTRY_BASE_COLUMNS = (
+    "row_id, entity_path, key, version, value_json, confidence, agent_id, session_id, written_at, "
+    "outcome_count, recall_count, ttl_at, memory_type, tier, priority_score, importance_score, "
+    "importance_dimensions, amfs_version, event_at"
+)
+ENTRY_COLUMNS = ENTRY_BASE_COLUMNS + ", embedding"
+ENTRY_INSERT_COLUMNS = (
+    "entity_path", "key", "version", "is_current", "value_json", "confidence", "agent_id", "session_id",
+    "written_at", "outcome_count", "recall_count", "ttl_at", "memory_type", "tier", "priority_score",
+    "importance_score", "importance_dimensions", "embedding", "amfs_version", "search_text", "event_at",
+)
+
+
+def sort_sql(d: Dialect) -> dict[SortBy, str]:
+    """ORDER BY of each `SortBy`. Ties go to the newer write: written_at, then row_id (a batch shares one
+    written_at, and both stores insert a batch in key order)."""
+    return {
+        "confidence": "confidence DESC, written_at DESC, row_id DESC",
+        "recency": "written_at DESC, row_id DESC",
+        "recall_count": "recall_count DESC, written_at DESC, row_id DESC",
+        "priority": f"priority_score DESC{d.nulls_last}, written_at DESC, row_id DESC",
+    }
+
+
+def entry_from_row(row: Any, d: Dialect, with_embedding: bool = True) -> MemoryEntry:
+    dims = row["importance_dimensions"]
+    return MemoryEntry(
+        entity_path=row["entity_path"],
+        key=row["key"],
+        value=json.loads(row["value_json"]),
+        version=row["version"],
+        confidence=bounded_confidence(row["confidence"]),
+        provenance=Provenance(row["agent_id"], row["session_id"], d.dt(row["written_at"])),  # type: ignore[arg-type]
+        outcome_count=row["outcome_count"],
+        recall_count=row["recall_count"],
+        ttl_at=d.dt(row["ttl_at"]),
+        memory_type=MemoryType(row["memory_type"]),
+        tier=Tier(row["tier"]),
+        priority_score=row["priority_score"],
+        importance_score=row["importance_score"],
+        importance_dimensions=json.loads(dims) if dims else None,
+        embedding=d.embedding_value(row["embedding"]) if with_embedding else None,
+        amfs_version=row["amfs_version"],
+        event_at=d.dt(row["event_at"]),
+    )
+
+
+def draft_params(draft: NewEntry, version: int, d: Dialect) -> tuple[Any, ...]:
+    """`ENTRY_INSERT_COLUMNS` values of a new current version."""
+    return (
+        draft.entity_path, draft.key, version, d.flag(True), draft.value_json, float(draft.confidence),
+        draft.agent_id, draft.session_id, d.ts(draft.written_at), 0, 0, d.ts(draft.ttl_at), draft.memory_type.value,
+        int(draft.tier), draft.priority_score, draft.importance_score, _dimensions_json(draft.importance_dimensions),
+        d.embedding_param(draft.embedding), AMFS_VERSION, d.search_text(draft.search_text), d.ts(draft.event_at),
+    )
+
+
+def entry_params(entry: MemoryEntry, is_current: bool, d: Dialect) -> tuple[Any, ...]:
+    """`ENTRY_INSERT_COLUMNS` values of an imported version, as it was exported."""
+    from ..core.embedding import embedding_text
+
+    search_text = embedding_text(entry.entity_path, entry.key, entry.value, entry.event_at)
+    return (
+        entry.entity_path, entry.key, entry.version, d.flag(is_current), dump_json(entry.value),
+        float(entry.confidence), entry.provenance.agent_id, entry.provenance.session_id,
+        d.ts(entry.provenance.written_at), entry.outcome_count, entry.recall_count, d.ts(entry.ttl_at),
+        entry.memory_type.value, int(entry.tier), entry.priority_score, entry.importance_score,
+        _dimensions_json(entry.importance_dimensions), d.embedding_param(entry.embedding), entry.amfs_version,
+        d.search_text(search_text), d.ts(entry.event_at),
+    )
+
+
+def _dimensions_json(dimensions: dict[str, float] | None) -> str | None:
+    return json.dumps(dimensions) if dimensions else None
+
+
+# -- traces, outcomes, meta -------------------------------------------------------------------
+
+TRACE_INSERT_COLUMNS = ("session_id", "agent_id", "kind", "entity_path", "key", "version", "at", "detail")
+TRACE_COLUMNS = ", ".join(TRACE_INSERT_COLUMNS)
+OUTCOME_COLUMNS = ("outcome_ref", "outcome_type", "multiplier", "committed_at", "agent_id", "session_id")
+EFFECT_COLUMNS = (
+    "outcome_ref", "position", "entity_path", "key", "version_read", "version_updated", "confidence_before",
+    "confidence_after",
+)
+
+
+def trace_params(
+    session_id: str, agent_id: str, kind: str, entity_path: str, key: str, version: int, at: datetime,
+    detail: dict[str, Any] | None, d: Dialect,
+) -> tuple[Any, ...]:
+    return (session_id, agent_id, kind, entity_path, key, version, d.ts(at), None if detail is None else json.dumps(detail))
+
+
+def trace_from_row(row: Any, d: Dialect) -> TraceEvent:
+    detail = row["detail"]
+    return TraceEvent(
+        row["session_id"], row["agent_id"], row["kind"], row["entity_path"], row["key"], row["version"],
+        d.dt(row["at"]),  # type: ignore[arg-type]
+        json.loads(detail) if detail else None,
+    )
+
+
+def outcome_params(
+    outcome_ref: str, outcome_type: OutcomeType, multiplier: float, committed_at: datetime, agent_id: str,
+    session_id: str, d: Dialect,
+) -> tuple[Any, ...]:
+    return (outcome_ref, outcome_type.value, float(multiplier), d.ts(committed_at), agent_id, session_id)
+
+
+def effect_params(outcome_ref: str, effects: Iterable[OutcomeEffect]) -> list[tuple[Any, ...]]:
+    return [
+        (outcome_ref, position, e.entity_path, e.key, e.version_read, e.version_updated, e.confidence_before,
+         e.confidence_after)
+        for position, e in enumerate(effects)
+    ]
+
+
+def already_applied(record: OutcomeRecord) -> OutcomeRecord:
+    return replace(record, already_applied=True)
+
+
+def upsert_meta_sql(d: Dialect) -> str:
+    return d.upsert("meta", ("name", "value_json"), ("name",))
+
+
+# -- steps: what import and export ask of a connection -----------------------------------------
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """Every row of one query."""
+
+    sql: str
+    params: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class ExecuteMany:
+    """One statement for each of `rows` (nothing when there are none)."""
+
+    sql: str
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FirstExisting:
+    """The first of `keys`, in their order, that `table` holds (matched on the text `columns`), or None."""
+
+    table: str
+    columns: tuple[str, ...]
+    keys: Sequence[tuple[str, ...]]
+
+
+Step = Fetch | ExecuteMany | FirstExisting
+Steps = Generator[Step, Any, T]
+
+
+def run_sqlite(conn: Any, steps: Steps[T]) -> T:
+    """Run `steps` on a sqlite3 connection (in the caller's transaction)."""
+    reply: Any = None
+    while True:
+        try:
+            step = steps.send(reply)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        if isinstance(step, Fetch):
+            reply = conn.execute(step.sql, step.params).fetchall()
+        elif isinstance(step, ExecuteMany):
+            if step.rows:
+                conn.executemany(step.sql, step.rows)
+            reply = None
+        else:
+            sql = f"SELECT 1 FROM {step.table} WHERE {' AND '.join(f'{c} = ?' for c in step.columns)} LIMIT 1"
+            reply = next((key for key in step.keys if conn.execute(sql, key).fetchone() is not None), None)
+
+
+async def run_postgres(conn: Any, steps: Steps[T]) -> T:
+    """Run `steps` on an asyncpg connection (in the caller's transaction)."""
+    reply: Any = None
+    while True:
+        try:
+            step = steps.send(reply)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        if isinstance(step, Fetch):
+            reply = await conn.fetch(step.sql, *step.params)
+        elif isinstance(step, ExecuteMany):
+            if step.rows:
+                await conn.executemany(step.sql, step.rows)
+            reply = None
+        else:
+            reply = None
+            if step.keys:
+                columns = ", ".join(f"n.{c}" for c in step.columns)
+                arrays = ", ".join(f"${i}::text[]" for i in range(1, len(step.columns) + 1))
+                match = " AND ".join(f"t.{c} = n.{c}" for c in step.columns)
+                row = await conn.fetchrow(
+                    f"SELECT {columns} FROM unnest({arrays}) WITH ORDINALITY AS n ({', '.join(step.columns)}, ord) "
+                    f"WHERE EXISTS (SELECT 1 FROM {step.table} t WHERE {match}) ORDER BY n.ord LIMIT 1",
+                    *([key[i] for key in step.keys] for i in range(len(step.columns))),
+                )
+                reply = None if row is None else tuple(row)
+
+
+# -- the entry store's import and export --------------------------------------------------------
+
+
+def outcome_records(d: Dialect, where: str = "", params: tuple[Any, ...] = ()) -> Steps[list[OutcomeRecord]]:
+    """The outcomes `where` (on `outcomes o`) selects, oldest first, each with its effects in order."""
+    outcome_rows = yield Fetch(
+        f"SELECT o.{', o.'.join(OUTCOME_COLUMNS)} FROM outcomes o {where} ORDER BY o.committed_at, o.{d.seq}", params
+    )
+    if not outcome_rows:
+        return []
+    effect_rows = yield Fetch(
+        f"SELECT {', '.join(EFFECT_COLUMNS)} FROM outcome_effects "
+        f"WHERE outcome_ref IN (SELECT o.outcome_ref FROM outcomes o {where}) ORDER BY outcome_ref, position",
+        params,
+    )
+    effects: dict[str, list[OutcomeEffect]] = {}
+    for e in effect_rows:
+        effects.setdefault(e["outcome_ref"], []).append(
+            OutcomeEffect(
+                e["entity_path"], e["key"], e["version_read"], e["version_updated"],
+                bounded_confidence(e["confidence_before"]), bounded_confidence(e["confidence_after"]),
+            )
+        )
+    return [
+        OutcomeRecord(
+            row["outcome_ref"], OutcomeType(row["outcome_type"]), row["multiplier"],
+            d.dt(row["committed_at"]),  # type: ignore[arg-type]
+            row["agent_id"], row["session_id"], tuple(effects.get(row["outcome_ref"], ())),
+        )
+        for row in outcome_rows
+    ]
+
+
+def export_store(d: Dialect, hidden_meta: Sequence[str] = ()) -> Steps[StoreSnapshot]:
+    """Every version of every key, the outcomes, the traces and the meta rows (less `hidden_meta`), in export
+    order. Run it inside one read transaction, so the tables agree."""
+    entry_rows = yield Fetch(f"SELECT {ENTRY_COLUMNS} FROM entries ORDER BY entity_path, key, version")
+    outcomes = yield from outcome_records(d)
+    trace_rows = yield Fetch(f"SELECT {TRACE_COLUMNS} FROM trace_events ORDER BY event_id")
+    meta_rows = yield Fetch("SELECT name, value_json FROM meta ORDER BY name")
+    return StoreSnapshot(
+        [entry_from_row(row, d) for row in entry_rows],
+        outcomes,
+        [trace_from_row(row, d) for row in trace_rows],
+        {row["name"]: json.loads(row["value_json"]) for row in meta_rows if row["name"] not in hidden_meta},
+    )
+
+
+def latest_versions(snapshot: StoreSnapshot) -> dict[tuple[str, str], int]:
+    """Each imported key's newest version (the one that becomes current)."""
+    latest: dict[tuple[str, str], int] = {}
+    for entry in snapshot.entries:
+        pair = (entry.entity_path, entry.key)
+        latest[pair] = max(latest.get(pair, 0), entry.version)
+    return latest
+
+
+def _repeated(keys: Iterable[tuple[str, ...]]) -> tuple[str, ...] | None:
+    """The first key that occurs a second time, or None."""
+    seen: set[tuple[str, ...]] = set()
+    for key in keys:
+        if key in seen:
+            return key
+        seen.add(key)
+    return None
+
+
+def import_store(snapshot: StoreSnapshot, d: Dialect) -> Steps[None]:
+    """Write `snapshot` into a store that holds none of its keys and none of its outcome refs; refuses
+    (before writing anything) otherwise. Run it inside one write transaction."""
+    latest = latest_versions(snapshot)
+    taken = yield FirstExisting("entries", ("entity_path", "key"), sorted(latest))
+    if taken is not None:
+        raise ValidationError(
+            f"The store already holds '{taken[0]}/{taken[1]}'; import refuses to overwrite. "
+            "Import into an empty store, or `memory forget` that key first."
+        )
+    refs = [(record.outcome_ref,) for record in snapshot.outcomes]
+    taken = _repeated(refs)
+    if taken is None:
+        taken = yield FirstExisting("outcomes", ("outcome_ref",), refs)
+    if taken is not None:  # a ref the snapshot repeats would be in the store by its second import
+        raise ValidationError(f"Outcome {taken[0]!r} is already in the store; nothing imported.")
+    yield ExecuteMany(
+        d.insert("entries", ENTRY_INSERT_COLUMNS),
+        [entry_params(e, latest[(e.entity_path, e.key)] == e.version, d) for e in snapshot.entries],
+    )
+    yield ExecuteMany(
+        d.insert("outcomes", OUTCOME_COLUMNS),
+        [
+            outcome_params(r.outcome_ref, r.outcome_type, r.multiplier, r.committed_at, r.agent_id, r.session_id, d)
+            for r in snapshot.outcomes
+        ],
+    )
+    yield ExecuteMany(
+        d.insert("outcome_effects", EFFECT_COLUMNS),
+        [row for r in snapshot.outcomes for row in effect_params(r.outcome_ref, r.effects)],
+    )
+    yield ExecuteMany(
+        d.insert("trace_events", TRACE_INSERT_COLUMNS),
+        [
+            trace_params(t.session_id, t.agent_id, t.kind, t.entity_path, t.key, t.version, t.at, t.detail, d)
+            for t in snapshot.traces
+        ],
+    )
+    yield ExecuteMany(upsert_meta_sql(d), [(name, json.dumps(value)) for name, value in snapshot.meta.items()])
+
+
+# -- the learning store ------------------------------------------------------------------------
+
+LEGACY_CONTENT_SCRUB = """
+    UPDATE learning_interactions SET parameters_json = '{}' WHERE tool_name LIKE 'amfs!_%' ESCAPE '!';
+    DELETE FROM learning_preferences WHERE category LIKE 'amfs!_%' ESCAPE '!';
+    DELETE FROM learning_patterns WHERE pattern_type = 'recurring_parameter' AND tool_name LIKE 'amfs!_%' ESCAPE '!'
+"""
+"""Before amfs 0.2 stopped recording memory content, calls to its own tools were stored with their
+arguments (a memory's value, a query) and learned as preferences: the upgrade drops those arguments
+and what was learned from them. Both learning stores run it in their second migration."""
+
+INTERACTION_COLUMNS = (
+    "interaction_id", "user_id", "session_id", "tool_name", "source", "parameters_json", "outcome_json",
+    "result_json", "execution_ms", "at",
+)
+PREFERENCE_COLUMNS = (
+    "user_id", "category", "key", "value_json", "confidence", "sample_size", "support", "source", "updated_at",
+    "sessions", "last_session",
+)
+PATTERN_COLUMNS = (
+    "pattern_id", "user_id", "pattern_type", "tool_name", "data_json", "occurrences", "frequency", "confidence",
+    "discovered_at", "updated_at",
+)
+PREFERENCE_KEY = ("user_id", "category", "key")
+
+
+def insert_interaction_sql(d: Dialect) -> str:
+    return d.insert("learning_interactions", INTERACTION_COLUMNS)
+
+
+def upsert_preference_sql(d: Dialect) -> str:
+    return d.upsert("learning_preferences", PREFERENCE_COLUMNS, PREFERENCE_KEY)
+
+
+def upsert_pattern_sql(d: Dialect) -> str:
+    """A stored pattern id is replaced, whoever held it: replace_patterns and import agree."""
+    return d.upsert("learning_patterns", PATTERN_COLUMNS, ("pattern_id",))
+
+
+def interaction_params(i: Interaction, d: Dialect) -> tuple[Any, ...]:
+    return (i.interaction_id, i.user_id, i.session_id, i.tool_name, i.source, dump_json(i.parameters),
+            None if i.outcome is None else dump_json(i.outcome), dump_json(i.result), i.execution_ms, d.ts(i.at))
+
+
+def preference_params(p: Preference, d: Dialect) -> tuple[Any, ...]:
+    return (p.user_id, p.category, p.key, dump_json(p.value), p.confidence, p.sample_size, p.support, p.source,
+            d.ts(p.updated_at), p.sessions, p.last_session)
+
+
+def pattern_params(p: Pattern, d: Dialect) -> tuple[Any, ...]:
+    return (p.pattern_id, p.user_id, p.pattern_type, p.tool_name, dump_json(p.data), p.occurrences, p.frequency,
+            p.confidence, d.ts(p.discovered_at), d.ts(p.updated_at))
+
+
+def interaction_from_row(row: Any, d: Dialect) -> Interaction:
+    outcome = row["outcome_json"]
+    return Interaction(
+        row["interaction_id"], row["user_id"], row["session_id"], row["tool_name"], row["source"],
+        json.loads(row["parameters_json"]), None if outcome is None else json.loads(outcome),
+        json.loads(row["result_json"]), row["execution_ms"], d.dt(row["at"]),  # type: ignore[arg-type]
+    )
+
+
+def preference_from_row(row: Any, d: Dialect) -> Preference:
+    return Preference(
+        row["user_id"], row["category"], row["key"], json.loads(row["value_json"]), row["confidence"],
+        row["sample_size"], row["support"], row["source"], d.dt(row["updated_at"]),  # type: ignore[arg-type]
+        sessions=row["sessions"], last_session=row["last_session"],
+    )
+
+
+def pattern_from_row(row: Any, d: Dialect) -> Pattern:
+    return Pattern(
+        row["pattern_id"], row["user_id"], row["pattern_type"], row["tool_name"], json.loads(row["data_json"]),
+        row["occurrences"], row["frequency"], row["confidence"],
+        d.dt(row["discovered_at"]), d.dt(row["updated_at"]),  # type: ignore[arg-type]
+    )
+
+
+def select(table: str, columns: Sequence[str], rest: str = "") -> str:
+    return f"SELECT {', '.join(columns)} FROM {table}{' ' + rest if rest else ''}"
+
+
+def import_conflict(what: str) -> ValidationError:
+    return ValidationError(
+        f"The learning store already holds {what}; import refuses to overwrite and nothing was imported. "
+        "Import into an empty store, or `amfs-server memory clear` first."
+    )
+
+
+def export_learning(d: Dialect) -> Steps[LearningSnapshot]:
+    """Interactions oldest first (insertion order breaks ties), preferences and patterns in key order.
+    Run it inside one read transaction."""
+    interactions = yield Fetch(select("learning_interactions", INTERACTION_COLUMNS, f"ORDER BY at, {d.seq}"))
+    preferences = yield Fetch(select("learning_preferences", PREFERENCE_COLUMNS, "ORDER BY user_id, category, key"))
+    patterns = yield Fetch(select("learning_patterns", PATTERN_COLUMNS, "ORDER BY user_id, pattern_id"))
+    return LearningSnapshot(
+        [interaction_from_row(row, d) for row in interactions],
+        [preference_from_row(row, d) for row in preferences],
+        [pattern_from_row(row, d) for row in patterns],
+    )
+
+
+def import_learning(snapshot: LearningSnapshot, d: Dialect, check_only: bool = False) -> Steps[None]:
+    """Refuse (writing nothing) when the store or the snapshot itself already holds one of its interactions
+    or preferences; else write them, and the patterns (which replace stored ones of the same id)."""
+    ids = [(i.interaction_id,) for i in snapshot.interactions]
+    keys = [(p.user_id, p.category, p.key) for p in snapshot.preferences]
+    twice = _repeated(ids)
+    if twice is not None:
+        raise ValidationError(f"The import holds interaction {twice[0]!r} twice; nothing was imported.")
+    twice = _repeated(keys)
+    if twice is not None:
+        raise ValidationError(f"The import holds preference '{twice[1]}.{twice[2]}' of {twice[0]!r} twice; nothing was imported.")
+    taken = yield FirstExisting("learning_interactions", ("interaction_id",), ids)
+    if taken is not None:
+        raise import_conflict(f"interaction {taken[0]!r}")
+    taken = yield FirstExisting("learning_preferences", PREFERENCE_KEY, keys)
+    if taken is not None:
+        raise import_conflict(f"preference '{taken[1]}.{taken[2]}' of {taken[0]!r}")
+    if check_only:
+        return
+    yield ExecuteMany(insert_interaction_sql(d), [interaction_params(i, d) for i in snapshot.interactions])
+    yield ExecuteMany(upsert_preference_sql(d), [preference_params(p, d) for p in snapshot.preferences])
+    yield ExecuteMany(upsert_pattern_sql(d), [pattern_params(p, d) for p in snapshot.patterns])
