@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import builtins  # MemoryService.list shadows `list` in annotations inside the class body
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -110,9 +110,15 @@ class ServiceConfig:
 
 class MemoryService:
     def __init__(
-        self, store: MemoryStore, config: ServiceConfig | None = None, embedder: Embedder | None = None
+        self,
+        store: MemoryStore,
+        config: ServiceConfig | None = None,
+        embedder: Embedder | None = None,
+        *,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.store = store
+        self._clock = clock
         self.config = config or ServiceConfig()
         if self.config.decay_half_life_days is not None and not self.config.decay_half_life_days > 0:
             raise ValidationError("decay_half_life_days must be > 0 when set.")
@@ -122,6 +128,10 @@ class MemoryService:
         if self.config.fusion not in FUSIONS:
             raise ValidationError(f"Unknown fusion {self.config.fusion!r}; use one of {list(FUSIONS)}.")
         resolve_weights(self.config.retrieval_weights, learned_available=False)  # fail fast on bad weights
+
+    def now(self) -> datetime:
+        """The service's clock: the one it was given, else the wall clock (looked up at each call)."""
+        return self._clock() if self._clock is not None else utcnow()
 
     async def open(self, *, check_embedder: bool = True) -> None:
         await self.store.open()
@@ -159,7 +169,7 @@ class MemoryService:
         import numpy as np
 
         probe = [1.0] + [0.0] * (embedder.dimension - 1)
-        now = utcnow()
+        now = self.now()
         found = await self.store.semantic_candidates(probe, EntryFilter(), now, 3)
         current = [await self.store.get_current(e.entity_path, e.key, now) for e, _ in found]
         stored = [e for e in current if e is not None and e.embedding is not None]
@@ -246,7 +256,7 @@ class MemoryService:
     async def current_entries(self, entity_path: str | None = None) -> list[MemoryEntry]:
         """Every current entry under `entity_path` (all when None), unsorted and without a limit."""
         return await self.store.find_current(
-            EntryFilter(entity_path=v.validate_entity_prefix(entity_path)), utcnow(), "recency", None
+            EntryFilter(entity_path=v.validate_entity_prefix(entity_path)), self.now(), "recency", None
         )
 
     async def get_shared_state(self, name: str) -> Any | None:
@@ -265,7 +275,7 @@ class MemoryService:
 
     async def write_many(self, actor: Actor, requests: list[WriteRequest]) -> list[MemoryEntry]:
         """Validate every request first, embed them in one batch, then store them in one transaction."""
-        now = utcnow()
+        now = self.now()
         drafts = [self._draft(actor, request, now) for request in requests]
         drafts = await self._with_embeddings(drafts)
         return await self.store.insert_versions(drafts, actor)
@@ -314,7 +324,7 @@ class MemoryService:
         key = v.validate_key(key)
         version = v.validate_version(version)
         min_confidence = v.validate_min_confidence(min_confidence)
-        now = utcnow()
+        now = self.now()
         current = await self.store.get_current(entity_path, key, now)
         if current is None:
             raise NotFoundError(
@@ -345,7 +355,7 @@ class MemoryService:
         """The current version with its current tier, for people inspecting the store: not an agent read, so
         no recall count, tier write or trace (nothing links it to an outcome)."""
         entity_path, key = v.validate_entity_path(entity_path), v.validate_key(key)
-        now = utcnow()
+        now = self.now()
         current = await self.store.get_current(entity_path, key, now)
         if current is None:
             raise NotFoundError(f"No memory at '{entity_path}/{key}'. It may have been forgotten or expired.")
@@ -423,7 +433,7 @@ class MemoryService:
             event_after=event_after,
             event_before=event_before,
         )
-        now = utcnow()
+        now = self.now()
         # With decay on, stored confidence over-states effective confidence, so filter after decay.
         needs_post_filter = min_confidence is not None and self.config.decay_half_life_days is not None
         sort_after = needs_post_filter or sort_by == "priority"
@@ -440,21 +450,21 @@ class MemoryService:
     async def list(self, entity_path: str | None = None, limit: int = 1000) -> list[MemoryEntry]:
         """Current entries under an entity path, ordered by path and key."""
         entries = await self.store.find_current(
-            EntryFilter(entity_path=v.validate_entity_prefix(entity_path)), utcnow(), "recency", None
+            EntryFilter(entity_path=v.validate_entity_prefix(entity_path)), self.now(), "recency", None
         )
         entries.sort(key=lambda e: (e.entity_path, e.key))
         return entries[: v.validate_limit(limit, maximum=100_000)]
 
     async def entity_counts(self, entity_path: str | None = None) -> dict[str, int]:
         """Current live entries per entity path (each path counts only the entries exactly at it)."""
-        return await self.store.entity_counts(v.validate_entity_prefix(entity_path), utcnow())
+        return await self.store.entity_counts(v.validate_entity_prefix(entity_path), self.now())
 
     async def entries_at(self, entity_path: str, offset: int = 0, limit: int = 50) -> builtins.list[MemoryEntry]:
         """One page of the current entries at exactly `entity_path`, by key; does not count as reading them."""
         entity_path = v.validate_entity_path(entity_path)
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ValidationError(f"offset must be an integer >= 0, got {offset!r}.")
-        now = utcnow()
+        now = self.now()
         entries = await self.store.entries_at(entity_path, now, offset, v.validate_limit(limit))
         return [self.with_current_tier(entry, now) for entry in entries]
 
@@ -512,7 +522,7 @@ class MemoryService:
             resolve_weights(weights, learned_available=self.learned_scorer is not None, fusion=fusion)
             if weights is not None or fusion != self.config.fusion else self.retrieval_weights()
         )
-        now = utcnow()
+        now = self.now()
         pool_size = max(self.config.candidate_pool, limit * 5)
         # Both searches always run: together they form the pool that every strategy ranks.
         semantic, keyword = await asyncio.gather(
@@ -605,7 +615,7 @@ class MemoryService:
         """Apply an outcome to the named entries, or to everything this session read; once per outcome_ref."""
         outcome_ref = v.validate_outcome_ref(outcome_ref)
         resolved_type = v.validate_outcome_type(outcome_type)
-        now = utcnow()
+        now = self.now()
         targets: list[OutcomeTarget] | None = None
         if causal_entry_keys is not None:
             if not causal_entry_keys:
@@ -643,7 +653,7 @@ class MemoryService:
         return removed
 
     async def purge_expired(self) -> int:
-        return await self.store.purge_expired(utcnow())
+        return await self.store.purge_expired(self.now())
 
     async def clear(self) -> None:
         await self.store.clear()

@@ -10,6 +10,8 @@ elsewhere on the server.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path, PurePath
 
 from ..core.errors import ValidationError
@@ -24,10 +26,13 @@ DEFAULT_EXPORT_LIMIT = 100
 
 
 class MLService:
-    def __init__(self, service: MemoryService, export_dir: Path | str, *, poll_seconds: float = POLL_SECONDS) -> None:
+    def __init__(
+        self, service: MemoryService, export_dir: Path | str, *, poll_seconds: float = POLL_SECONDS,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
         self.service = service
         self.export_dir = Path(export_dir)
-        self.ranker = LearnedRanker(service)
+        self.ranker = LearnedRanker(service, clock=clock or service.now)  # one clock: the memory service's unless given
         self.calibrator = ConfidenceCalibrator(service)
         self.exporter = TrainingDataExporter(service)
         self.watcher = SharedStateWatcher(

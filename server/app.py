@@ -18,11 +18,10 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from ..core.errors import ValidationError
+from ..core.errors import AmfsError, ValidationError
 from ..core.models import AMFS_VERSION
 from ..core.service import MemoryService
 from ..tools import ActorResolver, ToolErrorMiddleware, register_tools
-from ..ml.service import MLService
 from ..tools.learning_tools import register_learning_tools
 from ..tools.ml_tools import register_ml_tools
 from .auth import (
@@ -35,11 +34,10 @@ from .auth import (
     parse_allowed_origins,
     parse_api_keys,
 )
-from .composition import build_service
+from .composition import Services, build_services
 from .limits import CallLimiter, ServerLimits, SessionGuard, raise_open_file_limit
 from .logs import configure_logging, log_level_number, uvicorn_log_config
 from .json_guard import DuplicateKeyGuard
-from .config_file import build_learning_service
 from .settings import Settings
 
 logger = logging.getLogger("amfs_server.server")
@@ -52,38 +50,30 @@ INSTRUCTIONS = (
 Transport = Literal["stdio", "sse", "http"]
 
 
-def create_app(service: MemoryService, settings: Settings, *, api_keys: Sequence[ApiKey] | None = None) -> FastMCP:
-    """The FastMCP app over `service`; its lifespan opens and closes the service.
+def create_app(
+    service: MemoryService, settings: Settings, *, api_keys: Sequence[ApiKey] | None = None,
+    services: Services | None = None,
+) -> FastMCP:
+    """The FastMCP app over `service`; its lifespan opens and closes it and the services beside it.
 
     `api_keys` defaults to those in `settings.api_keys`; with keys, SSE and HTTP require a bearer token.
+    `services` are the ones `build_services` made around `service` (built here when not given).
     """
     keys = parse_api_keys(settings.api_keys) if api_keys is None else list(api_keys)
-    learning = build_learning_service(settings) if settings.learning.enabled else None
-    ml = MLService(service, settings.ml_dir / "exports")
-    worker = None
-    if settings.lm_backbone:  # off unless configured; the model loads lazily
-        from ..ml.answer.worker import LMWorker
-
-        worker = LMWorker(settings.lm_backbone)
+    services = services or build_services(settings, memory=service, ml=True)
+    learning, ml, worker = services.learning, services.ml, services.worker
+    assert ml is not None, "the MCP server's services include the ML service"
 
     @asynccontextmanager
     async def lifespan(_: FastMCP) -> AsyncIterator[dict[str, Any]]:
-        await service.open()
-        await ml.start()  # stored ranker models join retrieval; a watcher picks up those other processes train
-        if learning is not None:
-            await learning.open()
+        await services.open()
         warm_up = _warm_up_embedder(service)
         try:
             yield {}
         finally:
             if warm_up is not None:
                 await warm_up  # never raises: warm() logs its own failure
-            if learning is not None:
-                await learning.close()
-            if worker is not None:
-                await asyncio.to_thread(worker.close)  # waits for an answer in progress
-            await ml.stop()
-            await service.close()
+            await services.close()
             logger.info("Stopped: the store is closed")
 
     mcp = FastMCP(
@@ -196,13 +186,11 @@ def run_server(
             f"amfs-server: refusing to serve {transport} on {host}: binding beyond loopback requires bearer-token "
             "auth. Set AMFS_API_KEYS (e.g. AMFS_API_KEYS=<32 random chars>), or bind to --host 127.0.0.1."
         )
-    from ..core.embedding import EmbedderUnavailableError
-
     try:
-        service = build_service(settings)
-    except EmbedderUnavailableError as error:
+        services = build_services(settings, ml=True)
+    except AmfsError as error:  # an embedder that cannot load, a learning store the settings cannot have
         raise SystemExit(f"amfs-server: {error}") from None
-    app = create_app(service, settings, api_keys=keys)
+    app = create_app(services.memory, settings, api_keys=keys, services=services)
     try:
         if transport == "stdio":
             from .stdio import checked_stdio

@@ -16,65 +16,53 @@ import click
 from ..core.errors import AmfsError
 from ..core.learning import SECTIONS, LearningService, split_preference_name
 from ..core.models import AMFS_VERSION, Actor, MemoryEntry
-from ..core.service import MemoryService
-from .composition import build_service
-from .config_file import build_learning_service, load_learning_settings, settings_in_force
+from .composition import Services, build_services
+from .config_file import settings_in_force
 from .export_format import ExportFormatError, dump_export, parse_export
-from .settings import LOG_LEVELS, Settings, load_settings
+from .settings import LOG_LEVELS, Settings, load_settings_and_source
 
 T = TypeVar("T")
 
 
-def _run_with_service(fn: Callable[[MemoryService], Awaitable[T]], embedder: bool = False) -> T:
-    """Open the configured store (no embedder unless asked: inspection needs no model), run, close."""
-    settings = load_settings(**({} if embedder else {"embedder": "none"}))
+class _Commands(click.Group):
+    """The command tree's one error path: an AmfsError from any command (bad settings, a store that cannot
+    open, a refused import) is printed as `Error: <message>` with exit status 1, without a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except AmfsError as error:
+            raise click.ClickException(str(error)) from None
+
+
+def _settings(**flags: Any) -> tuple[Settings, Path | None]:
+    """Settings in force (config file < environment < `flags`; None: not given) and the file they came from."""
+    return load_settings_and_source(config_file=True, **flags)
+
+
+def _run(
+    fn: Callable[[Services], Awaitable[T]], *, learning: bool = False, embedder: bool = False,
+    check_embedder: bool = True, settings: Settings | None = None,
+) -> T:
+    """Open the configured store (no embedder unless asked: inspection needs no model), run `fn`, close.
+    With `learning`, the learning service too, whatever learning.enabled says: stored learning data can
+    always be shown, exported, forgotten and cleared."""
+    settings = settings or _settings()[0]
+    if not embedder:
+        settings = settings.model_copy(update={"embedder": None})
+    services = build_services(settings, learning=learning, worker=False)
 
     async def main() -> T:
-        service = build_service(settings)
-        await service.open()
+        await services.open(check_embedder=check_embedder)
         try:
-            return await fn(service)
+            return await fn(services)
         finally:
-            await service.close()
+            await services.close()
 
-    try:
-        return asyncio.run(main())
-    except AmfsError as error:
-        raise click.ClickException(str(error)) from None
+    return asyncio.run(main())
 
 
-def _settings_with_learning(lm_backbone: str | None = None, **flags: bool | None) -> tuple[Settings, Path | None]:
-    """Settings in force: environment, the config file's `learning:` section, then `flags` (None: not given)."""
-    try:
-        learning, source = load_learning_settings(**flags)
-        return load_settings(learning=learning, lm_backbone=lm_backbone), source
-    except AmfsError as error:
-        raise click.ClickException(str(error)) from None
-
-
-def _run_with_learning(fn: Callable[[MemoryService, LearningService], Awaitable[T]]) -> T:
-    """Like _run_with_service, with the learning service too (whatever learning.enabled says: stored
-    learning data can always be shown, exported, forgotten and cleared)."""
-    settings, _ = _settings_with_learning()
-    settings = settings.model_copy(update={"embedder": None})
-
-    async def main() -> T:
-        service = build_service(settings)
-        learning = build_learning_service(settings)
-        await service.open()
-        try:
-            return await fn(service, learning)
-        finally:
-            await learning.close()
-            await service.close()
-
-    try:
-        return asyncio.run(main())
-    except AmfsError as error:
-        raise click.ClickException(str(error)) from None
-
-
-@click.group(invoke_without_command=True)
+@click.group(cls=_Commands, invoke_without_command=True)
 @click.version_option(AMFS_VERSION, "--version", prog_name="amfs-server", message="%(prog)s %(version)s")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default="info", show_default=True,
               envvar="AMFS_LOG_LEVEL", show_envvar=True, help="Server log level (logs go to stderr).")
@@ -103,12 +91,9 @@ def serve(
     """Serve the amfs_* MCP tools over stdio, SSE (/sse) or streamable HTTP (/mcp)."""
     from .composition import preload_embedder
 
-    settings, _ = _settings_with_learning(
-        lm_backbone=lm_backbone,
-        enabled=False if no_learning else None,
-        preference_learning=False if no_preference_learning else None,
-        pattern_detection=False if no_pattern_detection else None,
-    )
+    switches = {"enabled": no_learning, "preference_learning": no_preference_learning,
+                "pattern_detection": no_pattern_detection}
+    settings, _ = _settings(lm_backbone=lm_backbone, learning={name: False for name, off in switches.items() if off})
     preload_embedder(settings)  # before the MCP stack's imports (seconds), so the two overlap
     from .app import run_server
 
@@ -122,7 +107,7 @@ def ui(host: str, port: int) -> None:
     """Serve the memory browser (a web page) for the configured store, e.g. beside a stdio server."""
     from .ui import run_ui
 
-    settings, _ = _settings_with_learning()
+    settings, _ = _settings()
     run_ui(settings, host=host, port=port)
 
 
@@ -138,8 +123,9 @@ def memory() -> None:
 def memory_show(entity_path: str | None, limit: int, as_json: bool = False) -> None:
     """List current entries with their confidence, version and tier, then learned preferences and patterns."""
 
-    async def show(service: MemoryService, learning: LearningService) -> list[str]:
-        entries = await service.list(entity_path)
+    async def show(services: Services) -> list[str]:
+        learning = _learning(services)
+        entries = await services.memory.list(entity_path)
         if as_json:
             return [json.dumps(await _show_document(entries, learning, limit), ensure_ascii=False, indent=2)]
         lines = [f"Memories ({len(entries)}):"]
@@ -152,7 +138,7 @@ def memory_show(entity_path: str | None, limit: int, as_json: bool = False) -> N
             lines.append(f"... {len(entries) - limit} more (use --limit)")
         return lines + await _learned_lines(learning, limit)
 
-    for line in _run_with_learning(show):
+    for line in _run(show, learning=True):
         click.echo(line)
 
 
@@ -188,9 +174,9 @@ def memory_search(query: str, entity_path: str | None, limit: int, as_json: bool
     """Find the memories most relevant to QUERY, best first: the retrieval amfs_retrieve runs."""
     from ..tools._views import RetrieveResult, age
 
-    async def search(service: MemoryService) -> list[str]:
+    async def search(services: Services) -> list[str]:
         actor = Actor("cli", f"cli-{uuid.uuid4().hex[:16]}")  # a session of its own: these reads charge no agent
-        hits = await service.retrieve(actor, query, entity_path=entity_path, limit=limit)
+        hits = await services.memory.retrieve(actor, query, entity_path=entity_path, limit=limit)
         if as_json:
             return [RetrieveResult.of(hits, verbose=True).model_dump_json(indent=2)]
         lines = [f"Results ({len(hits)}):"]
@@ -202,8 +188,13 @@ def memory_search(query: str, entity_path: str | None, limit: int, as_json: bool
             )
         return lines
 
-    for line in _run_with_service(search, embedder=True):
+    for line in _run(search, embedder=True):
         click.echo(line)
+
+
+def _learning(services: Services) -> LearningService:
+    assert services.learning is not None, "commands over learned data run with learning=True"
+    return services.learning
 
 
 def _preview(value: Any, width: int) -> str:
@@ -241,12 +232,12 @@ async def _learned_lines(learning: LearningService, limit: int) -> list[str]:
 def memory_export(output: Path | None) -> None:
     """Export every version, outcome record and trace, and learned interactions, preferences and patterns, as JSON."""
 
-    async def export(service: MemoryService, learning: LearningService) -> str:
-        snapshot = await service.export_snapshot()
-        snapshot.extra.update(await learning.export())
+    async def export(services: Services) -> str:
+        snapshot = await services.memory.export_snapshot()
+        snapshot.extra.update(await _learning(services).export())
         return dump_export(snapshot)
 
-    text = _run_with_learning(export)
+    text = _run(export, learning=True)
     if output is None:
         sys.stdout.write(text + "\n")
     else:
@@ -263,16 +254,17 @@ def memory_import(path: Path) -> None:
     except ExportFormatError as error:
         raise click.ClickException(f"{path}: {error}. Nothing was imported.") from None
 
-    async def load(service: MemoryService, learning: LearningService) -> str:
+    async def load(services: Services) -> str:
+        learning = _learning(services)
         await learning.check_import(snapshot.extra)  # refuse before anything is written
-        await service.import_snapshot(snapshot)
+        await services.memory.import_snapshot(snapshot)
         learned = await learning.import_({name: snapshot.extra.get(name, []) for name in SECTIONS})
         return (
             f"Imported {len(learned.interactions)} interactions, {len(learned.preferences)} preferences, "
             f"{len(learned.patterns)} patterns."
         )
 
-    learned_line = _run_with_learning(load)
+    learned_line = _run(load, learning=True)
     click.echo(
         f"Imported {len(snapshot.entries)} entry versions, {len(snapshot.outcomes)} outcomes, "
         f"{len(snapshot.traces)} trace events."
@@ -285,7 +277,7 @@ def memory_import(path: Path) -> None:
               help="Where the export taken first goes (default: <data dir>/before-reembed-<time>.json).")
 def memory_reembed(backup: Path | None) -> None:
     """Re-embed every version with the configured embedder (AMFS_EMBEDDER), after a change of embedder."""
-    settings = load_settings()
+    settings, _ = _settings()
     from datetime import datetime, timezone
 
     backup = backup or settings.data_dir / f"before-reembed-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}.json"
@@ -294,18 +286,11 @@ def memory_reembed(backup: Path | None) -> None:
         backup.parent.mkdir(parents=True, exist_ok=True)
         backup.write_text(dump_export(snapshot) + "\n", encoding="utf-8")
 
-    async def main() -> int:
-        service = build_service(settings)
-        await service.open(check_embedder=False)  # the check refuses exactly the stores this command repairs
-        try:
-            return await service.reembed(before_clear=write_backup)
-        finally:
-            await service.close()
+    async def reembed(services: Services) -> int:
+        return await services.memory.reembed(before_clear=write_backup)
 
-    try:
-        count = asyncio.run(main())
-    except AmfsError as error:
-        raise click.ClickException(str(error)) from None
+    # No embedder check on opening: it refuses exactly the stores this command repairs.
+    count = _run(reembed, embedder=True, check_embedder=False, settings=settings)
     click.echo(f"Re-embedded {count} entry versions with {settings.embedder}; the previous store is in {backup}.")
 
 
@@ -319,19 +304,19 @@ def memory_forget(entry_key: str, user: str | None = None) -> None:
 
     if "/" not in entry_key and "." in entry_key:
 
-        async def forget_preference(service: MemoryService, learning: LearningService) -> int:
+        async def forget_preference(services: Services) -> int:
             category, key = split_preference_name(entry_key)
-            return await learning.forget_preference(user, category, key)
+            return await _learning(services).forget_preference(user, category, key)
 
-        removed = _run_with_learning(forget_preference)
+        removed = _run(forget_preference, learning=True)
         click.echo(f"Forgot preference {entry_key} ({removed} {'user' if removed == 1 else 'users'}).")
         return
 
-    async def forget(service: MemoryService) -> int:
+    async def forget(services: Services) -> int:
         entity_path, key = split_entry_key(entry_key)
-        return await service.forget(entity_path, key)
+        return await services.memory.forget(entity_path, key)
 
-    removed = _run_with_service(forget)
+    removed = _run(forget)
     click.echo(f"Forgot {entry_key} ({removed} versions).")
 
 
@@ -345,11 +330,11 @@ def memory_clear(yes: bool) -> None:
             abort=True,
         )
 
-    async def clear(service: MemoryService, learning: LearningService) -> None:
-        await service.clear()
-        await learning.clear()
+    async def clear(services: Services) -> None:
+        await services.memory.clear()
+        await _learning(services).clear()
 
-    _run_with_learning(clear)
+    _run(clear, learning=True)
     click.echo("Cleared the store.")
 
 
@@ -363,11 +348,8 @@ def config_show() -> None:
     """Print the settings in force (defaults < config file < AMFS_* environment), secrets hidden, as YAML."""
     import yaml
 
-    settings, source = _settings_with_learning()
-    try:
-        shown = settings_in_force(settings, source)
-    except AmfsError as error:
-        raise click.ClickException(str(error)) from None
+    settings, source = _settings()
+    shown = settings_in_force(settings, source)
     click.echo(yaml.safe_dump(shown, sort_keys=False).rstrip())
 
 

@@ -461,7 +461,7 @@ def create_ui_app(
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         await ui.service.open()
         if ui.ml is not None and start_ml:
-            ui.ml.start()
+            await ui.ml.start()
         if ui.learning is not None:
             await ui.learning.open()
         try:
@@ -469,6 +469,8 @@ def create_ui_app(
         finally:
             if ui.learning is not None:
                 await ui.learning.close()
+            if ui.ml is not None and start_ml:
+                await ui.ml.stop()
             await ui.service.close()
 
     async def home(request: Request) -> Response:
@@ -486,11 +488,9 @@ def run_ui(settings: Any, host: str = "127.0.0.1", port: int = 8765) -> None:
     beyond loopback without API keys, as `serve` does."""
     import uvicorn
 
-    from ...core.embedding import EmbedderUnavailableError
     from ..logs import configure_logging, uvicorn_log_config
     from ..auth import parse_allowed_origins, parse_api_keys
-    from ..composition import build_service
-    from ..config_file import build_learning_service
+    from ..composition import build_services
 
     configure_logging()
     try:
@@ -504,11 +504,10 @@ def run_ui(settings: Any, host: str = "127.0.0.1", port: int = 8765) -> None:
             "Set AMFS_API_KEYS, or bind to --host 127.0.0.1."
         )
     try:
-        service = build_service(settings)
-    except EmbedderUnavailableError as error:
+        services = build_services(settings, ml=True, worker=False)
+    except AmfsError as error:  # an embedder that cannot load, a learning store the settings cannot have
         raise SystemExit(f"amfs-server: {error}") from None
-    learning = build_learning_service(settings) if settings.learning.enabled else None
-    ui = UiServices(service, learning, MLService(service, settings.ml_dir / "exports"))
+    ui = UiServices(services.memory, services.learning, services.ml)
     app = create_ui_app(ui, keys, host=host, allowed_origins=origins)
     shown = f"[{host}]" if ":" in host else host
     print(f"amfs memory browser: http://{shown}:{port}{UI_PATH}/", file=sys.stderr, flush=True)

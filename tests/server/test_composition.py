@@ -1,0 +1,82 @@
+"""One settings model read once (file < AMFS_* environment < flags), one composition root with one clock,
+and one error path for the CLI."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from amfs_server.core.errors import ValidationError
+from amfs_server.server.cli import cli
+from amfs_server.server.composition import build_services
+from amfs_server.server.config_file import ENV_OVERRIDES
+from amfs_server.server.settings import ENV_VARS, load_settings, load_settings_and_source
+
+FIXED = datetime(2031, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+
+
+def test_one_read_layers_file_environment_and_flags_for_every_section(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("learning:\n  retention_days: 30\n  preference_learning: false\n  privacy: {anonymize: true}\n")
+    env = {"AMFS_CONFIG": str(path), "AMFS_RETENTION_DAYS": "14", "AMFS_DATA_DIR": str(tmp_path / "d"),
+           "AMFS_AGENT_ID": "agent/env"}
+    settings, source = load_settings_and_source(env, agent_id="agent/flag", learning={"preference_learning": True})
+    assert source == path
+    assert settings.learning.retention_days == 14  # environment over file
+    assert settings.learning.privacy.anonymize is True  # file over default
+    assert settings.learning.preference_learning is True  # flag over file
+    assert (settings.agent_id, settings.data_dir) == ("agent/flag", tmp_path / "d")  # flag over environment
+    assert load_settings(env).learning.retention_days == 14  # the environment reaches every section without the file
+
+
+def test_the_learning_variables_are_the_one_maps_learning_section() -> None:
+    assert ENV_OVERRIDES == {name: path[1:] for name, path in ENV_VARS.items() if path[0] == "learning"}
+    assert "AMFS_RETENTION_DAYS" in ENV_OVERRIDES and "AMFS_DATA_DIR" not in ENV_OVERRIDES
+
+
+def test_a_bad_value_anywhere_names_the_setting() -> None:
+    with pytest.raises(ValidationError, match="retention_days"):
+        load_settings({"AMFS_RETENTION_DAYS": "soon"})
+    with pytest.raises(ValidationError, match="postgresql://"):
+        load_settings({"AMFS_POSTGRES_DSN": "mysql://x"})
+
+
+async def test_every_service_runs_on_the_one_clock_it_is_given(tmp_path: Path) -> None:
+    settings = load_settings({}, data_dir=tmp_path, embedder="none")
+    services = build_services(settings, learning=True, ml=True, clock=lambda: FIXED)
+    assert services.memory.now() == FIXED
+    assert services.learning is not None and services.learning._clock() == FIXED
+    assert services.ml is not None and services.ml.ranker.clock() == FIXED
+    assert services.worker is None  # no AMFS_LM_BACKBONE: no answer worker
+    await services.open()
+    try:
+        from amfs_server.core.models import Actor
+        from amfs_server.core.service import WriteRequest
+
+        entry = await services.memory.write(Actor("agent/a", "s"), WriteRequest("svc", "k", "v"))
+        assert entry.provenance.written_at == FIXED
+    finally:
+        await services.close()
+
+
+def test_learning_follows_its_switch_unless_a_command_needs_the_stored_data(tmp_path: Path) -> None:
+    off = load_settings({}, data_dir=tmp_path, embedder="none", learning={"enabled": False})
+    assert build_services(off).learning is None
+    assert build_services(off, learning=True).learning is not None
+
+
+@pytest.mark.parametrize("args", [["memory", "search", "x"], ["memory", "forget", "svc/k"], ["config", "show"]])
+def test_the_cli_reports_bad_settings_the_same_way_in_every_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("learning:\n  enabeld: false\n")
+    monkeypatch.setenv("AMFS_CONFIG", str(path))
+    monkeypatch.setenv("AMFS_DATA_DIR", str(tmp_path))
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1
+    assert "Error: Invalid amfs-server settings" in result.output and "enabeld" in result.output
+    assert "Traceback" not in result.output
