@@ -30,7 +30,7 @@ STRATEGIES: tuple[str, ...] = ("semantic", "keyword", "temporal", "confidence", 
 QUERY_BLIND: frozenset[str] = frozenset({"temporal", "confidence", "learned"})
 FUSIONS: tuple[str, ...] = ("hybrid", "rrf")
 RRF_WEIGHTS: dict[str, float] = {"semantic": 0.4, "keyword": 0.2, "temporal": 0.2, "confidence": 0.2, "learned": 0.0}
-# Chosen on the conversation set's tuning half (session_bench/tune_retrieval.py); see the README for both halves.
+# Chosen on the conversation set's tuning half (an offline harness over dumped candidates); the README has both halves.
 HYBRID_WEIGHTS: dict[str, float] = {"semantic": 0.3, "keyword": 0.7, "temporal": 0.05, "confidence": 0.05, "learned": 0.0}
 # Strategies whose scores are already on the fusion's 0..1 scale (capped at 1 rather than min-max normalised).
 ABSOLUTE_SCORES: frozenset[str] = frozenset({"keyword"})

@@ -1,6 +1,6 @@
 """Page-load benchmark of the memory browser on a big SQLite store.
 
-    python -m amfs_server.server.ui.bench --entries 100000 [--browser]
+    python -m amfs_server.session_bench.ui_bench --entries 100000 [--browser]
 
 Bulk-loads `--entries` entries (embedder off) over 1,000 entity paths into a fresh SQLite store, starts a
 real `amfs-server serve --transport http` with an API key on it, and times the first view: the page, its
@@ -29,10 +29,10 @@ def entity_path(i: int) -> str:
 
 
 def load(data_dir: Path, entries: int, batch: int = 5000) -> float:
-    from ...core.models import Actor
-    from ...core.service import WriteRequest
-    from ..composition import build_service
-    from ..settings import load_settings
+    from ..core.models import Actor
+    from ..core.service import WriteRequest
+    from ..server.composition import build_service
+    from ..server.settings import load_settings
 
     async def main() -> float:
         service = build_service(load_settings({}, data_dir=data_dir, embedder="none"))
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import httpx
 
-    from ...session_bench.mcp_latency import server_env, spawn_http_server
+    from .mcp_latency import server_env, spawn_http_server
 
     data_dir = Path(tempfile.mkdtemp(prefix="amfs-ui-bench-"))
     load_s = load(data_dir, args.entries)
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def browser_load(base_url: str, repeat: int) -> dict[str, float]:
     """Navigation start to the tree rendered (the page's `amfs-tree-shown` performance mark), key in sessionStorage."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "server"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "server"))
     from browser import start_browser, wait_for  # type: ignore[import-not-found]
 
     driver = start_browser()
