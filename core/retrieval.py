@@ -135,24 +135,37 @@ class RankedList:
         return cls(strategy, [key for key, _ in ordered], [score for _, score in ordered])
 
 
-def fuse(
-    rankings: Sequence[RankedList], weights: Mapping[str, float], k: int = DEFAULT_RRF_K
+def _combine(
+    rankings: Sequence[RankedList], contribution_of: Callable[[RankedList], Callable[[str, int], float]]
 ) -> list[tuple[str, float, dict[str, StrategyHit]]]:
-    """Weighted RRF. Returns (entry_key, fused score, per-strategy hits) best first; ties keep first-seen order."""
+    """Sum per-strategy contributions: (entry_key, fused score, per-strategy hits) best first, ties in first-seen
+    order. `contribution_of(ranking)(key, rank)` scores one entry of one ranking."""
     fused: dict[str, float] = {}
     hits: dict[str, dict[str, StrategyHit]] = {}
     for ranking in rankings:
-        weight = weights.get(ranking.strategy, 0.0)
+        contribution = contribution_of(ranking)
         position = 0
         for index, (key, raw) in enumerate(zip(ranking.keys, ranking.scores), start=1):
             # Equal raw scores share a rank, so ties (e.g. every confidence at 1.0) carry no order of their own.
             if index == 1 or raw != ranking.scores[index - 2]:
                 position = index
-            contribution = weight / (k + position)
-            fused[key] = fused.get(key, 0.0) + contribution
-            hits.setdefault(key, {})[ranking.strategy] = StrategyHit(position, raw, contribution)
+            part = contribution(key, position)
+            fused[key] = fused.get(key, 0.0) + part
+            hits.setdefault(key, {})[ranking.strategy] = StrategyHit(position, raw, part)
     order = sorted(fused, key=lambda key: fused[key], reverse=True)
     return [(key, fused[key], hits[key]) for key in order]
+
+
+def fuse(
+    rankings: Sequence[RankedList], weights: Mapping[str, float], k: int = DEFAULT_RRF_K
+) -> list[tuple[str, float, dict[str, StrategyHit]]]:
+    """Weighted RRF: each strategy adds `weight / (k + rank)`."""
+
+    def contribution_of(ranking: RankedList) -> Callable[[str, int], float]:
+        weight = weights.get(ranking.strategy, 0.0)
+        return lambda _key, position: weight / (k + position)
+
+    return _combine(rankings, contribution_of)
 
 
 def normalised(ranking: RankedList, pool: int = HYBRID_POOL) -> dict[str, float]:
@@ -172,24 +185,18 @@ def normalised(ranking: RankedList, pool: int = HYBRID_POOL) -> dict[str, float]
 def fuse_hybrid(
     rankings: Sequence[RankedList], weights: Mapping[str, float], pool: int = HYBRID_POOL
 ) -> list[tuple[str, float, dict[str, StrategyHit]]]:
-    """Weighted sum of min-max normalised scores (see the module docstring). Same shape as `fuse`."""
-    fused: dict[str, float] = {}
-    hits: dict[str, dict[str, StrategyHit]] = {}
-    for ranking in rankings:
+    """Weighted sum of scores on a 0..1 scale: ABSOLUTE_SCORES capped, the others min-max normalised over `pool`
+    (see the module docstring). Same shape as `fuse`."""
+
+    def contribution_of(ranking: RankedList) -> Callable[[str, int], float]:
         weight = weights.get(ranking.strategy, 0.0)
         if ranking.strategy in ABSOLUTE_SCORES:
-            norm = {key: min(1.0, max(0.0, raw)) for key, raw in zip(ranking.keys, ranking.scores)}
+            scaled = {key: min(1.0, max(0.0, raw)) for key, raw in zip(ranking.keys, ranking.scores)}
         else:
-            norm = normalised(ranking, pool)
-        position = 0
-        for index, (key, raw) in enumerate(zip(ranking.keys, ranking.scores), start=1):
-            if index == 1 or raw != ranking.scores[index - 2]:
-                position = index
-            contribution = weight * norm[key]
-            fused[key] = fused.get(key, 0.0) + contribution
-            hits.setdefault(key, {})[ranking.strategy] = StrategyHit(position, raw, contribution)
-    order = sorted(fused, key=lambda key: fused[key], reverse=True)
-    return [(key, fused[key], hits[key]) for key in order]
+            scaled = normalised(ranking, pool)
+        return lambda key, _position: weight * scaled[key]
+
+    return _combine(rankings, contribution_of)
 
 
 LearnedScorer = Callable[[list[MemoryEntry], dict[str, dict[str, int]]], list[float]]

@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.embedding import EmbedderUnavailableError
+from ..core.embedding import DEFAULT_EMBEDDER, EmbedderUnavailableError
 from ..core.models import Actor
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
 from . import SINGLE_STRATEGIES, close_store, log, open_store
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             embedder = load_embedder(args.embedder) if args.embedder else None
         except (ValueError, EmbedderUnavailableError) as error:
             parser.error(str(error))
-        report["embedder"] = getattr(embedder or load_embedder(), "name", "default")
+        report["embedder"] = embedder.name if embedder is not None else DEFAULT_EMBEDDER
         for store in stores:
             rows = asyncio.run(run_in_process(conversations, store, embedder=embedder, with_dates=args.with_dates))
             report["runs"][store] = {"summary": summarise(rows), "questions": rows}

@@ -550,9 +550,8 @@ async def test_keyword_score_is_the_share_of_the_query_word_weight_an_entry_hold
                 await store.keyword_candidates(["flamegraph", "deploy", "dashboard"], EntryFilter(), NOW, 20))
     assert hits["svc/all/k"] == pytest.approx(1.0)
     assert 0 < hits["svc/noise/k0"] < 0.5  # two common words of three: a small share of the weight
-    assert await store.keyword_candidates(["flamegraph", "unicorn"], EntryFilter(), NOW, 5) != []
-    share = (await store.keyword_candidates(["flamegraph", "unicorn"], EntryFilter(), NOW, 5))[0][1]
-    assert 0 < share < 0.9  # an unmatched rare word still counts in the query's weight
+    (entry, share), = await store.keyword_candidates(["flamegraph", "unicorn"], EntryFilter(), NOW, 5)
+    assert entry.entity_path == "svc/all" and 0 < share < 0.9  # an unmatched rare word still counts in the query's weight
 
 
 async def test_only_current_live_versions_are_keyword_candidates(store: MemoryStore) -> None:

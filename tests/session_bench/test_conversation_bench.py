@@ -149,3 +149,22 @@ def test_rankers_return_one_ranked_list_per_question_from_the_conversation(tiny)
     ranked = asyncio.run(bench.bm25_ranker(None, conversation, questions))
     keys = {t["key"] for t in bench.turns_of(conversation)}
     assert len(ranked) == 5 and all(len(r) <= bench.LIMIT and set(r) <= keys for r in ranked)
+
+
+@pytest.mark.slow
+def test_the_fusion_sweep_row_for_the_default_weights_is_the_default_fusion():
+    from amfs_server.session_bench import tune_fusion
+
+    conversation = gen.build_dataset(seed=3, conversations=1, sessions=3)["conversations"][0]
+    conversation["questions"] = conversation["questions"][:8]
+    table = tune_fusion.sweep([conversation], (0.3, 0.9))
+    default = asyncio.run(bench.run_in_process([conversation], "sqlite",
+                                               selected={"d": bench.service_ranker(None)}))["d"]
+    from amfs_server.core.retrieval import HYBRID_WEIGHTS
+
+    assert tune_fusion.weights_for(0.3) == pytest.approx(HYBRID_WEIGHTS)
+    assert table[0.3]["n"] == 8
+    assert table[0.3]["recall@10"] == pytest.approx(sum(r["recall@10"] for r in default) / 8)
+    assert table[0.3]["mrr@10"] == pytest.approx(sum(r["mrr@10"] for r in default) / 8)
+    assert table[0.3] != table[0.9]  # the weight is really applied
+
