@@ -16,11 +16,20 @@ questions (the write-time cost, reported apart as ``compile_ms`` per memory); th
 number of questions that reuse a set of k memories after which compiling them once has paid for itself
 against ``text_topk``: ``k * compile_ms / (ttft_text_topk - ttft_prefix)``.
 
+``--via-server`` measures the same through the MCP tools of a server built with the backbone (an app from
+``create_app`` over an in-memory client): each cell's memories are written with ``amfs_write`` under their
+own entity path, and every answer is one ``amfs_answer`` call scoped to it (``mode`` text/prefix/hybrid,
+``memories`` k, or 1 for text_top1), so retrieval, the worker's queue and the tool layer are in the times.
+The first prefix call of a cell compiles its memories (untimed, its compile time reported); TTFT is what
+the tool reports (retrieve + cache lookup + prefill to the first token), total is the call as the client
+sees it.
+
     python -m amfs_server.session_bench.prefix_cost --backbone tiny-random-qwen2      # shape check
     python -m amfs_server.session_bench.prefix_cost --backbone smollm2 --reps 3      # the real figures
+    python -m amfs_server.session_bench.prefix_cost --backbone smollm2 --via-server  # through amfs_answer
 
 Writes ``report.json``, ``report.md`` and ``report.png`` to ``--out``
-(default ``reports/session/prefix-cost-<backbone>/``).
+(default ``reports/session/prefix-cost-<backbone>/``, ``-server`` appended with ``--via-server``).
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import argparse
 import json
 import platform
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from . import pyplot
+from .served import ServedApp
 from ..ml.answer.worker import MemoryText, answer_from_memories
 
 COST_MODES = ("text_topk", "text_top1", "prefix", "hybrid")
@@ -51,8 +62,9 @@ _SERVICES = ("billing", "search", "checkout", "ledger", "mailer", "gateway", "re
              "inventory", "payments", "notify")
 
 
-def make_memories(backbone: Any, layout: Any, n_tokens: int, count: int) -> list[MemoryText]:
-    """``count`` memories of about ``n_tokens`` tokens each (as note lines), each naming its own service."""
+def make_memories(backbone: Any, layout: Any, n_tokens: int, count: int, scope: str = "cost") -> list[MemoryText]:
+    """``count`` memories of about ``n_tokens`` tokens each (as note lines), each naming its own service,
+    with ids ``<scope>/<service>/note@v1`` (a scope per cell, so a server-side retrieve sees only them)."""
     from ..ml.answer.prefix_cache import encode
 
     memories = []
@@ -63,7 +75,7 @@ def make_memories(backbone: Any, layout: Any, n_tokens: int, count: int) -> list
         while len(encode(backbone, layout.memory_line(" ".join(words)))) < n_tokens:
             words.append(_WORDS[j % len(_WORDS)].format(svc=svc))
             j += 1
-        memories.append(MemoryText(f"cost/{svc}/note@v1", " ".join(words)))
+        memories.append(MemoryText(f"{scope}/{svc}/note@v1", " ".join(words)))
     return memories
 
 
@@ -71,33 +83,95 @@ def _median(values: Sequence[float]) -> float:
     return float(np.median(values)) if values else float("nan")
 
 
-def run(backbone: Any, compiler: Any, sizes: Sequence[int], top_ks: Sequence[int], reps: int,
-        max_new_tokens: int) -> dict[str, Any]:
+class InProcess:
+    """Answers with ``answer_from_memories`` on the benchmark's own backbone and compiler."""
+
+    path = "in-process"
+
+    def __init__(self, backbone: Any, compiler: Any) -> None:
+        self.backbone, self.compiler = backbone, compiler
+
+    async def prepare(self, memories: Sequence[MemoryText]) -> tuple[float, int]:
+        """Compile the cell's memories (the write-time cost, once per version): (ms per memory, compiled)."""
+        before = self.compiler.stats.compile_ms_total, self.compiler.stats.compiled
+        for m in memories:
+            self.compiler.compile(m.memory_id, m.text)
+        compiled = self.compiler.stats.compiled - before[1]
+        return (self.compiler.stats.compile_ms_total - before[0]) / max(1, compiled), compiled
+
+    async def answer(self, mode: str, question: str, memories: Sequence[MemoryText],
+                     max_new_tokens: int) -> dict[str, float]:
+        given = list(memories[:1] if mode == "text_top1" else memories)
+        started = time.perf_counter()
+        gen = answer_from_memories(self.backbone, self.compiler, question, _GENERATION[mode], given, max_new_tokens)
+        total_ms = (time.perf_counter() - started) * 1000
+        m = gen.metrics
+        return {"ttft_ms": m.ttft_ms + gen.compile_ms, "total_ms": total_ms, "input_tokens": m.input_tokens,
+                "prefix_tokens": m.prefix_tokens, "new_tokens": m.new_tokens, "cache_lookup_ms": gen.compile_ms,
+                "memories_given": len(given)}
+
+
+class ViaServer:
+    """Answers through ``amfs_answer`` of a server app built with the backbone, over an in-memory client."""
+
+    path = "server"
+
+    def __init__(self, data_dir: Path, backbone_spec: str) -> None:
+        self.server = ServedApp(data_dir, backbone_spec, "prefix cost --via-server")
+        self.load_ms = 0.0
+
+    async def __aenter__(self) -> ViaServer:
+        await self.server.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.server.__aexit__(*exc)
+
+    @staticmethod
+    def _scope(memories: Sequence[MemoryText]) -> str:
+        return memories[0].memory_id.split("/", 1)[0]
+
+    async def prepare(self, memories: Sequence[MemoryText]) -> tuple[float, int]:
+        """Write the cell's memories with amfs_write; the first prefix answer compiles them (untimed)."""
+        for m in memories:
+            entity_path, key = m.memory_id.rsplit("@v", 1)[0].rsplit("/", 1)
+            await self.server.call("amfs_write", {"entity_path": entity_path, "key": key, "value": m.text})
+        first = await self.server.call("amfs_answer", {"query": "What are these notes about?", "mode": "prefix",
+                                                 "entity_path": self._scope(memories), "memories": len(memories),
+                                                 "max_new_tokens": 1})
+        self.load_ms += first["metrics"]["load_ms"]
+        compiled = first["metrics"]["compiled_now"]
+        return first["metrics"]["compile_ms"] / max(1, compiled), compiled
+
+    async def answer(self, mode: str, question: str, memories: Sequence[MemoryText],
+                     max_new_tokens: int) -> dict[str, float]:
+        started = time.perf_counter()
+        result = await self.server.call("amfs_answer", {
+            "query": question, "mode": _GENERATION[mode], "entity_path": self._scope(memories),
+            "memories": 1 if mode == "text_top1" else len(memories), "max_new_tokens": max_new_tokens})
+        total_ms = (time.perf_counter() - started) * 1000
+        m = result["metrics"]
+        return {"ttft_ms": m["retrieve_ms"] + m["queue_ms"] + m["compile_ms"] + m["ttft_ms"], "total_ms": total_ms,
+                "input_tokens": m["input_tokens"], "prefix_tokens": m["prefix_tokens"], "new_tokens": m["new_tokens"],
+                "cache_lookup_ms": m["compile_ms"], "retrieve_ms": m["retrieve_ms"],
+                "memories_given": len(result["memories"])}
+
+
+async def run(answerer: InProcess | ViaServer, backbone: Any, layout: Any, sizes: Sequence[int],
+              top_ks: Sequence[int], reps: int, max_new_tokens: int) -> dict[str, Any]:
     from ..ml.answer.prefix_cache import encode
 
     cells = []
     for size in sizes:
         for k in top_ks:
-            memories = make_memories(backbone, compiler.layout, size, k)
-            tokens = [len(encode(backbone, compiler.layout.memory_line(m.text))) for m in memories]
-            before = compiler.stats.compile_ms_total, compiler.stats.compiled
-            for m in memories:  # the write-time cost, once per memory version
-                compiler.compile(m.memory_id, m.text)
-            compiled = compiler.stats.compiled - before[1]
-            compile_ms = (compiler.stats.compile_ms_total - before[0]) / max(1, compiled)
+            memories = make_memories(backbone, layout, size, k, scope=f"cost-{size}x{k}")
+            tokens = [len(encode(backbone, layout.memory_line(m.text))) for m in memories]
+            compile_ms, compiled = await answerer.prepare(memories)
             rows: dict[str, list[dict[str, float]]] = {m: [] for m in COST_MODES}
             for rep in range(reps):
                 question = f"What happens after three failed health checks for {_SERVICES[rep % len(_SERVICES)]}?"
                 for mode in COST_MODES:
-                    given = memories[:1] if mode == "text_top1" else memories
-                    started = time.perf_counter()
-                    gen = answer_from_memories(backbone, compiler, question, _GENERATION[mode], given,
-                                               max_new_tokens)
-                    total_ms = (time.perf_counter() - started) * 1000
-                    m = gen.metrics
-                    rows[mode].append({"ttft_ms": m.ttft_ms + gen.compile_ms, "total_ms": total_ms,
-                                       "input_tokens": m.input_tokens, "prefix_tokens": m.prefix_tokens,
-                                       "new_tokens": m.new_tokens, "cache_lookup_ms": gen.compile_ms})
+                    rows[mode].append(await answerer.answer(mode, question, memories, max_new_tokens))
             cell = {"memory_tokens": size, "measured_memory_tokens": float(np.mean(tokens)), "top_k": k,
                     "compile_ms_per_memory": compile_ms, "memories_compiled": compiled, "modes": {}}
             for mode, rs in rows.items():
@@ -148,6 +222,10 @@ def markdown(report: dict[str, Any]) -> str:
         f"max {cfg['max_new_tokens']} new tokens, greedy; medians. TTFT includes the cache lookup and prefix "
         "assembly for prefix/hybrid; compiling (once per memory version) is reported apart. "
         "Timings on a shared machine are noisy.", "",
+        ("Path: **through the server**: memories written with amfs_write, every answer one amfs_answer call "
+         "(TTFT = retrieve + queue + cache lookup + prefill to the first token, as the tool reports it; total = "
+         "the call as the client sees it)." if cfg.get("path") == "server" else
+         "Path: in process (answer_from_memories, the amfs_answer tool's code, without retrieval)."), "",
         "| memory tokens | top-k | compile ms/memory | " + " | ".join(f"{m} TTFT ms" for m in COST_MODES)
         + " | " + " | ".join(f"{m} total ms" for m in COST_MODES) + " | break-even questions |",
         "|" + "---|" * (3 + 2 * len(COST_MODES) + 1),
@@ -188,7 +266,8 @@ def chart(report: dict[str, Any], path: Path) -> None:
         ax.set_title(title)
     axes[1].legend(fontsize=7)
     cfg = report["config"]
-    fig.suptitle(f"{cfg['backbone']} ({cfg['device']}): prefix channel vs text as memories grow"
+    fig.suptitle(f"{cfg['backbone']} ({cfg['device']}, {cfg.get('path', 'in-process')}): prefix channel vs text "
+                 "as memories grow"
                  + (" [random test model]" if cfg["is_random_backbone"] else ""))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -219,6 +298,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=3, help="questions per cell (default 3)")
     p.add_argument("--max-new-tokens", type=int, default=8)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--via-server", action="store_true",
+                   help="answer through amfs_answer of a server built with the backbone (memories via amfs_write)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     args.size_list = _ints(args.sizes, "--sizes", p)
@@ -230,6 +311,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    import asyncio
+
     import torch
 
     from ..ml.answer.backbone import BackboneUnavailable, load_backbone
@@ -239,28 +322,38 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
+        # Via the server this copy only sizes the memories in tokens; the server's worker loads its own.
         backbone = load_backbone(args.backbone, device=args.device)
     except BackboneUnavailable as error:
         raise SystemExit(f"prefix cost: {error}") from None
     compiler = MemoryCompiler(backbone)
-    # Warm-up memories of their own (ids and texts no cell uses), so every cell's memories are compiled, not cache hits.
-    warm = [MemoryText(f"warm-up/{m.memory_id}", f"Warm-up. {m.text}") for m in make_memories(backbone, compiler.layout, 20, 2)]
-    for mode in ("text", "prefix", "hybrid"):  # first-call costs land nowhere
-        answer_from_memories(backbone, compiler, "What is this about?", mode, warm, 2)
     started = time.perf_counter()
-    measured = run(backbone, compiler, args.size_list, args.k_list, args.reps, args.max_new_tokens)
+    if args.via_server:
+        with tempfile.TemporaryDirectory(prefix="amfs-prefix-cost-") as tmp:
+            measured = asyncio.run(_run_via_server(Path(tmp), args, backbone, compiler.layout))
+    else:
+        # Warm-up memories of their own (ids and texts no cell uses), so every cell's memories are compiled,
+        # not cache hits.
+        warm = [MemoryText(f"warm-up/{m.memory_id}", f"Warm-up. {m.text}")
+                for m in make_memories(backbone, compiler.layout, 20, 2)]
+        for mode in ("text", "prefix", "hybrid"):  # first-call costs land nowhere
+            answer_from_memories(backbone, compiler, "What is this about?", mode, warm, 2)
+        measured = asyncio.run(run(InProcess(backbone, compiler), backbone, compiler.layout, args.size_list,
+                                   args.k_list, args.reps, args.max_new_tokens))
     report = {
         "command": "python -m amfs_server.session_bench.prefix_cost "
                    + " ".join(sys.argv[1:] if args.argv is None else args.argv),
         "config": {"backbone": backbone.name, "is_random_backbone": backbone.is_random, "device": str(backbone.device),
                    "dtype": str(backbone.dtype).replace("torch.", ""), "torch_threads": torch.get_num_threads(),
                    "reps": args.reps, "max_new_tokens": args.max_new_tokens, "sizes": args.size_list,
-                   "top_k": args.k_list, "key_scale": compiler.key_scale, "machine": platform.machine()},
+                   "top_k": args.k_list, "key_scale": compiler.key_scale, "machine": platform.machine(),
+                   "path": "server" if args.via_server else "in-process"},
         **measured,
         "crossover": crossover(measured["cells"]),
         "wall_s": time.perf_counter() - started,
     }
-    out = args.out or Path("reports") / "session" / f"prefix-cost-{backbone.name.split('@')[0]}"
+    out = args.out or Path("reports") / "session" / (f"prefix-cost-{backbone.name.split('@')[0]}"
+                                                     + ("-server" if args.via_server else ""))
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     (out / "report.md").write_text(markdown(report), encoding="utf-8")
@@ -268,6 +361,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(markdown(report))
     _progress(f"prefix cost: wrote {out}/report.json, report.md, report.png in {report['wall_s']:.0f}s")
     return report
+
+
+async def _run_via_server(data_dir: Path, args: argparse.Namespace, backbone: Any, layout: Any) -> dict[str, Any]:
+    async with ViaServer(data_dir, args.backbone) as server:
+        # Warm-up memories of their own scope: the worker loads the backbone and every mode runs once untimed.
+        warm = make_memories(backbone, layout, 20, 2, scope="warm-up")
+        await server.prepare(warm)
+        for mode in COST_MODES:
+            await server.answer(mode, "What is this about?", warm, 2)
+        measured = await run(server, backbone, layout, args.size_list, args.k_list, args.reps, args.max_new_tokens)
+        measured["server_backbone_load_ms"] = server.load_ms
+        return measured
 
 
 if __name__ == "__main__":

@@ -74,9 +74,10 @@ import numpy as np
 from ..core.embedding import DEFAULT_EMBEDDER
 from ..core.ports import Embedder
 from . import pyplot
+from .served import ServedApp
 from .session_data import (REPORTING_SEEDS, TUNING_SEEDS, Fact, Session, SessionFileError, check_seeds,
                            generated_session, load_session_file, report_session)
-from ..ml.answer.worker import DEFAULT_MEMORIES, AnswerMode, Generated, MemoryText, answer_from_memories, memory_text
+from ..ml.answer.worker import AnswerMode, Generated, MemoryText, answer_from_memories, memory_text
 
 # A mode name is a base mode, or a prefix mode at another key scale: "A_ams_prefix@ks1.0".
 ModeName = str
@@ -104,11 +105,11 @@ TEXT_MODES: tuple[ModeName, ...] = ("D_full_history", "B_flat_cos", "B_ams_text"
 PREFIX_MODES: tuple[ModeName, ...] = ("A_ams_prefix", "C_ams_hybrid")
 # The key scale printed beside the default (1.0 = plain concatenation, no bet on the top-1).
 DEFAULT_KEY_SCALES_BESIDE = "1.0"
-# --via-server: the modes amfs_answer serves (D as mode="full", the others with the server's retrieval);
-# B_flat_cos and the oracle have no server equivalent and run in process beside it.
-SERVER_MODES: frozenset[ModeName] = frozenset({"D_full_history", "B_ams_text", "A_ams_prefix", "C_ams_hybrid"})
-# amfs_answer takes no memory count, so B_text_top1 has no server path; --via-server leaves it out.
-NOT_VIA_SERVER: frozenset[ModeName] = frozenset({"B_text_top1"})
+# --via-server: the modes amfs_answer serves (D as mode="full", the others with the server's retrieval and
+# `memories` = top-k, or 1 for B_text_top1); B_flat_cos and the oracle have no server equivalent and run in
+# process beside it.
+SERVER_MODES: frozenset[ModeName] = frozenset({"D_full_history", "B_ams_text", "B_text_top1", "A_ams_prefix",
+                                               "C_ams_hybrid"})
 ServedBy = Literal["in-process", "server"]
 DEFAULT_TOP_K = 3
 DEFAULT_MAX_NEW_TOKENS = 30  # the report's mt=30
@@ -301,54 +302,36 @@ class _ViaServer:
     served_by: ServedBy = "server"
 
     def __init__(self, data_dir: Path, backbone_spec: str, embedder_spec: str) -> None:
-        from ..server.app import create_app
-        from ..server.composition import build_service
-        from ..server.settings import load_settings
-
-        # No environment: the benchmark's settings are its arguments, and nothing persisted elsewhere
-        # (a learned ranker under ./.amfs/ml) joins retrieval.
-        settings = load_settings({}, data_dir=data_dir, ml_model_dir=data_dir / "ml", embedder=embedder_spec,
-                                 lm_backbone=backbone_spec)
-        self.app = create_app(build_service(settings), settings)
-        self.client: Any = None
+        self.server = ServedApp(data_dir, backbone_spec, "session bench --via-server", embedder_spec)
         self.load_ms = 0.0
 
     async def __aenter__(self) -> _ViaServer:
-        from fastmcp import Client
-
-        self.client = Client(self.app)
-        await self.client.__aenter__()
-        tools = {t.name for t in await self.client.list_tools()}
-        if "amfs_answer" not in tools:
+        await self.server.__aenter__()
+        if "amfs_answer" not in await self.server.tool_names():
             raise SystemExit("session bench --via-server: the server registered no amfs_answer tool")
         # Warm-up on the empty store: the worker loads the backbone now, and every generation mode runs
         # once untimed, so first-call costs land nowhere.
         for mode in ("full", "text", "prefix", "hybrid"):
-            result = await self._call("amfs_answer", {"query": "What colour is the sky?", "mode": mode,
-                                                      "max_new_tokens": 4})
+            result = await self.server.call("amfs_answer", {"query": "What colour is the sky?", "mode": mode,
+                                                            "max_new_tokens": 4})
             self.load_ms += result["metrics"]["load_ms"]
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.client.__aexit__(*exc)
-
-    async def _call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        result = await self.client.call_tool(tool, arguments, raise_on_error=False)
-        if result.is_error:
-            raise SystemExit(f"session bench --via-server: {tool} failed: {result.content[0].text}")
-        return result.structured_content
+        await self.server.__aexit__(*exc)
 
     async def write(self, facts: Sequence[Fact]) -> list[MemoryText]:
         texts = []
         for f in facts:
-            written = await self._call("amfs_write", {"entity_path": f.entity_path, "key": f.key, "value": f.text})
+            written = await self.server.call("amfs_write", {"entity_path": f.entity_path, "key": f.key, "value": f.text})
             texts.append(MemoryText(f"{written['entry_key']}@v{written['version']}", memory_text(f.text)))
         return texts
 
     async def answer(self, mode: ModeName, question: str, texts: Sequence[MemoryText], top_k: int,
                      max_new_tokens: int) -> _Answered:
-        result = await self._call("amfs_answer", {"query": question, "mode": GENERATION_MODE[mode],
-                                                  "max_new_tokens": max_new_tokens})
+        result = await self.server.call("amfs_answer", {"query": question, "mode": GENERATION_MODE[mode],
+                                                        "max_new_tokens": max_new_tokens,
+                                                        "memories": GIVEN.get(base_mode(mode), top_k)})
         m = result["metrics"]
         return _Answered(result["answer"], [u["entry_key"] for u in result["memories"]], m["input_tokens"],
                          m["prefix_tokens"], m["new_tokens"], m["retrieve_ms"] if mode != "D_full_history" else 0.0,
@@ -727,11 +710,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     named_variants = [m for m in args.mode_list if "@" in m]
     if named_variants and args.via_server:
         p.error("--via-server runs the server's key scale only; leave the @ks modes out")
-    if args.via_server:
-        if args.modes != ",".join(ALL_MODES) and NOT_VIA_SERVER & set(args.mode_list):
-            p.error(f"--via-server: {', '.join(sorted(NOT_VIA_SERVER & set(args.mode_list)))} has no server path "
-                    "(amfs_answer takes no memory count); leave it out")
-        args.mode_list = [m for m in args.mode_list if m not in NOT_VIA_SERVER]
     # Canonical order, each prefix mode's named variants right after it, the reference last.
     args.mode_list = [v for m in ALL_MODES if m in args.mode_list or any(base_mode(n) == m for n in named_variants)
                       for v in [m, *(variant(base_mode(n), mode_key_scale(n)) for n in named_variants
@@ -770,10 +748,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.via_server:
         from ..ml.answer.prefix_cache import DEFAULT_KEY_SCALE
 
-        # amfs_answer gives the model DEFAULT_MEMORIES memories, and the server's compiler its default key
-        # scale; a benchmark that claims the server's answers must run with what the server does.
-        if args.top_k != DEFAULT_MEMORIES:
-            p.error(f"--via-server answers with the server's {DEFAULT_MEMORIES} memories; leave --top-k out")
+        # The server's compiler runs its default key scale; a benchmark that claims the server's answers
+        # must run with what the server does.
         if args.key_scale is not None and args.key_scale != DEFAULT_KEY_SCALE:
             p.error(f"--via-server uses the server's key scale ({DEFAULT_KEY_SCALE}); leave --key-scale out")
     args.argv = None if argv is None else list(argv)

@@ -14,7 +14,7 @@ from fastmcp import Context, FastMCP
 from pydantic import BaseModel, Field
 
 from ..core.service import MAX_QUERY_CHARS, MemoryService
-from ..ml.answer.worker import DEFAULT_MEMORIES, LMWorker
+from ..ml.answer.worker import DEFAULT_MEMORIES, MAX_MEMORIES, LMWorker
 from ._params import EntityFilter
 from ._registry import ActorResolver, ToolRegistry, read_only
 from ._views import Score
@@ -64,12 +64,15 @@ def register_answer_tools(mcp: FastMCP, service: MemoryService, worker: LMWorker
         ] = "prefix",
         entity_path: EntityFilter = None,
         max_new_tokens: Annotated[int, Field(ge=1, le=1024)] = 64,
+        memories: Annotated[int, Field(ge=1, le=MAX_MEMORIES, description=(
+            "How many of the top retrieved memories the model gets (prefix/hybrid/text; full ignores it)."))
+        ] = DEFAULT_MEMORIES,
     ) -> AnswerResult:
         """Answer a question from stored memories with the server's local language model. prefix (default)
         injects the top retrieved memories as cached model state, so only the question is read. Returns
         the answer, the memories used (counted as reads) and token/time metrics."""
         result = await worker.answer(service, tools.actor(ctx), query, mode, entity_path, max_new_tokens,
-                                     memories=DEFAULT_MEMORIES)
+                                     memories=memories)
         m = result.metrics
         return AnswerResult(
             answer=result.answer, mode=result.mode, backbone=result.backbone,

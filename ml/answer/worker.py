@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 AnswerMode = Literal["prefix", "hybrid", "text", "full"]
 ANSWER_MODES: tuple[AnswerMode, ...] = ("prefix", "hybrid", "text", "full")
 DEFAULT_MEMORIES = 3
+MAX_MEMORIES = 50
 # Mode "full" puts every entry under entity_path in the prompt; past this many it is refused with the
 # next step, rather than silently cut (a cut prompt would no longer be "full").
 MAX_FULL_ENTRIES = 500
@@ -243,8 +244,8 @@ class LMWorker:
             raise ValidationError(f"mode must be one of {list(ANSWER_MODES)}, got {mode!r}.")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= 1024:
             raise ValidationError(f"max_new_tokens must be an integer in 1..1024, got {max_new_tokens!r}.")
-        if isinstance(memories, bool) or not isinstance(memories, int) or not 1 <= memories <= 50:
-            raise ValidationError(f"memories must be an integer in 1..50, got {memories!r}.")
+        if isinstance(memories, bool) or not isinstance(memories, int) or not 1 <= memories <= MAX_MEMORIES:
+            raise ValidationError(f"memories must be an integer in 1..{MAX_MEMORIES}, got {memories!r}.")
         if not isinstance(query, str) or not query.strip():
             raise ValidationError("query must be a non-empty question, e.g. 'which database does the project use?'.")
         if not self.loaded:

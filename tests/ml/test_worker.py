@@ -144,6 +144,23 @@ async def test_amfs_answer_returns_the_answer_with_the_modes_metrics(tmp_path):
         assert text["metrics"]["prefix_tokens"] == 0 and text["metrics"]["load_ms"] == 0
 
 
+async def test_amfs_answer_gives_the_model_as_many_memories_as_asked_and_refuses_a_bad_count(tmp_path):
+    settings = load_settings({}, data_dir=tmp_path, embedder="none", lm_backbone="tiny-random-qwen2")
+    async with Client(create_app(build_service(settings), settings)) as client:
+        for entity_path, key, value in FACTS:
+            await client.call_tool("amfs_write", {"entity_path": entity_path, "key": key, "value": value})
+        question = {"query": "What is the user's project database, editor and dog?", "entity_path": "user/profile",
+                    "max_new_tokens": 2}
+        one = (await client.call_tool("amfs_answer", {**question, "mode": "text", "memories": 1})).structured_content
+        three = (await client.call_tool("amfs_answer", {**question, "mode": "text", "memories": 3})).structured_content
+        assert len(one["memories"]) == 1 and len(three["memories"]) == 3
+        assert one["memories"][0] == three["memories"][0]  # the same retrieval, cut at the count
+        assert one["metrics"]["input_tokens"] < three["metrics"]["input_tokens"]
+        for bad in (0, 51, "three"):
+            refused = await client.call_tool("amfs_answer", {**question, "memories": bad}, raise_on_error=False)
+            assert refused.is_error and "memories" in refused.content[0].text
+
+
 async def test_amfs_answer_with_an_unknown_backbone_is_a_tool_error_with_the_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     settings = load_settings({}, data_dir=tmp_path, embedder="none", lm_backbone="amfs-test/no-such-model")

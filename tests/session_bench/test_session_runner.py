@@ -224,12 +224,15 @@ def test_via_server_writes_through_amfs_write_and_answers_through_amfs_answer(tm
     assert saved["sessions"][0]["served_by"] == "server" and saved["sessions"][0]["backbone_load_ms"] > 0
     served = {m: s["served_by"] for m, s in saved["summary"].items()}
     assert served == {"D_full_history": ["server"], "B_flat_cos": ["in-process"], "B_ams_text": ["server"],
-                      "A_ams_prefix": ["server"], "C_ams_hybrid": ["server"], sb.ORACLE: ["in-process"]}
+                      "B_text_top1": ["server"], "A_ams_prefix": ["server"], "C_ams_hybrid": ["server"],
+                      sb.ORACLE: ["in-process"]}
     for q in saved["queries"]:
         assert isinstance(q["answer"], str) and q["generate_ms"] > 0 and q["total_ms"] >= q["generate_ms"]
         assert q["new_tokens"] >= 1 and q["input_tokens"] > 0
         if q["mode"] in ("A_ams_prefix", "C_ams_hybrid"):
             assert q["prefix_tokens"] > 0 and 1 <= len(q["memories"]) <= 3
+        if q["mode"] == "B_text_top1":  # amfs_answer with memories=1
+            assert len(q["memories"]) == 1 and q["prefix_tokens"] == 0
         if q["mode"] == "D_full_history":
             assert q["memories"] == [f.path for f in session.facts]  # mode="full": every memory, oldest first
     # The server compiled memories on first use: some answers paid a compile, later ones found the cache.
@@ -254,17 +257,15 @@ def test_via_server_writes_through_amfs_write_and_answers_through_amfs_answer(tm
 
 def test_via_server_refuses_settings_the_server_does_not_use(capsys):
     with pytest.raises(SystemExit):
-        sb.parse_args(["--via-server", "--top-k", "5"])
-    assert "leave --top-k out" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
         sb.parse_args(["--via-server", "--key-scale", "1.0"])
     assert "leave --key-scale out" in capsys.readouterr().err
     from amfs_server.ml.answer.prefix_cache import DEFAULT_KEY_SCALE
 
     assert sb.parse_args(["--via-server", "--key-scale", str(DEFAULT_KEY_SCALE)]).via_server
-    with pytest.raises(SystemExit):
-        sb.parse_args(["--via-server", "--modes", "B_text_top1,A_ams_prefix"])
-    assert "B_text_top1 has no server path" in capsys.readouterr().err
-    # By default --via-server runs every mode that has a server path, and none at another key scale.
+    # amfs_answer takes a memory count: --top-k and B_text_top1 run through the server too.
+    assert sb.parse_args(["--via-server", "--top-k", "5"]).top_k == 5
+    assert sb.parse_args(["--via-server", "--modes", "B_text_top1,A_ams_prefix"]).mode_list == [
+        "B_text_top1", "A_ams_prefix"]
+    # By default --via-server runs every mode, and none at another key scale.
     assert sb.parse_args(["--via-server"]).mode_list == ["D_full_history", "B_flat_cos", "B_ams_text",
-                                                          "A_ams_prefix", "C_ams_hybrid", sb.ORACLE]
+                                                          "B_text_top1", "A_ams_prefix", "C_ams_hybrid", sb.ORACLE]
