@@ -523,7 +523,9 @@ class MemoryService:
             if weights is not None or fusion != self.config.fusion else self.retrieval_weights()
         )
         now = self.now()
-        pool_size = max(self.config.candidate_pool, limit * 5)
+        # One pool for every limit up to candidate_pool / 2, so a larger limit extends the ranking of a smaller one
+        # instead of reshuffling it; past that, twice the limit leaves room for the confidence and tier filters.
+        pool_size = max(self.config.candidate_pool, limit * 2)
         # Both searches always run: together they form the pool that every strategy ranks.
         semantic, keyword = await asyncio.gather(
             self._semantic_candidates(query, flt, now, pool_size),

@@ -282,3 +282,23 @@ async def test_words_common_to_most_entries_are_left_to_semantic_search(store, a
     assert await store.common_terms(["service", "err_quota_7"], 3) == {"service"}
     results = await svc.retrieve(actor, "service ERR_QUOTA_7", explain=True)
     assert [r.entry.key for r in results if "keyword" in r.strategies] == ["rare"]
+
+
+async def test_a_larger_limit_extends_the_ranking_of_a_smaller_one(rsvc: MemoryService, actor: Actor) -> None:
+    # Many entries share a few common words, so the keyword pool's cut falls among tied weak matches: a pool that
+    # grew with the limit (it was 5 x limit) let limit 20 admit matches limit 10 had cut, and reorder its top 10.
+    import random
+
+    rng = random.Random(7)
+    vocabulary = ["deploy", "canary", "rollback", "billing", "invoice", "ledger", "cache", "redis", "queue", "kafka",
+                  "token", "oauth", "latency", "timeout", "retry", "backoff", "schema", "migration", "index", "vacuum"]
+    await rsvc.write_many(actor, [
+        WriteRequest("ops/notes", f"note-{i:03d}", " ".join(rng.sample(vocabulary, 4)) + f" (note {i})")
+        for i in range(240)
+    ])
+    # Each of these reordered its top 10 between limit 10 and 20 with the 5 x limit pool.
+    for words in (("deploy", "canary"), ("deploy", "billing"), ("deploy", "token"), ("deploy",), ("canary",)):
+        question = "what about " + " and ".join(words) + "?"
+        ten = [hit.entry.key for hit in await rsvc.retrieve(actor, question, limit=10, count_as_read=False)]
+        twenty = [hit.entry.key for hit in await rsvc.retrieve(actor, question, limit=20, count_as_read=False)]
+        assert len(ten) == 10 and twenty[:10] == ten, question
