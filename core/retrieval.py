@@ -2,7 +2,8 @@
 
 semantic and keyword search the store for the query; temporal (recency of the event, else of the write, to the hour),
 confidence (effective confidence after decay) and, once a ranker is trained, learned, order that
-same candidate pool: on their own they know nothing about the query. Two fusions:
+same candidate pool: on their own they know nothing about the query. speaker marks the relevant candidates
+attributed to someone the question names (a transcript turn "Caroline: ..."; see `speaker_matches`). Two fusions:
 
 * `hybrid` (the default): a weighted sum of scores on a common 0..1 scale. Keyword scores already are one (the
   share of the query's word weight an entry matches, capped at 1: see `MemoryStore.keyword_candidates`), so a
@@ -26,14 +27,16 @@ from typing import Any
 from .errors import ValidationError
 from .models import MemoryEntry
 
-STRATEGIES: tuple[str, ...] = ("semantic", "keyword", "temporal", "confidence", "learned")
+STRATEGIES: tuple[str, ...] = ("semantic", "keyword", "temporal", "confidence", "speaker", "learned")
 QUERY_BLIND: frozenset[str] = frozenset({"temporal", "confidence", "learned"})
 FUSIONS: tuple[str, ...] = ("hybrid", "rrf")
-RRF_WEIGHTS: dict[str, float] = {"semantic": 0.4, "keyword": 0.2, "temporal": 0.2, "confidence": 0.2, "learned": 0.0}
+RRF_WEIGHTS: dict[str, float] = {"semantic": 0.4, "keyword": 0.2, "temporal": 0.2, "confidence": 0.2, "speaker": 0.0,
+                                 "learned": 0.0}
 # Chosen on the conversation set's tuning half (an offline harness over dumped candidates); the README has both halves.
-HYBRID_WEIGHTS: dict[str, float] = {"semantic": 0.3, "keyword": 0.7, "temporal": 0.05, "confidence": 0.05, "learned": 0.0}
+HYBRID_WEIGHTS: dict[str, float] = {"semantic": 0.3, "keyword": 0.7, "temporal": 0.05, "confidence": 0.05, "speaker": 0.1,
+                                    "learned": 0.0}
 # Strategies whose scores are already on the fusion's 0..1 scale (capped at 1 rather than min-max normalised).
-ABSOLUTE_SCORES: frozenset[str] = frozenset({"keyword"})
+ABSOLUTE_SCORES: frozenset[str] = frozenset({"keyword", "speaker"})
 DEFAULT_WEIGHTS = HYBRID_WEIGHTS
 LEARNED_WEIGHT = 0.3
 HYBRID_POOL = 50
@@ -56,6 +59,33 @@ def keyword_terms(query: str) -> list[str]:
         if word not in _STOPWORDS and word not in terms and (len(word) > 1 or word.isdigit()):
             terms.append(word)
     return terms[:MAX_QUERY_TERMS]
+
+
+# A memory attributed to someone: a value that opens with a name and a colon, as a transcript turn does
+# ("Caroline: I went to ..."). One or two capitalised words, so prose with a colon later on does not count.
+_SPEAKER_LABEL = re.compile(r"^\s*([A-Z][\w'.-]{0,29}(?: [A-Z][\w'.-]{0,29})?):\s")
+
+
+def speaker_label(value: Any) -> str | None:
+    """The name a memory's text is attributed to (`"Caroline: I went ..."` -> `"Caroline"`), or None."""
+    if not isinstance(value, str):
+        return None
+    match = _SPEAKER_LABEL.match(value)
+    return match.group(1) if match else None
+
+
+def speaker_matches(query: str, entries: Sequence[MemoryEntry]) -> list[tuple[str, float]]:
+    """The speaker strategy: entries attributed to someone the question names score 1 (the others are not listed).
+
+    A question about a person ("What did Caroline research?") is most often answered by what that person said;
+    the keyword strategy barely sees the name, since a speaker's name is on half of a conversation's turns."""
+    asked = set(_WORD.findall(query.lower()))
+    matched = []
+    for entry in entries:
+        label = speaker_label(entry.value)
+        if label is not None and all(word in asked for word in _WORD.findall(label.lower())):
+            matched.append((entry.entry_key, 1.0))
+    return matched
 
 
 RECENCY_RESOLUTION_S = 3600

@@ -36,6 +36,7 @@ from .models import (
     utcnow,
 )
 from .retrieval import (
+    speaker_matches,
     DEFAULT_RRF_K,
     FUSIONS,
     LearnedScorer,
@@ -543,7 +544,7 @@ class MemoryService:
             if (min_confidence is None or self.effective_confidence(entry, now) >= min_confidence)
         }
         admitted = {key: entry for key, entry in admitted.items() if int(entry.tier) <= depth}
-        rankings = self._rankings(admitted, semantic, keyword, now)
+        rankings = self._rankings(query, admitted, semantic, keyword, now)
         if fusion == "hybrid":
             fused = fuse_hybrid(rankings, active, self.config.candidate_pool)[:limit]
         else:
@@ -583,6 +584,7 @@ class MemoryService:
 
     def _rankings(
         self,
+        query: str,
         admitted: dict[str, MemoryEntry],
         semantic: builtins.list[tuple[MemoryEntry, float]],
         keyword: builtins.list[tuple[MemoryEntry, float]],
@@ -597,6 +599,7 @@ class MemoryService:
             RankedList.from_scored("keyword", [(e.entry_key, s) for e, s in keyword if e.entry_key in admitted]),
             RankedList.from_scored("temporal", [(e.entry_key, recency_bucket(e.event_time)) for e in entries]),
             RankedList.from_scored("confidence", [(e.entry_key, self.effective_confidence(e, now)) for e in entries]),
+            RankedList.from_scored("speaker", speaker_matches(query, entries)),
         ]
         if self.learned_scorer is not None and entries:
             ranks = {ranking.strategy: dict(zip(ranking.keys, range(1, len(ranking.keys) + 1))) for ranking in rankings}

@@ -13,6 +13,13 @@ from typing import Any
 SINGLE_STRATEGIES = ("semantic", "keyword", "temporal", "confidence")
 
 
+def alone(name: str) -> dict[str, float]:
+    """Weights that rank by one strategy only: every other strategy (speaker and learned included) at 0."""
+    from ..core.retrieval import STRATEGIES
+
+    return {strategy: (1.0 if strategy == name else 0.0) for strategy in STRATEGIES}
+
+
 def pyplot() -> Any:
     """matplotlib's pyplot on the file-only Agg backend, or SystemExit with the install hint."""
     try:

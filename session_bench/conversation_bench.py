@@ -36,7 +36,7 @@ from typing import Any
 from ..core.embedding import DEFAULT_EMBEDDER, EmbedderUnavailableError
 from ..core.models import Actor
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
-from . import SINGLE_STRATEGIES, close_store, log, open_store
+from . import SINGLE_STRATEGIES, alone, close_store, log, open_store
 
 DATASET = Path(__file__).parent / "data" / "conversations_eval.json"
 SPLITS = ("tuning", "test", "all")
@@ -156,7 +156,7 @@ def service_ranker(weights: dict[str, float] | None, fusion: str | None = None) 
 def rankers() -> dict[str, Ranker]:
     table: dict[str, Ranker] = {FUSION: service_ranker(None), SEED_RRF: service_ranker(None, fusion="rrf")}
     for name in SINGLE_STRATEGIES:
-        table[name] = service_ranker({s: (1.0 if s == name else 0.0) for s in SINGLE_STRATEGIES})
+        table[name] = service_ranker(alone(name))
     table[BM25_ROW] = bm25_ranker
     return table
 

@@ -30,7 +30,7 @@ from ..core.models import Actor, MemoryEntry, MemoryType, NewEntry, Provenance, 
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
 from ..core.tiers import priority_score, tier_for
 from ..core.ports import StoreSnapshot
-from . import SINGLE_STRATEGIES, close_store, log, open_store, percentile, pyplot
+from . import SINGLE_STRATEGIES, alone, close_store, log, open_store, percentile, pyplot
 
 DATASET = Path(__file__).parent / "data" / "retrieval_eval.json"
 
@@ -73,7 +73,7 @@ async def run_quality(stores: list[str], out_dir: Path) -> dict[str, Any]:
     embedder = load_embedder()
     snapshot = dataset_snapshot(dataset, embedder)
     configs: dict[str, tuple[dict[str, float] | None, str | None]] = {
-        name: ({s: (1.0 if s == name else 0.0) for s in SINGLE_STRATEGIES}, None) for name in SINGLE_STRATEGIES
+        name: (alone(name), None) for name in SINGLE_STRATEGIES
     }
     configs["fusion: hybrid (the default)"] = (None, None)
     configs["rrf 0.4/0.2/0.2/0.2 (the seed's fusion)"] = (None, "rrf")

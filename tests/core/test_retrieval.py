@@ -302,3 +302,32 @@ async def test_a_larger_limit_extends_the_ranking_of_a_smaller_one(rsvc: MemoryS
         ten = [hit.entry.key for hit in await rsvc.retrieve(actor, question, limit=10, count_as_read=False)]
         twenty = [hit.entry.key for hit in await rsvc.retrieve(actor, question, limit=20, count_as_read=False)]
         assert len(ten) == 10 and twenty[:10] == ten, question
+
+
+def test_speaker_label_is_the_name_a_transcript_turn_opens_with() -> None:
+    from amfs_server.core.retrieval import speaker_label
+
+    assert speaker_label("Caroline: I went to a support group yesterday.") == "Caroline"
+    assert speaker_label("Mary Ann: we moved to Leeds.") == "Mary Ann"
+    assert speaker_label("  O'Brien: fine.") == "O'Brien"
+    for value in ("note: lower-case labels are prose", "The fix: use a retry", "Caroline said: hello",
+                  "Caroline:no space after the colon", {"speaker": "Caroline"}, 42):
+        assert speaker_label(value) is None, value
+
+
+async def test_speaker_breaks_ties_toward_what_the_named_person_said(rsvc: MemoryService, actor: Actor) -> None:
+    await rsvc.write_many(actor, [
+        WriteRequest("chat/c1", "t1", "Melanie: I adopted a beagle puppy last spring, his name is Biscuit."),
+        WriteRequest("chat/c1", "t2", "Caroline: I adopted a beagle puppy last spring, his name is Pepper."),
+        WriteRequest("chat/c1", "t3", "Caroline: Work has been hectic, the quarterly audit starts on Monday."),
+    ])
+    hits = await rsvc.retrieve(actor, "What is the name of Caroline's beagle puppy?", entity_path="chat/c1",
+                               explain=True, count_as_read=False)
+    assert hits[0].entry.key == "t2"  # the same words as t1: the speaker decides
+    assert hits[0].strategies is not None and hits[0].strategies["speaker"].contribution > 0
+    # An unrelated turn by the named person is not lifted above a relevant turn by someone else.
+    assert [h.entry.key for h in hits].index("t1") < [h.entry.key for h in hits].index("t3")
+    # Off when asked: the weight is a strategy weight like the others.
+    plain = await rsvc.retrieve(actor, "What is the name of Caroline's beagle puppy?", entity_path="chat/c1",
+                                weights={"speaker": 0.0}, explain=True, count_as_read=False)
+    assert all((h.strategies or {}).get("speaker") is None or h.strategies["speaker"].contribution == 0 for h in plain)
