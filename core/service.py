@@ -97,7 +97,7 @@ class ServiceConfig:
     fusion: str = "hybrid"
     rrf_k: int = DEFAULT_RRF_K
     candidate_pool: int = 50
-    # Query-blind strategies (temporal, confidence, learned) re-order only the entries within this many
+    # Query-blind strategies (temporal, confidence, learned) and the speaker rule re-order only the entries within this many
     # top places of the semantic or keyword list: they decide among relevant candidates, never bring in new ones.
     rerank_pool: int = 10
     # rrf only: keyword hits scoring below this fraction of the best hit match only incidental words of the
