@@ -197,8 +197,7 @@ class LMWorker:
         queue_ms = (time.perf_counter() - submitted) * 1000
         load_ms = self._ensure_loaded()
         assert self._backbone is not None and self._compiler is not None
-        if mode == "full":
-            self._check_prompt_fits(mode, memories)
+        self._check_prompt_fits(mode, memories)  # compiled memories take the same positions as their text
         generated = answer_from_memories(self._backbone, self._compiler, question, mode, memories, max_new_tokens)
         return generated, load_ms, queue_ms, self._backbone.name, len(self._compiler)
 
@@ -214,7 +213,8 @@ class LMWorker:
         if n > limit:
             raise ValidationError(
                 f"mode={mode!r} needs {n} prompt tokens; {self._backbone.name} reads at most {limit}. "
-                "Narrow entity_path, or use mode='prefix' or 'text' (top memories only)."
+                + ("Narrow entity_path, or use mode='prefix' or 'text' (top memories only)." if mode == "full"
+                   else f"Ask for fewer memories (this call gave {len(memories)}).")
             )
 
     # -- on the event loop --------------------------------------------------------------------

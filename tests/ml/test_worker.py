@@ -16,6 +16,7 @@ from amfs_server.server.app import create_app
 from amfs_server.server.composition import build_service
 from amfs_server.server.settings import load_settings
 from amfs_server.ml.answer.worker import BackboneError, LMWorker
+from amfs_server.core.errors import ValidationError
 
 FACTS = [
     ("user/profile", "code_editor", "The user's code editor is Neovim."),
@@ -62,6 +63,19 @@ async def test_worker_loads_lazily_and_reuses_compiled_memories(service, worker)
     full = await worker.answer(service, ACTOR, "What is the user's dog named?", "full", "user/profile", 3)
     assert {e.key for e in full.memories} == {"code_editor", "dog_name", "project_database"}
     assert full.metrics.prefix_tokens == 0
+
+
+async def test_memories_that_do_not_fit_the_context_are_refused_in_every_mode_before_anything_compiles(service, worker):
+    # tiny-random-qwen2 reads 4,096 positions; twelve notes of about 500 tokens do not fit, as text or compiled.
+    long_notes = [WriteRequest("user/notes", f"n{i}", f"Note {i}: " + " ".join(f"w{i}x{j}" for j in range(250)))
+                  for i in range(12)]
+    await service.write_many(ACTOR, long_notes)
+    for mode in ("prefix", "hybrid", "text"):
+        with pytest.raises(ValidationError, match=r"reads at most 4096.*fewer memories \(this call gave 12\)"):
+            await worker.answer(service, ACTOR, "What do the notes say?", mode, "user/notes", 2, memories=12)
+    assert worker.compiler is not None and len(worker.compiler) == 0
+    fits = await worker.answer(service, ACTOR, "What do the notes say?", "prefix", "user/notes", 2, memories=2)
+    assert len(fits.memories) == 2 and fits.compiled_now == 2
 
 
 async def test_answer_runs_in_one_worker_thread_while_the_event_loop_keeps_ticking(service, worker):
