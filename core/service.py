@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import builtins  # MemoryService.list shadows `list` in annotations inside the class body
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -66,6 +66,7 @@ def scoped_outcome_ref(scope: str | None, outcome_ref: str) -> str:
 
 
 EMBEDDER_META = "embedder"  # the name of the embedder whose vectors the store holds
+ENTRY_VECTORS_META = "entry_vectors"  # how those vectors were made from entry texts (embedding.ENTRY_VECTORS)
 # A store's vectors and the configured embedder's agree to this cosine when they come from the same model and
 # runtime (int8 ONNX is deterministic per text); torch and int8 MiniLM agree only to ~0.99 and do not mix.
 SAME_EMBEDDER_COSINE = 0.999
@@ -148,12 +149,24 @@ class MemoryService:
         """
         if self.embedder is None:
             return
+        from .embedding import ENTRY_VECTORS
+
         recorded = await self.store.get_meta(EMBEDDER_META)
+        scheme = await self.store.get_meta(ENTRY_VECTORS_META)
         if recorded is None:
-            recorded = await self._identify_stored_embedder(self.embedder)
-            if recorded is None or recorded == self.embedder.name:
-                await self.store.set_meta(EMBEDDER_META, self.embedder.name)
+            recorded, scheme = await self._identify_stored_embedder(self.embedder)
+            if recorded is None or (recorded == self.embedder.name and scheme == ENTRY_VECTORS):
+                await self._record_embedder()
                 return
+        if recorded == self.embedder.name and scheme != ENTRY_VECTORS:
+            if not await self._has_vectors():
+                await self._record_embedder()
+                return
+            raise StoreError(
+                f"This store's vectors were made by {recorded!r} from whole entries, by an earlier amfs-server; this "
+                f"one embeds entries sentence by sentence ({ENTRY_VECTORS}), and the two do not mix, so nothing was "
+                "changed. Re-embed the store once: `amfs-server memory reembed` (every version, a few ms each)."
+            )
         if recorded != self.embedder.name:
             raise StoreError(
                 f"This store's vectors were made by the embedder {recorded!r}, but the server is configured for "
@@ -164,10 +177,33 @@ class MemoryService:
                 + "."
             )
 
-    async def _identify_stored_embedder(self, embedder: Embedder) -> str | None:
-        """None for a store without vectors; the configured embedder's name when stored vectors match it;
-        otherwise a description of the unknown embedder."""
+    async def _record_embedder(self) -> None:
+        from .embedding import ENTRY_VECTORS
+
+        assert self.embedder is not None
+        await self.store.set_meta(EMBEDDER_META, self.embedder.name)
+        await self.store.set_meta(ENTRY_VECTORS_META, ENTRY_VECTORS)
+
+    async def _has_vectors(self) -> bool:
+        assert self.embedder is not None
+        probe = [1.0] + [0.0] * (self.embedder.dimension - 1)
+        return bool(await self.store.semantic_candidates(probe, EntryFilter(), self.now(), 1))
+
+    async def _entry_vectors(self, entries: Sequence[tuple[str, str, Any, datetime | None]]) -> Any:
+        """One vector per (entity_path, key, value, event_at): the mean of its sentences' embeddings (see
+        `embedding_passages`). Runs the embedder in a thread."""
+        from .embedding import embed_entries, embedding_passages
+
+        assert self.embedder is not None
+        passages = [embedding_passages(*entry) for entry in entries]
+        return await asyncio.to_thread(embed_entries, self.embedder.embed, passages)
+
+    async def _identify_stored_embedder(self, embedder: Embedder) -> tuple[str | None, str | None]:
+        """(None, None) for a store without vectors; the configured embedder's name and the way its vectors
+        were made when stored vectors match it; otherwise a description of the unknown embedder."""
         import numpy as np
+
+        from .embedding import ENTRY_VECTORS, embedding_text
 
         probe = [1.0] + [0.0] * (embedder.dimension - 1)
         now = self.now()
@@ -175,17 +211,19 @@ class MemoryService:
         current = [await self.store.get_current(e.entity_path, e.key, now) for e, _ in found]
         stored = [e for e in current if e is not None and e.embedding is not None]
         if not stored:
-            return None
-        from .embedding import embedding_text
-
-        fresh = await asyncio.to_thread(
-            embedder.embed, [embedding_text(e.entity_path, e.key, e.value) for e in stored]
-        )
+            return None, None
         old = np.asarray([e.embedding for e in stored], dtype=np.float32)
-        if old.shape == fresh.shape and float((old * fresh).sum(axis=1).min()) >= SAME_EMBEDDER_COSINE:
-            return embedder.name
+
+        def matches(fresh: Any) -> bool:
+            return bool(old.shape == fresh.shape and float((old * fresh).sum(axis=1).min()) >= SAME_EMBEDDER_COSINE)
+
+        if matches(await self._entry_vectors([(e.entity_path, e.key, e.value, e.event_at) for e in stored])):
+            return embedder.name, ENTRY_VECTORS
+        whole = [embedding_text(e.entity_path, e.key, e.value, e.event_at) for e in stored]
+        if matches(await asyncio.to_thread(embedder.embed, whole)):
+            return embedder.name, "whole-entry"  # an earlier amfs-server's vectors
         # Before the store recorded its embedder, the default was the torch MiniLM.
-        return TORCH_MINILM if old.shape[1] == 384 else f"unknown ({old.shape[1]} dimensions)"
+        return (TORCH_MINILM if old.shape[1] == 384 else f"unknown ({old.shape[1]} dimensions)"), None
 
     async def reembed(self, before_clear: Any = None) -> int:
         """Replace every version's vector with the configured embedder's and record it; returns how many.
@@ -196,13 +234,12 @@ class MemoryService:
             raise ValidationError("No embedder is configured (AMFS_EMBEDDER=none): there is nothing to re-embed with.")
         from dataclasses import replace
 
-        from .embedding import embedding_text
+        from .embedding import ENTRY_VECTORS
 
         snapshot = await self.store.export_snapshot()
-        texts = [embedding_text(e.entity_path, e.key, e.value) for e in snapshot.entries]
-        vectors = await asyncio.to_thread(self.embedder.embed, texts)
+        vectors = await self._entry_vectors([(e.entity_path, e.key, e.value, e.event_at) for e in snapshot.entries])
         entries = [e.with_changes(embedding=vector.tolist()) for e, vector in zip(snapshot.entries, vectors)]
-        meta = {**snapshot.meta, EMBEDDER_META: self.embedder.name}
+        meta = {**snapshot.meta, EMBEDDER_META: self.embedder.name, ENTRY_VECTORS_META: ENTRY_VECTORS}
         if before_clear is not None:
             before_clear(snapshot)
         await self.store.clear()
@@ -308,7 +345,7 @@ class MemoryService:
             return drafts
         from dataclasses import replace
 
-        vectors = await asyncio.to_thread(self.embedder.embed, [draft.search_text for draft in drafts])
+        vectors = await self._entry_vectors([(d.entity_path, d.key, d.value, d.event_at) for d in drafts])
         return [replace(draft, embedding=vector.tolist()) for draft, vector in zip(drafts, vectors)]
 
     # -- reads --------------------------------------------------------------------------------
@@ -663,7 +700,7 @@ class MemoryService:
     async def clear(self) -> None:
         await self.store.clear()
         if self.embedder is not None:
-            await self.store.set_meta(EMBEDDER_META, self.embedder.name)
+            await self._record_embedder()
 
     async def export_snapshot(self) -> StoreSnapshot:
         return await self.store.export_snapshot()

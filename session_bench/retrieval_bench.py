@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..adapters.embedders import load_embedder
-from ..core.embedding import embedding_text
+from ..core.embedding import ENTRY_VECTORS, embed_entries, embedding_passages, embedding_text
 from ..core.models import Actor, MemoryEntry, MemoryType, NewEntry, Provenance, utcnow
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
 from ..core.tiers import priority_score, tier_for
@@ -54,7 +54,7 @@ def dataset_snapshot(dataset: dict[str, Any], embedder) -> StoreSnapshot:
                     memory_type=MemoryType(memory["memory_type"]),
                 )
             )
-    vectors = embedder.embed([embedding_text(e.entity_path, e.key, e.value) for e in entries])
+    vectors = embed_entries(embedder.embed, [embedding_passages(e.entity_path, e.key, e.value) for e in entries])
     return StoreSnapshot(entries=[e.with_changes(embedding=v.tolist()) for e, v in zip(entries, vectors)])
 
 
@@ -179,14 +179,14 @@ def cached_vectors(notes: list[tuple[str, str, str]], embedder, cache_dir: Path)
     import numpy as np
 
     cache_dir.mkdir(parents=True, exist_ok=True)
-    path = cache_dir / f"synthetic-{len(notes)}-{embedder.name}.npy"
+    path = cache_dir / f"synthetic-{len(notes)}-{embedder.name}-{ENTRY_VECTORS}.npy"
     if path.exists():
         return np.load(path)
     log(f"[scale] embedding {len(notes)} synthetic notes once (cached at {path}) ...")
     vectors = []
     step = 2048
     for start in range(0, len(notes), step):
-        vectors.append(embedder.embed([embedding_text(p, k, t) for p, k, t in notes[start:start + step]]))
+        vectors.append(embed_entries(embedder.embed, [embedding_passages(p, k, t) for p, k, t in notes[start:start + step]]))
         log(f"[scale]   {min(start + step, len(notes))}/{len(notes)}")
     array = np.concatenate(vectors).astype("float32")
     np.save(path, array)
@@ -220,9 +220,9 @@ def timing(samples: list[float]) -> Timing:
 
 async def measure_ingest(store_kind: str, embedder, workdir: Path, count: int) -> dict[str, float]:
     notes = synthetic_notes(count, seed=99)
-    texts = [embedding_text(p, k, t) for p, k, t in notes]
+    passages = [embedding_passages(p, k, t) for p, k, t in notes]
     started = time.perf_counter()
-    embedder.embed(texts)
+    embed_entries(embedder.embed, passages)
     embed_rate = count / (time.perf_counter() - started)
     store = await open_store(store_kind, workdir, embedder.dimension)
     try:

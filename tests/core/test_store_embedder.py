@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -173,3 +174,52 @@ def test_memory_reembed_command_moves_a_store_to_the_default_embedder(tmp_path: 
             await service.close()
 
     assert asyncio.run(reopen()) == "timeout"
+
+
+async def test_a_store_of_whole_entry_vectors_from_an_earlier_release_is_refused_until_reembedded(
+    make_store: StoreFactory,
+) -> None:
+    from amfs_server.core.embedding import embedding_text
+    from amfs_server.core.service import ENTRY_VECTORS_META
+
+    # What an earlier amfs-server left: each entry's whole text embedded once, the embedder recorded, no scheme.
+    service = await open_service(make_store, MODEL_A)
+    text = "Retry the card authorisation 3 times. Then give up and page on-call."
+    await service.write(ACTOR, WriteRequest("svc/payments", "retry-policy", text))
+    whole = MODEL_A.embed([embedding_text("svc/payments", "retry-policy", text)])[0]
+    entry = await service.store.get_current("svc/payments", "retry-policy", service.now())
+    assert entry is not None and not np.allclose(entry.embedding, whole, atol=1e-3)  # two sentences: a mean now
+    await service.reembed()
+    await service.store.set_meta(ENTRY_VECTORS_META, None)
+    snapshot = await service.store.export_snapshot()
+    await service.store.clear()
+    await service.store.import_snapshot(replace(snapshot, entries=[
+        e.with_changes(embedding=whole.tolist()) for e in snapshot.entries], meta={EMBEDDER_META: "model-a"}))
+    await service.close()
+
+    with pytest.raises(StoreError, match=r"from whole entries.*amfs-server memory reembed"):
+        await open_service(make_store, MODEL_A)
+    service = await open_service(make_store, MODEL_A, check=False)
+    assert await service.reembed() == 1
+    await service.close()
+    service = await open_service(make_store, MODEL_A)  # accepted now
+    assert await service.store.get_meta(ENTRY_VECTORS_META) == "sentence-mean"
+    await service.close()
+
+
+def test_an_entry_vector_is_the_mean_of_its_sentences_each_with_the_header_and_speaker() -> None:
+    from amfs_server.core.embedding import MAX_PASSAGES, embed_entries, embedding_passages
+
+    assert embedding_passages("chat/c1", "t7", "Jonah: Ugh, Mondays. Meet Taco, my new kitten! She is a Maine Coon.") == [
+        "chat c1 t7: Jonah: Ugh, Mondays.", "chat c1 t7: Jonah: Meet Taco, my new kitten!",
+        "chat c1 t7: Jonah: She is a Maine Coon."]
+    assert embedding_passages("svc/payments", "timeout", "gateway timeout is 30 seconds") == [
+        "svc payments timeout: gateway timeout is 30 seconds"]  # one sentence: the whole text, as before
+    assert embedding_passages("svc/x", "k", {"summary": "One. Two."}) == ["svc x k: One. Two."]  # structured: whole
+    many = embedding_passages("doc", "long", " ".join(f"Sentence {i}." for i in range(50)))
+    assert 1 < len(many) <= MAX_PASSAGES and "Sentence 0." in many[0] and "Sentence 49." in many[-1]
+    vectors = embed_entries(MODEL_A.embed, [["a. ", "b."], ["c"]])
+    expected = MODEL_A.embed(["a. ", "b."]).mean(axis=0)
+    assert np.allclose(vectors[0], expected / np.linalg.norm(expected), atol=1e-6)
+    assert np.allclose(vectors[1], MODEL_A.embed(["c"])[0], atol=1e-6)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
