@@ -33,8 +33,11 @@ FUSIONS: tuple[str, ...] = ("hybrid", "rrf")
 RRF_WEIGHTS: dict[str, float] = {"semantic": 0.4, "keyword": 0.2, "temporal": 0.2, "confidence": 0.2, "speaker": 0.0,
                                  "learned": 0.0}
 # Chosen on the conversation set's tuning half (an offline harness over dumped candidates); the README has both halves.
-HYBRID_WEIGHTS: dict[str, float] = {"semantic": 0.3, "keyword": 0.7, "temporal": 0.05, "confidence": 0.05, "speaker": 0.1,
+# speaker is off by default: it pays only while nearly every evidence turn is the named person's own (README);
+# SPEAKER_WEIGHT is what it was tuned to, for transcript stores where that holds: weights={"speaker": SPEAKER_WEIGHT}.
+HYBRID_WEIGHTS: dict[str, float] = {"semantic": 0.3, "keyword": 0.7, "temporal": 0.05, "confidence": 0.05, "speaker": 0.0,
                                     "learned": 0.0}
+SPEAKER_WEIGHT = 0.1
 # Strategies whose scores are already on the fusion's 0..1 scale (capped at 1 rather than min-max normalised).
 ABSOLUTE_SCORES: frozenset[str] = frozenset({"keyword", "speaker"})
 DEFAULT_WEIGHTS = HYBRID_WEIGHTS

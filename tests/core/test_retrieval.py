@@ -315,19 +315,23 @@ def test_speaker_label_is_the_name_a_transcript_turn_opens_with() -> None:
         assert speaker_label(value) is None, value
 
 
-async def test_speaker_breaks_ties_toward_what_the_named_person_said(rsvc: MemoryService, actor: Actor) -> None:
+async def test_speaker_when_weighted_breaks_ties_toward_what_the_named_person_said(rsvc: MemoryService,
+                                                                                   actor: Actor) -> None:
+    from amfs_server.core.retrieval import HYBRID_WEIGHTS, SPEAKER_WEIGHT
+
     await rsvc.write_many(actor, [
         WriteRequest("chat/c1", "t1", "Melanie: I adopted a beagle puppy last spring, his name is Biscuit."),
         WriteRequest("chat/c1", "t2", "Caroline: I adopted a beagle puppy last spring, his name is Pepper."),
         WriteRequest("chat/c1", "t3", "Caroline: Work has been hectic, the quarterly audit starts on Monday."),
     ])
-    hits = await rsvc.retrieve(actor, "What is the name of Caroline's beagle puppy?", entity_path="chat/c1",
+    question = "What is the name of Caroline's beagle puppy?"
+    hits = await rsvc.retrieve(actor, question, entity_path="chat/c1", weights={"speaker": SPEAKER_WEIGHT},
                                explain=True, count_as_read=False)
     assert hits[0].entry.key == "t2"  # the same words as t1: the speaker decides
     assert hits[0].strategies is not None and hits[0].strategies["speaker"].contribution > 0
     # An unrelated turn by the named person is not lifted above a relevant turn by someone else.
     assert [h.entry.key for h in hits].index("t1") < [h.entry.key for h in hits].index("t3")
-    # Off when asked: the weight is a strategy weight like the others.
-    plain = await rsvc.retrieve(actor, "What is the name of Caroline's beagle puppy?", entity_path="chat/c1",
-                                weights={"speaker": 0.0}, explain=True, count_as_read=False)
+    # Off by default (README: it pays only while nearly every evidence turn is the named person's own).
+    assert HYBRID_WEIGHTS["speaker"] == 0.0
+    plain = await rsvc.retrieve(actor, question, entity_path="chat/c1", explain=True, count_as_read=False)
     assert all((h.strategies or {}).get("speaker") is None or h.strategies["speaker"].contribution == 0 for h in plain)
