@@ -144,8 +144,10 @@ class MemoryService:
     async def _check_embedder(self) -> None:
         """Refuse a store whose vectors another embedder made: they are not comparable with this one's queries.
 
-        The store's meta names its embedder. A store without that record (written before it existed, or cleared
-        since) is checked by re-embedding a few stored texts: if their vectors match, the record is written.
+        The store's meta names its embedder and how entry vectors were made from texts (`ENTRY_VECTORS_META`).
+        A store without the embedder record (written before it existed, or cleared since) is checked by
+        re-embedding a few stored texts: if their vectors match, the record is written. A store of the same
+        embedder's whole-entry vectors (an earlier release) is refused with the re-embed command.
         """
         if self.embedder is None:
             return
