@@ -201,7 +201,7 @@ def embed_entries(embed: Callable[[list[str]], np.ndarray], passages: Sequence[S
     """One unit vector per entry: the normalised mean of its passages' embeddings (one `embed` call for all)."""
     flat = [text for group in passages for text in group]
     vectors = embed(flat)
-    out = np.zeros((len(passages), vectors.shape[1] if vectors.ndim == 2 else 0), dtype=np.float32)
+    out = np.zeros((len(passages), vectors.shape[1]), dtype=np.float32)
     start = 0
     for i, group in enumerate(passages):
         mean = vectors[start:start + len(group)].mean(axis=0)

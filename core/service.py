@@ -583,7 +583,9 @@ class MemoryService:
             if (min_confidence is None or self.effective_confidence(entry, now) >= min_confidence)
         }
         admitted = {key: entry for key, entry in admitted.items() if int(entry.tier) <= depth}
-        rankings = self._rankings(query, admitted, semantic, keyword, now)
+        # The speaker rule (off by default) is only worked out when it weighs something.
+        speaker_query = query if active.get("speaker", 0.0) > 0 else None
+        rankings = self._rankings(speaker_query, admitted, semantic, keyword, now)
         if fusion == "hybrid":
             fused = fuse_hybrid(rankings, active, self.config.candidate_pool)[:limit]
         else:
@@ -623,7 +625,7 @@ class MemoryService:
 
     def _rankings(
         self,
-        query: str,
+        speaker_query: str | None,
         admitted: dict[str, MemoryEntry],
         semantic: builtins.list[tuple[MemoryEntry, float]],
         keyword: builtins.list[tuple[MemoryEntry, float]],
@@ -638,8 +640,9 @@ class MemoryService:
             RankedList.from_scored("keyword", [(e.entry_key, s) for e, s in keyword if e.entry_key in admitted]),
             RankedList.from_scored("temporal", [(e.entry_key, recency_bucket(e.event_time)) for e in entries]),
             RankedList.from_scored("confidence", [(e.entry_key, self.effective_confidence(e, now)) for e in entries]),
-            RankedList.from_scored("speaker", speaker_matches(query, entries)),
         ]
+        if speaker_query is not None:
+            rankings.append(RankedList.from_scored("speaker", speaker_matches(speaker_query, entries)))
         if self.learned_scorer is not None and entries:
             ranks = {ranking.strategy: dict(zip(ranking.keys, range(1, len(ranking.keys) + 1))) for ranking in rankings}
             per_entry = {e.entry_key: {name: ranks[name].get(e.entry_key, 0) for name in ranks} for e in entries}

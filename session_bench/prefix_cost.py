@@ -86,8 +86,6 @@ def _median(values: Sequence[float]) -> float:
 class InProcess:
     """Answers with ``answer_from_memories`` on the benchmark's own backbone and compiler."""
 
-    path = "in-process"
-
     def __init__(self, backbone: Any, compiler: Any) -> None:
         self.backbone, self.compiler = backbone, compiler
 
@@ -111,21 +109,12 @@ class InProcess:
                 "memories_given": len(given)}
 
 
-class ViaServer:
+class ViaServer(ServedApp):
     """Answers through ``amfs_answer`` of a server app built with the backbone, over an in-memory client."""
 
-    path = "server"
-
     def __init__(self, data_dir: Path, backbone_spec: str) -> None:
-        self.server = ServedApp(data_dir, backbone_spec, "prefix cost --via-server")
+        super().__init__(data_dir, backbone_spec, "prefix cost --via-server")
         self.load_ms = 0.0
-
-    async def __aenter__(self) -> ViaServer:
-        await self.server.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.server.__aexit__(*exc)
 
     @staticmethod
     def _scope(memories: Sequence[MemoryText]) -> str:
@@ -135,8 +124,8 @@ class ViaServer:
         """Write the cell's memories with amfs_write; the first prefix answer compiles them (untimed)."""
         for m in memories:
             entity_path, key = m.memory_id.rsplit("@v", 1)[0].rsplit("/", 1)
-            await self.server.call("amfs_write", {"entity_path": entity_path, "key": key, "value": m.text})
-        first = await self.server.call("amfs_answer", {"query": "What are these notes about?", "mode": "prefix",
+            await self.call("amfs_write", {"entity_path": entity_path, "key": key, "value": m.text})
+        first = await self.call("amfs_answer", {"query": "What are these notes about?", "mode": "prefix",
                                                  "entity_path": self._scope(memories), "memories": len(memories),
                                                  "max_new_tokens": 1})
         self.load_ms += first["metrics"]["load_ms"]
@@ -146,7 +135,7 @@ class ViaServer:
     async def answer(self, mode: str, question: str, memories: Sequence[MemoryText],
                      max_new_tokens: int) -> dict[str, float]:
         started = time.perf_counter()
-        result = await self.server.call("amfs_answer", {
+        result = await self.call("amfs_answer", {
             "query": question, "mode": _GENERATION[mode], "entity_path": self._scope(memories),
             "memories": 1 if mode == "text_top1" else len(memories), "max_new_tokens": max_new_tokens})
         total_ms = (time.perf_counter() - started) * 1000

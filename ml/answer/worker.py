@@ -209,7 +209,12 @@ class LMWorker:
         limit = getattr(self._backbone.config, "max_position_embeddings", None)
         if limit is None:
             return
-        n = len(encode(self._backbone, self._compiler.layout.render([m.text for m in memories], "")))
+        prompt = self._compiler.layout.render([m.text for m in memories], "")
+        # A token covers at least one byte (a SentencePiece word-start marker at most one more): a prompt with fewer
+        # bytes than positions fits without tokenizing, the usual case, and this runs before every answer.
+        if len(prompt.encode("utf-8")) < limit:
+            return
+        n = len(encode(self._backbone, prompt))
         if n > limit:
             raise ValidationError(
                 f"mode={mode!r} needs {n} prompt tokens; {self._backbone.name} reads at most {limit}. "

@@ -334,4 +334,4 @@ async def test_speaker_when_weighted_breaks_ties_toward_what_the_named_person_sa
     # Off by default (README: it pays only while nearly every evidence turn is the named person's own).
     assert HYBRID_WEIGHTS["speaker"] == 0.0
     plain = await rsvc.retrieve(actor, question, entity_path="chat/c1", explain=True, count_as_read=False)
-    assert all((h.strategies or {}).get("speaker") is None or h.strategies["speaker"].contribution == 0 for h in plain)
+    assert plain and all("speaker" not in (h.strategies or {}) for h in plain)  # not even worked out
