@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import json
 import math
+import random
 import re
 import statistics
 import tempfile
@@ -43,6 +44,7 @@ SPLITS = ("tuning", "test", "all")
 LIMIT = 10
 FUSION = "fusion (as configured)"
 SEED_RRF = "rrf 0.4/0.2/0.2/0.2 (the seed's fusion)"
+WITH_SPEAKER = "fusion with the speaker rule on"
 BM25_ROW = "bm25 (baseline)"
 METRICS = ("recall@10", "mrr@10")
 
@@ -154,11 +156,32 @@ def service_ranker(weights: dict[str, float] | None, fusion: str | None = None) 
 
 
 def rankers() -> dict[str, Ranker]:
-    table: dict[str, Ranker] = {FUSION: service_ranker(None), SEED_RRF: service_ranker(None, fusion="rrf")}
+    from ..core.retrieval import SPEAKER_WEIGHT
+
+    table: dict[str, Ranker] = {FUSION: service_ranker(None), WITH_SPEAKER: service_ranker({"speaker": SPEAKER_WEIGHT}),
+                                SEED_RRF: service_ranker(None, fusion="rrf")}
     for name in SINGLE_STRATEGIES:
         table[name] = service_ranker(alone(name))
     table[BM25_ROW] = bm25_ranker
     return table
+
+
+def reattribute_evidence(conversations: list[dict[str, Any]], share: float, seed: int = 11) -> int:
+    """Give `share` of the evidence turns (seeded) to the conversation's other speaker, in place; returns how many.
+
+    In this data set every question that names a person is answered by that person's own turns, which flatters
+    the speaker rule; real conversations also answer from what the other person said."""
+    rng = random.Random(seed)
+    moved = 0
+    for conversation in conversations:
+        turns = {turn["key"]: turn for turn in turns_of(conversation)}
+        speakers = sorted({turn["speaker"] for turn in turns.values()})
+        for key in sorted({key for q in conversation["questions"] for key in q["evidence"]}):
+            if len(speakers) == 2 and rng.random() < share:
+                turn = turns[key]
+                turn["speaker"] = speakers[1 - speakers.index(turn["speaker"])]
+                moved += 1
+    return moved
 
 
 def score_conversation(conversation: dict[str, Any], ranked: list[list[str]]) -> list[dict[str, Any]]:
@@ -286,7 +309,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--with-dates", action="store_true",
                         help="write each turn with its session date as event_at (in-process only; the held-out "
                              "protocol passes no dates)")
+    parser.add_argument("--reattribute-evidence", type=float, default=0.0, metavar="SHARE",
+                        help="give this share (0-1) of the evidence turns to the other speaker: the speaker rule's "
+                             "stress test (default 0)")
     args = parser.parse_args(argv)
+    if not 0.0 <= args.reattribute_evidence <= 1.0:
+        parser.error(f"--reattribute-evidence takes a share between 0 and 1, got {args.reattribute_evidence}")
     if (args.with_dates or args.embedder) and args.via_mcp:
         parser.error("--with-dates and --embedder run in process; drop --via-mcp")
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
@@ -296,6 +324,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.conversations is not None and args.conversations < 1:
         parser.error("--conversations must be at least 1")
     conversations = load_conversations(args.dataset, args.split)[: args.conversations]
+    if args.reattribute_evidence:
+        moved = reattribute_evidence(conversations, args.reattribute_evidence)
+        log(f"[conversations] {moved} evidence turns re-attributed to the other speaker")
     report: dict[str, Any] = {"split": args.split, "with_dates": args.with_dates, "conversations": [c["conversation_id"] for c in conversations],
                               "questions": sum(len(c["questions"]) for c in conversations), "runs": {}}
     texts = []

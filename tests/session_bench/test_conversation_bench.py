@@ -116,7 +116,7 @@ def test_harness_runs_every_ranker_end_to_end_on_sqlite(tmp_path, capsys):
     report = bench.main(["--dataset", str(path), "--split", "all", "--json", str(out)])
 
     table = capsys.readouterr().out
-    expected = [bench.FUSION, bench.SEED_RRF, *bench.SINGLE_STRATEGIES, bench.BM25_ROW]
+    expected = [bench.FUSION, bench.WITH_SPEAKER, bench.SEED_RRF, *bench.SINGLE_STRATEGIES, bench.BM25_ROW]
     for name in expected:
         assert f"| {name} |" in table
     summary = report["runs"]["sqlite"]["summary"]
@@ -168,3 +168,19 @@ def test_the_fusion_sweep_row_for_the_default_weights_is_the_default_fusion():
     assert table[0.3]["mrr@10"] == pytest.approx(sum(r["mrr@10"] for r in default) / 8)
     assert table[0.3] != table[0.9]  # the weight is really applied
 
+
+
+def test_reattributing_evidence_hands_that_share_of_evidence_turns_to_the_other_speaker():
+    data = gen.build_dataset(seed=3, conversations=2, sessions=3)
+    before = {(c["conversation_id"], t["key"]): t["speaker"] for c in data["conversations"] for t in bench.turns_of(c)}
+    evidence = {(c["conversation_id"], key) for c in data["conversations"] for q in c["questions"] for key in q["evidence"]}
+
+    moved = bench.reattribute_evidence(data["conversations"], 0.5)
+
+    after = {(c["conversation_id"], t["key"]): t["speaker"] for c in data["conversations"] for t in bench.turns_of(c)}
+    changed = {turn for turn in before if before[turn] != after[turn]}
+    assert changed <= evidence and len(changed) == moved  # only evidence turns, each to the other speaker
+    assert 0.3 * len(evidence) < moved < 0.7 * len(evidence)
+    speakers = {c["conversation_id"]: {t["speaker"] for t in bench.turns_of(c)} for c in data["conversations"]}
+    assert all(after[turn] in speakers[turn[0]] for turn in changed)
+    assert bench.reattribute_evidence(data["conversations"], 0.0) == 0
