@@ -39,7 +39,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -55,6 +55,7 @@ from ..core.models import (
     SortBy,
     TraceEvent,
     TraceKind,
+    entry_key,
 )
 from ..core.ports import OutcomeTarget, StoreSnapshot, TierUpdate, missing_causal_entry, nothing_read
 from .postgres_base import (
@@ -198,6 +199,10 @@ MIGRATIONS: list[str] = [
     # 5: when the remembered event happened (MemoryEntry.event_at), NULL for entries written without one.
     """
     ALTER TABLE entries ADD COLUMN event_at timestamptz;
+    """,
+    # 6: an entry's passage (sentence) embeddings beside their mean (MemoryEntry.passage_embeddings), float32 rows.
+    """
+    ALTER TABLE entries ADD COLUMN passage_embeddings bytea;
     """,
 ]
 
@@ -635,6 +640,19 @@ class PostgresStore(PostgresDatabase):
             if math.isfinite(score):
                 results.append((_row_to_entry(row, with_embedding=False), score))
         return results
+
+    async def passage_vectors(self, entries: Sequence[MemoryEntry]) -> dict[str, Any]:
+        if not entries:
+            return {}
+        rows = await self._read(lambda conn: conn.fetch(
+            "SELECT e.entity_path, e.key, e.passage_embeddings FROM entries e "
+            "JOIN unnest($1::text[], $2::text[], $3::int[]) AS wanted (entity_path, key, version) "
+            "USING (entity_path, key, version) WHERE e.passage_embeddings IS NOT NULL",
+            [e.entity_path for e in entries], [e.key for e in entries], [e.version for e in entries],
+        ))
+        return {entry_key(row["entity_path"], row["key"]): POSTGRES.passages_array(row["passage_embeddings"],
+                                                                                   self.embedding_dimension)
+                for row in rows}
 
     # -- reads and traces ---------------------------------------------------------------------
 

@@ -78,6 +78,28 @@ class Dialect:
     def search_text(self, text: str) -> str:
         return text
 
+    def passages_param(self, passages: list[list[float]] | None, embedding: list[float] | None) -> bytes | None:
+        """Passage embeddings as one float32 blob, rows one after another (both stores): each row as long as the
+        entry's embedding, which tells the row length when it is read back."""
+        if not passages:
+            return None
+        if embedding is None or any(len(row) != len(embedding) for row in passages):
+            raise ValidationError(
+                "passage embeddings need an entry embedding of the same dimension; re-embed the store with "
+                "`amfs-server memory reembed` if it came from another embedder.")
+        import numpy as np
+
+        return np.asarray(passages, dtype=np.float32).tobytes()
+
+    def passages_array(self, value: Any, dimension: int) -> Any:
+        """The blob back as a (passages, dimension) float32 array (a view, no copy), or None."""
+        if value is None or dimension <= 0:
+            return None
+        import numpy as np
+
+        return np.frombuffer(bytes(value) if isinstance(value, memoryview) else value, dtype=np.float32).reshape(
+            -1, dimension)
+
     def insert(self, table: str, columns: Sequence[str], suffix: str = "") -> str:
         return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({self.marks(len(columns))}){suffix}"
 
@@ -155,11 +177,12 @@ ENTRY_BASE_COLUMNS = (
     "outcome_count, recall_count, ttl_at, memory_type, tier, priority_score, importance_score, "
     "importance_dimensions, amfs_version, event_at"
 )
-ENTRY_COLUMNS = ENTRY_BASE_COLUMNS + ", embedding"
+ENTRY_COLUMNS = ENTRY_BASE_COLUMNS + ", embedding, passage_embeddings"
 ENTRY_INSERT_COLUMNS = (
     "entity_path", "key", "version", "is_current", "value_json", "confidence", "agent_id", "session_id",
     "written_at", "outcome_count", "recall_count", "ttl_at", "memory_type", "tier", "priority_score",
     "importance_score", "importance_dimensions", "embedding", "amfs_version", "search_text", "event_at",
+    "passage_embeddings",
 )
 
 
@@ -176,6 +199,8 @@ def sort_sql(d: Dialect) -> dict[SortBy, str]:
 
 def entry_from_row(row: Any, d: Dialect, with_embedding: bool = True) -> MemoryEntry:
     dims = row["importance_dimensions"]
+    embedding = d.embedding_value(row["embedding"]) if with_embedding else None
+    passages = d.passages_array(row["passage_embeddings"], len(embedding)) if embedding else None
     return MemoryEntry(
         entity_path=row["entity_path"],
         key=row["key"],
@@ -191,9 +216,10 @@ def entry_from_row(row: Any, d: Dialect, with_embedding: bool = True) -> MemoryE
         priority_score=row["priority_score"],
         importance_score=row["importance_score"],
         importance_dimensions=json.loads(dims) if dims else None,
-        embedding=d.embedding_value(row["embedding"]) if with_embedding else None,
+        embedding=embedding,
         amfs_version=row["amfs_version"],
         event_at=d.dt(row["event_at"]),
+        passage_embeddings=None if passages is None else passages.tolist(),
     )
 
 
@@ -204,6 +230,7 @@ def draft_params(draft: NewEntry, version: int, d: Dialect) -> tuple[Any, ...]:
         draft.agent_id, draft.session_id, d.ts(draft.written_at), 0, 0, d.ts(draft.ttl_at), draft.memory_type.value,
         int(draft.tier), draft.priority_score, draft.importance_score, _dimensions_json(draft.importance_dimensions),
         d.embedding_param(draft.embedding), AMFS_VERSION, d.search_text(draft.search_text), d.ts(draft.event_at),
+        d.passages_param(draft.passage_embeddings, draft.embedding),
     )
 
 
@@ -218,7 +245,7 @@ def entry_params(entry: MemoryEntry, is_current: bool, d: Dialect) -> tuple[Any,
         d.ts(entry.provenance.written_at), entry.outcome_count, entry.recall_count, d.ts(entry.ttl_at),
         entry.memory_type.value, int(entry.tier), entry.priority_score, entry.importance_score,
         _dimensions_json(entry.importance_dimensions), d.embedding_param(entry.embedding), entry.amfs_version,
-        d.search_text(search_text), d.ts(entry.event_at),
+        d.search_text(search_text), d.ts(entry.event_at), d.passages_param(entry.passage_embeddings, entry.embedding),
     )
 
 

@@ -18,7 +18,7 @@ import sqlite3
 import uuid
 from datetime import datetime
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..core.models import (
@@ -32,6 +32,7 @@ from ..core.models import (
     SortBy,
     TraceEvent,
     TraceKind,
+    entry_key,
 )
 from ..core.ports import OutcomeTarget, StoreSnapshot, TierUpdate, missing_causal_entry, nothing_read
 from .sql_common import (
@@ -132,6 +133,8 @@ MIGRATIONS: list[str] = [
     "CREATE INDEX entries_current_ttl ON entries (ttl_at) WHERE is_current = 1 AND ttl_at IS NOT NULL;",
     # 3: when the remembered event happened (MemoryEntry.event_at), NULL for entries written without one.
     "ALTER TABLE entries ADD COLUMN event_at REAL;",
+    # 4: an entry's passage (sentence) embeddings beside their mean (MemoryEntry.passage_embeddings).
+    "ALTER TABLE entries ADD COLUMN passage_embeddings BLOB;",
 ]
 
 _BASE_COLUMNS = ENTRY_BASE_COLUMNS
@@ -576,6 +579,25 @@ class SQLiteStore(SQLiteDatabase):
                 rows, key=lambda row: (similarity[row["row_id"]], row["written_at"], row["row_id"]), reverse=True
             )[:limit]
             return [(_row_to_entry(row, with_embedding=False), similarity[row["row_id"]]) for row in ranked]
+
+        return await self._run(fetch)
+
+    async def passage_vectors(self, entries: Sequence[MemoryEntry]) -> dict[str, Any]:
+        versions = [(e.entity_path, e.key, e.version) for e in entries]
+        if not versions:
+            return {}
+
+        def fetch() -> dict[str, Any]:
+            # A join from the wanted versions (CROSS JOIN keeps that order), so each is one lookup in the
+            # (entity_path, key, version) index; `(...) IN (VALUES ...)` would scan the table.
+            rows = self._connection().execute(
+                f"WITH wanted (entity_path, key, version) AS (VALUES {', '.join(['(?, ?, ?)'] * len(versions))}) "
+                "SELECT e.entity_path, e.key, e.passage_embeddings, length(e.embedding) / 4 FROM wanted "
+                "CROSS JOIN entries e ON e.entity_path = wanted.entity_path AND e.key = wanted.key "
+                "AND e.version = wanted.version WHERE e.passage_embeddings IS NOT NULL",
+                [part for version in versions for part in version],
+            ).fetchall()
+            return {entry_key(row[0], row[1]): SQLITE.passages_array(row[2], row[3]) for row in rows}
 
         return await self._run(fetch)
 

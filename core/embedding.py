@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from collections.abc import Callable, Sequence
 
@@ -40,7 +41,10 @@ __all__ = [
     "MPNET",
     "INSTALL_HINT",
     "ENTRY_VECTORS",
+    "PASSAGE_SHARE",
+    "EntryVectors",
     "embed_entries",
+    "entry_similarity",
     "embed_in_batches",
     "embedding_passages",
     "embedding_text",
@@ -165,9 +169,14 @@ def embedding_text(entity_path: str, key: str, value: object, event_at: datetime
 # Entry vectors
 # --------------------------------------------------------------------------- #
 
-# How an entry's vector is made from its text; recorded in the store's meta (ENTRY_VECTORS_META in service.py)
-# so that a store whose vectors were made another way is re-embedded rather than mixed.
-ENTRY_VECTORS = "sentence-mean"
+# How an entry's vectors are made from its text; recorded in the store's meta (ENTRY_VECTORS_META in service.py)
+# so that a store whose vectors were made another way is re-embedded rather than mixed. Earlier schemes:
+# "whole-entry" (one embedding of the whole text, no record) and "sentence-mean" (the mean, no passage vectors).
+ENTRY_VECTORS = "sentence-mean+passages"
+# An entry's semantic score: this share from its best passage's cosine to the query, the rest from its mean
+# vector's (ServiceConfig.passage_share). Chosen on the conversation set's tuning split with
+# `python -m amfs_server.session_bench.tune_fusion --passage-shares ...` (README).
+PASSAGE_SHARE = 0.5
 MAX_PASSAGES = 16
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
@@ -197,15 +206,41 @@ def embedding_passages(entity_path: str, key: str, value: object, event_at: date
     return [embedding_text(entity_path, key, s if i == 0 else prefix + s, event_at) for i, s in enumerate(sentences)]
 
 
-def embed_entries(embed: Callable[[list[str]], np.ndarray], passages: Sequence[Sequence[str]]) -> np.ndarray:
-    """One unit vector per entry: the normalised mean of its passages' embeddings (one `embed` call for all)."""
+@dataclass(frozen=True)
+class EntryVectors:
+    """What `embed_entries` makes: per entry, its unit vector (row of `vectors`) and, for an entry of two or more
+    passages, their unit embeddings (`passages[i]`, shape (passages, dimension)); None for one passage, whose
+    embedding is the entry vector itself."""
+
+    vectors: np.ndarray
+    passages: list[np.ndarray | None]
+
+
+def embed_entries(embed: Callable[[list[str]], np.ndarray], passages: Sequence[Sequence[str]]) -> EntryVectors:
+    """Each entry's vector, the normalised mean of its passages' embeddings, and those embeddings (one `embed`
+    call for all)."""
     flat = [text for group in passages for text in group]
-    vectors = embed(flat)
-    out = np.zeros((len(passages), vectors.shape[1]), dtype=np.float32)
+    embedded = embed(flat)
+    out = np.zeros((len(passages), embedded.shape[1]), dtype=np.float32)
+    kept: list[np.ndarray | None] = []
     start = 0
     for i, group in enumerate(passages):
-        mean = vectors[start:start + len(group)].mean(axis=0)
+        rows = embedded[start:start + len(group)]
         start += len(group)
+        mean = rows.mean(axis=0)
         norm = float(np.linalg.norm(mean))
         out[i] = mean / norm if norm > 0 else mean
-    return out
+        kept.append(np.array(rows, dtype=np.float32) if len(group) > 1 else None)
+    return EntryVectors(out, kept)
+
+
+def entry_similarity(vector_cosine: float, passages: np.ndarray | None, query: np.ndarray,
+                     share: float = PASSAGE_SHARE) -> float:
+    """An entry's semantic score for a unit `query` vector, given its vector's cosine to the query and its passage
+    embeddings: the mean vector keeps the whole entry's topic, the best passage finds the one sentence a question
+    asks about in a many-topic turn ("Meet Taco, my new Maine Coon kitten" among small talk). `share` is the best
+    passage's part (0: the mean vector alone)."""
+    if passages is None or len(passages) == 0 or share == 0.0:
+        return vector_cosine
+    best = float((passages @ query).max())
+    return (1.0 - share) * vector_cosine + share * best

@@ -132,6 +132,9 @@ class MemoryEntry:
     amfs_version: str = AMFS_VERSION
     # When the remembered event happened (the writer's claim), as opposed to provenance.written_at.
     event_at: datetime | None = None
+    # The unit embeddings of the value's passages (sentences) when there are two or more; `embedding` is their
+    # normalised mean (core/embedding.py). Like `embedding`, only loaded where a caller needs it.
+    passage_embeddings: list[list[float]] | None = field(default=None, repr=False)
 
     @property
     def entry_key(self) -> str:
@@ -178,6 +181,7 @@ class MemoryEntry:
             "embedding": self.embedding if include_embedding else None,
             "amfs_version": self.amfs_version,
             "event_at": to_iso(self.event_at),
+            "passage_embeddings": self.passage_embeddings if include_embedding else None,
         }
 
     @classmethod
@@ -200,6 +204,7 @@ class MemoryEntry:
             embedding=data.get("embedding"),
             amfs_version=data.get("amfs_version", AMFS_VERSION),
             event_at=from_iso(data.get("event_at")),
+            passage_embeddings=data.get("passage_embeddings"),
         )
 
 
@@ -224,6 +229,7 @@ class NewEntry:
     embedding: list[float] | None = None
     search_text: str = ""
     event_at: datetime | None = None
+    passage_embeddings: list[list[float]] | None = None
 
 
 @dataclass(frozen=True)

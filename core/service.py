@@ -18,7 +18,7 @@ from typing import Any
 from .ports import Embedder, MemoryStore, OutcomeTarget, StoreSnapshot, TierUpdate
 from . import validation as v
 from .confidence import DEFAULT_MULTIPLIERS, effective_confidence, validate_multipliers
-from .embedding import INSTALL_HINT as TORCH_INSTALL_HINT, TORCH_MINILM
+from .embedding import INSTALL_HINT as TORCH_INSTALL_HINT, PASSAGE_SHARE, TORCH_MINILM, EntryVectors, entry_similarity
 from .errors import NotFoundError, StorageFullError, StoreError, ValidationError
 from .models import (
     Actor,
@@ -98,6 +98,9 @@ class ServiceConfig:
     fusion: str = "hybrid"
     rrf_k: int = DEFAULT_RRF_K
     candidate_pool: int = 50
+    # How much of an entry's semantic score comes from its best sentence rather than its mean vector
+    # (core/embedding.py entry_similarity; 0 turns the second look off).
+    passage_share: float = PASSAGE_SHARE
     # Query-blind strategies (temporal, confidence, learned) and the speaker rule re-order only the entries within this many
     # top places of the semantic or keyword list: they decide among relevant candidates, never bring in new ones.
     rerank_pool: int = 10
@@ -130,6 +133,9 @@ class MemoryService:
         if self.config.fusion not in FUSIONS:
             raise ValidationError(f"Unknown fusion {self.config.fusion!r}; use one of {list(FUSIONS)}.")
         resolve_weights(self.config.retrieval_weights, learned_available=False)  # fail fast on bad weights
+        share = self.config.passage_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
+            raise ValidationError(f"passage_share must be between 0 and 1, got {self.config.passage_share!r}.")
 
     def now(self) -> datetime:
         """The service's clock: the one it was given, else the wall clock (looked up at each call)."""
@@ -147,7 +153,8 @@ class MemoryService:
         The store's meta names its embedder and how entry vectors were made from texts (`ENTRY_VECTORS_META`).
         A store without the embedder record (written before it existed, or cleared since) is checked by
         re-embedding a few stored texts: if their vectors match, the record is written. A store of the same
-        embedder's whole-entry vectors (an earlier release) is refused with the re-embed command.
+        embedder's vectors made another way by an earlier release (whole entries; sentence means without the
+        sentence vectors) is refused with the re-embed command.
         """
         if self.embedder is None:
             return
@@ -164,8 +171,10 @@ class MemoryService:
             if not await self._has_vectors():
                 await self._record_embedder()
                 return
+            made = ("without the sentence vectors this one also keeps" if scheme == "sentence-mean"
+                    else "from whole entries")
             raise StoreError(
-                f"This store's vectors were made by {recorded!r} from whole entries, by an earlier amfs-server; this "
+                f"This store's vectors were made by {recorded!r} {made}, by an earlier amfs-server; this "
                 f"one embeds entries sentence by sentence ({ENTRY_VECTORS}), and the two do not mix, so nothing was "
                 "changed. Re-embed the store once: `amfs-server memory reembed` (every version, a few ms each)."
             )
@@ -191,9 +200,9 @@ class MemoryService:
         probe = [1.0] + [0.0] * (self.embedder.dimension - 1)
         return bool(await self.store.semantic_candidates(probe, EntryFilter(), self.now(), 1))
 
-    async def _entry_vectors(self, entries: Sequence[tuple[str, str, Any, datetime | None]]) -> Any:
-        """One vector per (entity_path, key, value, event_at): the mean of its sentences' embeddings (see
-        `embedding_passages`). Runs the embedder in a thread."""
+    async def _entry_vectors(self, entries: Sequence[tuple[str, str, Any, datetime | None]]) -> EntryVectors:
+        """Per (entity_path, key, value, event_at): its vector, the mean of its sentences' embeddings, and those
+        embeddings (see `embedding_passages`, `embed_entries`). Runs the embedder in a thread."""
         from .embedding import embed_entries, embedding_passages
 
         assert self.embedder is not None
@@ -219,8 +228,12 @@ class MemoryService:
         def matches(fresh: Any) -> bool:
             return bool(old.shape == fresh.shape and float((old * fresh).sum(axis=1).min()) >= SAME_EMBEDDER_COSINE)
 
-        if matches(await self._entry_vectors([(e.entity_path, e.key, e.value, e.event_at) for e in stored])):
-            return embedder.name, ENTRY_VECTORS
+        fresh = await self._entry_vectors([(e.entity_path, e.key, e.value, e.event_at) for e in stored])
+        if matches(fresh.vectors):
+            # The same vectors; a store of the release before passage vectors lacks them where several are due.
+            due = [e for e, passages in zip(stored, fresh.passages) if passages is not None]
+            kept = await self.store.passage_vectors(due)
+            return embedder.name, (ENTRY_VECTORS if len(kept) == len(due) else "sentence-mean")
         whole = [embedding_text(e.entity_path, e.key, e.value, e.event_at) for e in stored]
         if matches(await asyncio.to_thread(embedder.embed, whole)):
             return embedder.name, "whole-entry"  # an earlier amfs-server's vectors
@@ -239,8 +252,11 @@ class MemoryService:
         from .embedding import ENTRY_VECTORS
 
         snapshot = await self.store.export_snapshot()
-        vectors = await self._entry_vectors([(e.entity_path, e.key, e.value, e.event_at) for e in snapshot.entries])
-        entries = [e.with_changes(embedding=vector.tolist()) for e, vector in zip(snapshot.entries, vectors)]
+        made = await self._entry_vectors([(e.entity_path, e.key, e.value, e.event_at) for e in snapshot.entries])
+        entries = [
+            e.with_changes(embedding=vector.tolist(), passage_embeddings=None if passages is None else passages.tolist())
+            for e, vector, passages in zip(snapshot.entries, made.vectors, made.passages)
+        ]
         meta = {**snapshot.meta, EMBEDDER_META: self.embedder.name, ENTRY_VECTORS_META: ENTRY_VECTORS}
         if before_clear is not None:
             before_clear(snapshot)
@@ -347,8 +363,11 @@ class MemoryService:
             return drafts
         from dataclasses import replace
 
-        vectors = await self._entry_vectors([(d.entity_path, d.key, d.value, d.event_at) for d in drafts])
-        return [replace(draft, embedding=vector.tolist()) for draft, vector in zip(drafts, vectors)]
+        made = await self._entry_vectors([(d.entity_path, d.key, d.value, d.event_at) for d in drafts])
+        return [
+            replace(draft, embedding=vector.tolist(), passage_embeddings=None if passages is None else passages.tolist())
+            for draft, vector, passages in zip(drafts, made.vectors, made.passages)
+        ]
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -621,7 +640,14 @@ class MemoryService:
         if self.embedder is None:
             return []  # embedder explicitly configured off (AMFS_EMBEDDER=none): keyword and re-rankers only
         vector = (await asyncio.to_thread(self.embedder.embed, [query]))[0]
-        return await self.store.semantic_candidates(vector.tolist(), flt, now, pool_size)
+        nearest = await self.store.semantic_candidates(vector.tolist(), flt, now, pool_size)
+        # Second look at the nearest entries: each scored by its best sentence as well as its mean vector
+        # (`entry_similarity`); the sort is stable, so equal scores keep the store's order.
+        share = self.config.passage_share
+        passages = await self.store.passage_vectors([entry for entry, _ in nearest]) if share > 0 else {}
+        scored = [(entry, entry_similarity(cosine, passages.get(entry.entry_key), vector, share))
+                  for entry, cosine in nearest]
+        return sorted(scored, key=lambda pair: -pair[1])
 
     def _rankings(
         self,

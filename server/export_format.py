@@ -47,6 +47,7 @@ class _Entry(BaseModel):
     embedding: list[float] | None
     amfs_version: str
     event_at: datetime | None = None  # absent in exports written before event times existed
+    passage_embeddings: list[list[float]] | None = None  # absent before passage vectors existed
 
 
 class _Effect(BaseModel):

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..adapters.embedders import load_embedder
-from ..core.embedding import ENTRY_VECTORS, embed_entries, embedding_passages, embedding_text
+from ..core.embedding import ENTRY_VECTORS, EntryVectors, embed_entries, embedding_passages, embedding_text
 from ..core.models import Actor, MemoryEntry, MemoryType, NewEntry, Provenance, utcnow
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
 from ..core.tiers import priority_score, tier_for
@@ -54,8 +54,10 @@ def dataset_snapshot(dataset: dict[str, Any], embedder) -> StoreSnapshot:
                     memory_type=MemoryType(memory["memory_type"]),
                 )
             )
-    vectors = embed_entries(embedder.embed, [embedding_passages(e.entity_path, e.key, e.value) for e in entries])
-    return StoreSnapshot(entries=[e.with_changes(embedding=v.tolist()) for e, v in zip(entries, vectors)])
+    made = embed_entries(embedder.embed, [embedding_passages(e.entity_path, e.key, e.value) for e in entries])
+    return StoreSnapshot(entries=[
+        e.with_changes(embedding=v.tolist(), passage_embeddings=None if p is None else p.tolist())
+        for e, v, p in zip(entries, made.vectors, made.passages)])
 
 
 def score_question(ranked: list[str], gold: list[str]) -> dict[str, float]:
@@ -149,6 +151,7 @@ def quality_markdown(report: dict[str, Any]) -> str:
 
 SERVICES = ["checkout", "payments", "auth", "search", "inventory", "notifications", "billing", "gateway", "orders",
             "ledger", "catalog", "shipping", "identity", "analytics", "reporting", "web", "mobile", "etl", "k8s", "cdn"]
+TEAMS = ["platform", "payments", "growth", "data", "identity", "edge", "storage", "search"]
 TOPICS = [
     ("retry policy", "retries failed calls {n} times with exponential backoff starting at {m}ms"),
     ("timeout", "uses a {n}s upstream timeout; p99 latency was {m}ms last week"),
@@ -169,31 +172,36 @@ def synthetic_notes(count: int, seed: int = 7) -> list[tuple[str, str, str]]:
     for i in range(count):
         service = rng.choice(SERVICES)
         topic, template = rng.choice(TOPICS)
-        text = f"The {service} service " + template.format(n=rng.randint(2, 999), m=rng.randint(10, 9999))
+        # Two sentences, so every note has passage vectors and the timings include their second look.
+        text = (f"The {service} service " + template.format(n=rng.randint(2, 999), m=rng.randint(10, 9999))
+                + f". Owned by the {rng.choice(TEAMS)} team.")
         notes.append((f"{service}/{rng.choice(['api', 'worker', 'db', 'infra'])}", f"{topic.replace(' ', '-')}-{i}", text))
     return notes
 
 
-def cached_vectors(notes: list[tuple[str, str, str]], embedder, cache_dir: Path):
+def cached_vectors(notes: list[tuple[str, str, str]], embedder, cache_dir: Path) -> EntryVectors:
     """Embed the synthetic notes once (the same model, batched) and keep them, so store sizes can be rebuilt quickly."""
     import numpy as np
 
     cache_dir.mkdir(parents=True, exist_ok=True)
-    path = cache_dir / f"synthetic-{len(notes)}-{embedder.name}-{ENTRY_VECTORS}.npy"
+    path = cache_dir / f"synthetic-{len(notes)}-{embedder.name}-{ENTRY_VECTORS}.npz"
     if path.exists():
-        return np.load(path)
+        with np.load(path) as cached:
+            return EntryVectors(cached["vectors"], list(cached["passages"]))
     log(f"[scale] embedding {len(notes)} synthetic notes once (cached at {path}) ...")
-    vectors = []
+    vectors, passages = [], []
     step = 2048
     for start in range(0, len(notes), step):
-        vectors.append(embed_entries(embedder.embed, [embedding_passages(p, k, t) for p, k, t in notes[start:start + step]]))
+        made = embed_entries(embedder.embed, [embedding_passages(p, k, t) for p, k, t in notes[start:start + step]])
+        vectors.append(made.vectors)
+        passages += made.passages
         log(f"[scale]   {min(start + step, len(notes))}/{len(notes)}")
-    array = np.concatenate(vectors).astype("float32")
-    np.save(path, array)
-    return array
+    made = EntryVectors(np.concatenate(vectors).astype("float32"), passages)
+    np.savez(path, vectors=made.vectors, passages=np.stack(passages))  # every note has two sentences
+    return made
 
 
-async def fill_store(store, notes, vectors, already: int, target: int) -> None:
+async def fill_store(store, notes, vectors: EntryVectors, already: int, target: int) -> None:
     """Insert pre-embedded notes already..target through the store's normal insert path."""
     now = utcnow()
     actor = Actor("agent/bench", "bench-fill")
@@ -202,7 +210,8 @@ async def fill_store(store, notes, vectors, already: int, target: int) -> None:
     for start in range(already, target, batch):
         drafts = [
             NewEntry(p, k, t, json.dumps(t), 1.0, MemoryType.FACT, actor.agent_id, actor.session_id, now, None, None, None,
-                     tier_for(score), score, vectors[i].tolist(), embedding_text(p, k, t))
+                     tier_for(score), score, vectors.vectors[i].tolist(), embedding_text(p, k, t),
+                     passage_embeddings=vectors.passages[i].tolist())
             for i, (p, k, t) in enumerate(notes[start:min(target, start + batch)], start=start)
         ]
         await store.insert_versions(drafts, actor)

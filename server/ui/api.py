@@ -189,6 +189,7 @@ def _summary(entry: MemoryEntry, service: MemoryService, now: Any) -> dict[str, 
 def _detail(entry: MemoryEntry, service: MemoryService, now: Any) -> dict[str, Any]:
     data = entry.to_dict(include_embedding=False)
     data.pop("embedding", None)
+    data.pop("passage_embeddings", None)
     data["tier_name"] = entry.tier.name.lower()
     data["effective_confidence"] = service.effective_confidence(entry, now)
     return data

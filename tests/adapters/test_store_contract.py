@@ -58,6 +58,7 @@ def draft(
     priority_score: float = 0.5,
     embedding: list[float] | None = None,
     search_text: str | None = None,
+    passage_embeddings: list[list[float]] | None = None,
 ) -> NewEntry:
     value = {"note": key} if value is None else value
     return NewEntry(
@@ -66,6 +67,7 @@ def draft(
         written_at=written_at, ttl_at=ttl_at, importance_score=importance_score,
         importance_dimensions=importance_dimensions, tier=tier, priority_score=priority_score, embedding=embedding,
         search_text=embedding_text(entity_path, key, value) if search_text is None else search_text,
+        passage_embeddings=passage_embeddings,
     )
 
 
@@ -620,6 +622,36 @@ async def test_semantic_candidates_break_ties_newest_write_first(store: MemorySt
     assert keys(hits) == ["m", "x", "b", "old"]
 
 
+async def test_passage_vectors_are_those_of_the_exact_versions_asked_for(store: MemoryStore) -> None:
+    two = [direction(0), direction(90)]
+    await write(store, draft("svc", "turn", embedding=direction(45), passage_embeddings=two),
+                draft("svc", "one", embedding=direction(10)))
+    newer = await write(store, draft("svc", "turn", embedding=direction(30), passage_embeddings=[direction(20), direction(40)],
+                                     written_at=at(1)))
+    hits = await store.semantic_candidates(direction(0), EntryFilter(), at(2), 10)
+    found = await store.passage_vectors([entry for entry, _ in hits])
+    assert list(found) == ["svc/turn"]  # "one" has none: its single passage is its vector
+    assert found["svc/turn"].dtype == np.float32 and found["svc/turn"].shape == (2, DIM)
+    assert np.allclose(found["svc/turn"], [direction(20), direction(40)], atol=1e-6)
+    older = await store.get_version("svc", "turn", 1)
+    assert older is not None and older.passage_embeddings == [as_float32(row) for row in two]
+    assert np.allclose((await store.passage_vectors([older]))["svc/turn"], two, atol=1e-6)
+    assert (await store.get_current("svc", "turn", at(2))).passage_embeddings == [
+        as_float32(row) for row in newer[0].passage_embeddings]
+    assert await store.passage_vectors([]) == {}
+    await store.forget("svc", "turn")
+    assert await store.passage_vectors([older, newer[0]]) == {}  # forgotten: gone with the entry
+
+
+async def test_passage_vectors_of_another_dimension_are_refused_and_nothing_is_written(store: MemoryStore) -> None:
+    with pytest.raises(ValidationError, match="same dimension"):
+        await write(store, draft("svc", "ok", embedding=direction(0)),
+                    draft("svc", "bad", embedding=direction(0), passage_embeddings=[[1.0, 0.0]]))
+    with pytest.raises(ValidationError, match="same dimension"):
+        await write(store, draft("svc", "none", passage_embeddings=[direction(0)]))
+    assert await store.export_snapshot() == StoreSnapshot()
+
+
 async def test_a_zero_query_vector_has_no_candidates(store: MemoryStore) -> None:
     await write(store, draft("svc", "k", embedding=direction(0)))
     assert await store.semantic_candidates([0.0] * DIM, EntryFilter(), NOW, 5) == []
@@ -755,7 +787,8 @@ async def test_export_then_import_restores_everything_exactly(store: MemoryStore
     ])
     await write(store, draft("svc/values", "nested", {"second": "version"}, written_at=at(1), confidence=0.3,
                              ttl_at=at(10**6), importance_score=0.2, importance_dimensions={"novelty": 0.5},
-                             memory_type=MemoryType.EXPERIENCE))
+                             memory_type=MemoryType.EXPERIENCE, embedding=direction(100),
+                             passage_embeddings=[direction(95), direction(105)]))
     await write(store, draft("ünï/çødé", "ключ", "unicode path and key", written_at=at(2)), actor=OTHER)
     detail = {"query": "q", "ranks": {"semantic": 1, "keyword": 2}}
     await store.record_reads(ACTOR, "retrieve", [TierUpdate("svc/values", "nested", 1, Tier.ARCHIVE, 0.01, detail)], at(3))
@@ -774,6 +807,8 @@ async def test_export_then_import_restores_everything_exactly(store: MemoryStore
     await store.import_snapshot(snapshot)
     restored = await store.export_snapshot()
     assert restored == snapshot
+    [nested] = [e for e in restored.entries if (e.key, e.version) == ("nested", 2)]
+    assert nested.passage_embeddings == [as_float32(direction(95)), as_float32(direction(105))]
     for name, value in EXACT_VALUES.items():
         [first] = [e for e in restored.entries if (e.key, e.version) == (name, 1)]
         assert json.dumps(first.value) == json.dumps(value), name

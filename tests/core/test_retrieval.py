@@ -335,3 +335,49 @@ async def test_speaker_when_weighted_breaks_ties_toward_what_the_named_person_sa
     assert HYBRID_WEIGHTS["speaker"] == 0.0
     plain = await rsvc.retrieve(actor, question, entity_path="chat/c1", explain=True, count_as_read=False)
     assert plain and all("speaker" not in (h.strategies or {}) for h in plain)  # not even worked out
+
+
+class TopicEmbedder:
+    """A test double whose vector counts topic words (one axis each): cosines are known by construction."""
+
+    TOPICS = ("kitten", "mondays", "coffee", "garden")
+    name, dimension = "topic-words", 384
+
+    def embed(self, texts: list[str]):
+        import numpy as np
+
+        rows = np.zeros((len(texts), self.dimension), dtype=np.float32)
+        for i, text in enumerate(texts):
+            for axis, topic in enumerate(self.TOPICS):
+                rows[i, axis] = text.lower().count(topic)
+            rows[i, len(self.TOPICS)] = 0.01  # never a zero vector
+            rows[i] /= np.linalg.norm(rows[i])
+        return rows
+
+
+def test_entry_similarity_mixes_the_mean_and_the_best_passage() -> None:
+    import numpy as np
+
+    from amfs_server.core.embedding import PASSAGE_SHARE, entry_similarity
+
+    query = np.array([1.0, 0.0], dtype=np.float32)
+    passages = np.array([[0.0, 1.0], [1.0, 0.0]], dtype=np.float32)
+    assert entry_similarity(0.5, passages, query) == pytest.approx((1 - PASSAGE_SHARE) * 0.5 + PASSAGE_SHARE * 1.0)
+    assert entry_similarity(0.5, None, query) == 0.5  # one passage: its vector is the entry's
+
+
+async def test_the_best_sentence_lifts_a_many_topic_turn_over_a_closer_mean(store, actor: Actor) -> None:
+    svc = MemoryService(store, ServiceConfig(), embedder=TopicEmbedder())
+    await svc.open()
+    await svc.write_many(actor, [
+        # Three sentences, one about the kitten: mean cosine to "kitten" 0.58, best sentence 1.0.
+        WriteRequest("chat", "many-topics", "Ugh, mondays again. Coffee first. Meet my new kitten!"),
+        # One sentence on two topics: cosine 0.71, no better sentence.
+        WriteRequest("chat", "two-topics", "My kitten hates mondays"),
+    ])
+    sem = {"semantic": 1.0, "keyword": 0.0, "temporal": 0.0, "confidence": 0.0}
+    hits = await svc.retrieve(actor, "kitten", entity_path="chat", weights=sem, explain=True, count_as_read=False)
+    assert [h.entry.key for h in hits] == ["many-topics", "two-topics"]
+    assert hits[0].strategies is not None
+    assert hits[0].strategies["semantic"].raw_score == pytest.approx(0.5 * 0.577 + 0.5 * 1.0, abs=0.01)
+    assert hits[1].strategies["semantic"].raw_score == pytest.approx(0.707, abs=0.01)

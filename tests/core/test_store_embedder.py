@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from amfs_server.adapters.sqlite import SQLiteStore
-from amfs_server.core.embedding import DEFAULT_EMBEDDER, TORCH_MINILM
+from amfs_server.core.embedding import DEFAULT_EMBEDDER, ENTRY_VECTORS, TORCH_MINILM
 from amfs_server.core.errors import StoreError
 from amfs_server.core.models import Actor, EntryFilter, utcnow
 from amfs_server.core.service import EMBEDDER_META, MemoryService, WriteRequest
@@ -203,7 +203,38 @@ async def test_a_store_of_whole_entry_vectors_from_an_earlier_release_is_refused
     assert await service.reembed() == 1
     await service.close()
     service = await open_service(make_store, MODEL_A)  # accepted now
-    assert await service.store.get_meta(ENTRY_VECTORS_META) == "sentence-mean"
+    assert await service.store.get_meta(ENTRY_VECTORS_META) == ENTRY_VECTORS
+    await service.close()
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["scheme recorded", "no record"])
+async def test_a_store_of_sentence_means_without_passage_vectors_is_refused_until_reembedded(
+    make_store: StoreFactory, recorded: bool,
+) -> None:
+    from amfs_server.core.service import ENTRY_VECTORS_META
+
+    # What the release before passage vectors left: the same mean vectors, no passage vectors, scheme "sentence-mean".
+    service = await open_service(make_store, MODEL_A)
+    text = "Retry the card authorisation 3 times. Then give up and page on-call."
+    await service.write(ACTOR, WriteRequest("svc/payments", "retry-policy", text))
+    await service.write(ACTOR, WriteRequest("svc/payments", "timeout", "gateway timeout is 30 seconds"))
+    snapshot = await service.store.export_snapshot()
+    assert [e.passage_embeddings is not None for e in snapshot.entries] == [True, False]  # two sentences, one
+    await service.store.clear()
+    meta = {EMBEDDER_META: "model-a", ENTRY_VECTORS_META: "sentence-mean"} if recorded else {}
+    await service.store.import_snapshot(replace(snapshot, entries=[
+        e.with_changes(passage_embeddings=None) for e in snapshot.entries], meta=meta))
+    await service.close()
+
+    with pytest.raises(StoreError, match=r"without the sentence vectors.*amfs-server memory reembed"):
+        await open_service(make_store, MODEL_A)
+    service = await open_service(make_store, MODEL_A, check=False)
+    assert await service.reembed() == 2
+    await service.close()
+    service = await open_service(make_store, MODEL_A)  # accepted now, the passages back
+    assert await service.store.get_meta(ENTRY_VECTORS_META) == ENTRY_VECTORS
+    again = await service.store.export_snapshot()
+    assert [e.passage_embeddings for e in again.entries] == [e.passage_embeddings for e in snapshot.entries]
     await service.close()
 
 
@@ -218,8 +249,10 @@ def test_an_entry_vector_is_the_mean_of_its_sentences_each_with_the_header_and_s
     assert embedding_passages("svc/x", "k", {"summary": "One. Two."}) == ["svc x k: One. Two."]  # structured: whole
     many = embedding_passages("doc", "long", " ".join(f"Sentence {i}." for i in range(50)))
     assert 1 < len(many) <= MAX_PASSAGES and "Sentence 0." in many[0] and "Sentence 49." in many[-1]
-    vectors = embed_entries(MODEL_A.embed, [["a. ", "b."], ["c"]])
+    made = embed_entries(MODEL_A.embed, [["a. ", "b."], ["c"]])
     expected = MODEL_A.embed(["a. ", "b."]).mean(axis=0)
-    assert np.allclose(vectors[0], expected / np.linalg.norm(expected), atol=1e-6)
-    assert np.allclose(vectors[1], MODEL_A.embed(["c"])[0], atol=1e-6)
-    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert np.allclose(made.vectors[0], expected / np.linalg.norm(expected), atol=1e-6)
+    assert np.allclose(made.vectors[1], MODEL_A.embed(["c"])[0], atol=1e-6)
+    assert np.allclose(np.linalg.norm(made.vectors, axis=1), 1.0, atol=1e-5)
+    # The passages are kept for the second look (one passage: none, its embedding is the entry vector).
+    assert np.allclose(made.passages[0], MODEL_A.embed(["a. ", "b."]), atol=1e-6) and made.passages[1] is None

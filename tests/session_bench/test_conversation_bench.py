@@ -157,16 +157,21 @@ def test_the_fusion_sweep_row_for_the_default_weights_is_the_default_fusion():
 
     conversation = gen.build_dataset(seed=3, conversations=1, sessions=3)["conversations"][0]
     conversation["questions"] = conversation["questions"][:8]
-    table = tune_fusion.sweep([conversation], (0.3, 0.9))
-    default = asyncio.run(bench.run_in_process([conversation], "sqlite",
-                                               selected={"d": bench.service_ranker(None)}))["d"]
     from amfs_server.core.retrieval import HYBRID_WEIGHTS
 
-    assert tune_fusion.weights_for(0.3) == pytest.approx(HYBRID_WEIGHTS)
-    assert table[0.3]["n"] == 8
-    assert table[0.3]["recall@10"] == pytest.approx(sum(r["recall@10"] for r in default) / 8)
-    assert table[0.3]["mrr@10"] == pytest.approx(sum(r["mrr@10"] for r in default) / 8)
-    assert table[0.3] != table[0.9]  # the weight is really applied
+    from amfs_server.core.embedding import PASSAGE_SHARE
+
+    share = HYBRID_WEIGHTS["semantic"] / tune_fusion.RELEVANCE
+    table = tune_fusion.sweep([conversation], (share, 0.9), (PASSAGE_SHARE, 0.0))
+    default = asyncio.run(bench.run_in_process([conversation], "sqlite",
+                                               selected={"d": bench.service_ranker(None)}))["d"]
+    assert tune_fusion.weights_for(share) == pytest.approx(HYBRID_WEIGHTS)
+    mine = table[(PASSAGE_SHARE, share)]
+    assert mine["n"] == 8
+    assert mine["recall@10"] == pytest.approx(sum(r["recall@10"] for r in default) / 8)
+    assert mine["mrr@10"] == pytest.approx(sum(r["mrr@10"] for r in default) / 8)
+    assert mine != table[(PASSAGE_SHARE, 0.9)]  # the weight is really applied
+    assert mine != table[(0.0, share)]  # and the passage share
 
 
 
