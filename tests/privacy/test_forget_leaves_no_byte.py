@@ -2,7 +2,7 @@
 export) through a real MCP client on the real app with the real embedding model, then forgotten
 (`amfs_forget`, `amfs-server memory forget`) or cleared (`memory clear`), is found in no file under the
 data directory (database, WAL, -shm, vector index, learning database: the raw bytes) and not in
-`memory export`; nor is the memory's embedding in the vector index file. On PostgreSQL: in no table
+`memory export`; nor is the memory's embedding in the vector index file, nor its sentences' embeddings anywhere. On PostgreSQL: in no table
 of the schema. Each test first checks that the marker (and the vector) *were* there, so a pass means
 they were removed, not that the check looked in the wrong place."""
 
@@ -61,9 +61,11 @@ async def use_the_memory(data_dir: Path, marker: str) -> None:
     settings = load_settings({}, data_dir=data_dir)
     app = create_app(build_service(settings), settings)
     async with Client(app) as client:
-        await client.call_tool("amfs_write", {"entity_path": ENTITY, "key": KEY, "value": f"lives at 12 {marker} street"})
+        # Two sentences each: the store keeps their embeddings beside the entry vector.
         await client.call_tool("amfs_write", {"entity_path": ENTITY, "key": KEY,
-                                              "value": f"moved to 14 {marker} street", "confidence": 0.9})
+                                              "value": f"Ada lives at 12 {marker} street. The door is green."})
+        await client.call_tool("amfs_write", {"entity_path": ENTITY, "key": KEY,
+                                              "value": f"Ada moved to 14 {marker} street. Ring twice.", "confidence": 0.9})
         await client.call_tool("amfs_write", {"entity_path": "services/checkout", "key": "retry",
                                               "value": "exponential backoff, max 3 attempts"})
         await client.call_tool("amfs_read", {"entity_path": ENTITY, "key": KEY})
@@ -72,41 +74,45 @@ async def use_the_memory(data_dir: Path, marker: str) -> None:
         await client.call_tool("amfs_commit_outcome", {"outcome_ref": "INC-7", "outcome_type": "success"})
 
 
-def current_embedding(data_dir: Path) -> bytes:
+def current_embeddings(data_dir: Path) -> tuple[bytes, bytes]:
+    """The current version's vector and its first sentence's embedding, as stored."""
     import sqlite3
 
     conn = sqlite3.connect(data_dir / "amfs.db")
     try:
-        (blob,) = conn.execute(
-            "SELECT embedding FROM entries WHERE entity_path = ? AND key = ? AND is_current = 1", (ENTITY, KEY)
+        (blob, passages) = conn.execute(
+            "SELECT embedding, passage_embeddings FROM entries WHERE entity_path = ? AND key = ? AND is_current = 1",
+            (ENTITY, KEY),
         ).fetchone()
     finally:
         conn.close()
-    return bytes(blob)
+    return bytes(blob), bytes(passages)[: len(blob)]
 
 
-async def planted(tmp_path: Path, monkeypatch) -> tuple[Path, str, bytes]:
+async def planted(tmp_path: Path, monkeypatch) -> tuple[Path, str, tuple[bytes, bytes]]:
     data_dir = tmp_path / "data"
     marker = new_marker()
     await use_the_memory(data_dir, marker)
-    vector = current_embedding(data_dir)
-    # the controls: before forgetting, the marker is in the database and the export, the vector in its index
+    vector, sentence = current_embeddings(data_dir)
+    # the controls: before forgetting, the marker is in the database and the export, the vector in its index,
+    # the sentence embedding in the database
     assert "amfs.db" in files_holding(data_dir, marker.encode())
     assert any(name.endswith(".usearch") for name in files_holding(data_dir, vector)), raw_files(data_dir).keys()
+    assert "amfs.db" in files_holding(data_dir, sentence)
     assert marker in await export_text(data_dir, monkeypatch)
-    return data_dir, marker, vector
+    return data_dir, marker, (vector, sentence)
 
 
-async def assert_gone(data_dir: Path, marker: str, vector: bytes, monkeypatch) -> None:
+async def assert_gone(data_dir: Path, marker: str, vectors: tuple[bytes, bytes], monkeypatch) -> None:
     assert files_holding(data_dir, marker.encode()) == []
-    assert files_holding(data_dir, vector) == []
+    assert [files_holding(data_dir, vector) for vector in vectors] == [[], []]
     exported = await export_text(data_dir, monkeypatch)
     assert marker not in exported and f"{ENTITY}/{KEY}" not in exported and KEY not in exported
     assert files_holding(data_dir, marker.encode()) == []  # the export opened the store again: still nothing
 
 
 async def test_amfs_forget_leaves_no_byte_of_the_memory_in_any_file_or_the_export(tmp_path, monkeypatch) -> None:
-    data_dir, marker, vector = await planted(tmp_path, monkeypatch)
+    data_dir, marker, vectors = await planted(tmp_path, monkeypatch)
     settings = load_settings({}, data_dir=data_dir)
     app = create_app(build_service(settings), settings)
     async with Client(app) as client:
@@ -114,24 +120,24 @@ async def test_amfs_forget_leaves_no_byte_of_the_memory_in_any_file_or_the_expor
         assert forgotten["versions_removed"] == 2
         # checked while the server still runs: nothing waits for the shutdown
         assert files_holding(data_dir, marker.encode()) == []
-        assert files_holding(data_dir, vector) == []
+        assert [files_holding(data_dir, v) for v in vectors] == [[], []]
         left = (await client.call_tool("amfs_retrieve", {"query": "checkout retries", "limit": 5})).structured_content
         assert [h["entry_key"] for h in left["results"]] == ["services/checkout/retry"]
-    await assert_gone(data_dir, marker, vector, monkeypatch)
+    await assert_gone(data_dir, marker, vectors, monkeypatch)
 
 
 async def test_memory_forget_command_leaves_no_byte_in_any_file_or_the_export(tmp_path, monkeypatch) -> None:
-    data_dir, marker, vector = await planted(tmp_path, monkeypatch)
+    data_dir, marker, vectors = await planted(tmp_path, monkeypatch)
     await run_cli(data_dir, monkeypatch, "memory", "forget", f"{ENTITY}/{KEY}")
-    await assert_gone(data_dir, marker, vector, monkeypatch)
+    await assert_gone(data_dir, marker, vectors, monkeypatch)
     exported = json.loads(await export_text(data_dir, monkeypatch))
     assert [e["entity_path"] for e in exported["entries"]] == ["services/checkout"]  # the rest is untouched
 
 
 async def test_memory_clear_leaves_no_byte_in_any_file_or_the_export(tmp_path, monkeypatch) -> None:
-    data_dir, marker, vector = await planted(tmp_path, monkeypatch)
+    data_dir, marker, vectors = await planted(tmp_path, monkeypatch)
     await run_cli(data_dir, monkeypatch, "memory", "clear", "--yes")
-    await assert_gone(data_dir, marker, vector, monkeypatch)
+    await assert_gone(data_dir, marker, vectors, monkeypatch)
     assert files_holding(data_dir, b"exponential backoff") == []
 
 
