@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 from datetime import datetime, timezone
@@ -47,7 +49,8 @@ class _Entry(BaseModel):
     embedding: list[float] | None
     amfs_version: str
     event_at: datetime | None = None  # absent in exports written before event times existed
-    passage_embeddings: list[list[float]] | None = None  # absent before passage vectors existed
+    # Base64 of little-endian float32 rows, each as long as `embedding` (`pack_rows`); absent before they existed.
+    passage_embeddings: str | None = None
 
 
 class _Effect(BaseModel):
@@ -95,12 +98,45 @@ class ExportFile(BaseModel):
     extra: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
 
 
+def pack_rows(rows: list[list[float]] | None) -> str | None:
+    """Sentence embeddings as base64 float32: a third of the JSON number lists' size, and exact (stores keep float32)."""
+    if not rows:
+        return None
+    import numpy as np
+
+    return base64.b64encode(np.asarray(rows, dtype="<f4").tobytes()).decode("ascii")
+
+
+def unpack_rows(text: str | None, dimension: int, where: str) -> list[list[float]] | None:
+    if text is None:
+        return None
+    import numpy as np
+
+    try:
+        raw = base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError):
+        raise ExportFormatError(f"invalid export at {where}: not base64") from None
+    if dimension <= 0 or not raw or len(raw) % (4 * dimension):
+        raise ExportFormatError(
+            f"invalid export at {where}: {len(raw)} bytes are not whole float32 rows of the embedding's dimension "
+            f"({dimension})")
+    rows = np.frombuffer(raw, dtype="<f4").reshape(-1, dimension)
+    if not np.all(np.isfinite(rows)):
+        raise ExportFormatError(f"invalid export at {where}: every number in an export must be finite")
+    values: list[list[float]] = rows.astype(np.float64).tolist()
+    return values
+
+
+def _entry_document(entry: MemoryEntry) -> dict[str, Any]:
+    return {**entry.to_dict(), "passage_embeddings": pack_rows(entry.passage_embeddings)}
+
+
 def dump_export(snapshot: StoreSnapshot) -> str:
     document = {
         "format": EXPORT_FORMAT,
         "version": EXPORT_VERSION,
         "exported_at": datetime.now(timezone.utc).isoformat(),
-        "entries": [entry.to_dict() for entry in snapshot.entries],
+        "entries": [_entry_document(entry) for entry in snapshot.entries],
         "outcomes": [record.to_dict() for record in snapshot.outcomes],
         "traces": [trace.to_dict() for trace in snapshot.traces],
         "meta": snapshot.meta,
@@ -122,12 +158,18 @@ def parse_export(text: str) -> StoreSnapshot:
         raise ExportFormatError(f"invalid export at {location or 'top level'}: {first['msg']} ({error.error_count()} problems)") from None
     _check_versions(raw["entries"])
     return StoreSnapshot(
-        entries=[MemoryEntry.from_dict(entry) for entry in raw["entries"]],
+        entries=[_entry_from_document(entry, position) for position, entry in enumerate(raw["entries"])],
         outcomes=[OutcomeRecord.from_dict(record) for record in raw["outcomes"]],
         traces=[TraceEvent.from_dict(trace) for trace in raw["traces"]],
         meta=raw["meta"],
         extra=raw.get("extra", {}),
     )
+
+
+def _entry_from_document(data: dict[str, Any], position: int) -> MemoryEntry:
+    rows = unpack_rows(data.get("passage_embeddings"), len(data.get("embedding") or ()),
+                       f"entries.{position}.passage_embeddings")
+    return MemoryEntry.from_dict({**data, "passage_embeddings": rows})
 
 
 def _refuse_constant(name: str) -> float:

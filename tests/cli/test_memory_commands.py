@@ -148,3 +148,47 @@ def test_export_of_a_store_left_with_infinite_confidence_is_standard_json(env, t
     text = CliRunner().invoke(cli, ["memory", "export"]).output
     assert "Infinity" not in text
     json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in export"))
+
+
+@pytest.fixture
+def embedded(tmp_path, monkeypatch) -> dict:
+    """A store written with the real default embedder: a two-sentence memory has sentence embeddings."""
+    data_dir = tmp_path / "embedded"
+    monkeypatch.setenv("AMFS_DATA_DIR", str(data_dir))
+    monkeypatch.delenv("AMFS_EMBEDDER", raising=False)
+    with AgentMemory(agent_id="agent/cli", data_dir=data_dir) as mem:
+        mem.write("chat/c1", "t1", "Jonah: Ugh, Mondays. Meet Taco, my new Maine Coon kitten!")
+        mem.write("svc/payments", "timeout", "gateway timeout is 30 seconds")
+    return json.loads(CliRunner().invoke(cli, ["memory", "export"]).output)
+
+
+def test_sentence_embeddings_are_exported_as_float32_base64_and_imported_exactly(embedded, tmp_path, monkeypatch):
+    import base64
+
+    import numpy as np
+
+    turn, note = embedded["entries"]
+    rows = np.frombuffer(base64.b64decode(turn["passage_embeddings"]), dtype="<f4").reshape(-1, 384)
+    assert rows.shape == (2, 384) and np.allclose(np.linalg.norm(rows, axis=1), 1.0, atol=1e-5)
+    assert note["passage_embeddings"] is None  # one sentence: its embedding is the entry vector
+    export_file = tmp_path / "backup.json"
+    export_file.write_text(json.dumps(embedded))
+    monkeypatch.setenv("AMFS_DATA_DIR", str(tmp_path / "fresh"))
+    imported = CliRunner().invoke(cli, ["memory", "import", str(export_file)])
+    assert imported.exit_code == 0, imported.output
+    again = json.loads(CliRunner().invoke(cli, ["memory", "export"]).output)
+    assert again["entries"] == embedded["entries"]  # byte for byte: float32 in, float32 out
+
+
+@pytest.mark.parametrize(("spoil", "reason"), [
+    (lambda text: "not base64!", "not base64"),
+    (lambda text: text[:-8], "not whole float32 rows"),
+])
+def test_import_refuses_broken_sentence_embeddings_and_imports_nothing(embedded, tmp_path, monkeypatch, spoil, reason):
+    embedded["entries"][0]["passage_embeddings"] = spoil(embedded["entries"][0]["passage_embeddings"])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(embedded))
+    monkeypatch.setenv("AMFS_DATA_DIR", str(tmp_path / "empty"))
+    result = CliRunner().invoke(cli, ["memory", "import", str(bad)])
+    assert result.exit_code != 0 and reason in result.output and "entries.0.passage_embeddings" in result.output
+    assert json.loads(CliRunner().invoke(cli, ["memory", "export"]).output)["entries"] == []
