@@ -37,7 +37,7 @@ from typing import Any
 from ..core.embedding import DEFAULT_EMBEDDER, EmbedderUnavailableError
 from ..core.models import Actor
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
-from . import SINGLE_STRATEGIES, alone, close_store, log, open_store
+from . import SINGLE_STRATEGIES, alone, close_store, log, open_store, pyplot
 
 DATASET = Path(__file__).parent / "data" / "conversations_eval.json"
 SPLITS = ("tuning", "test", "all")
@@ -291,6 +291,41 @@ def markdown(summary: dict[str, Any], store: str) -> str:
     return "\n".join(lines)
 
 
+# Rankers drawn by `plot` (temporal and confidence alone equal semantic on this set: every turn was written in one
+# hour with confidence 1).
+PLOTTED = (FUSION, WITH_SPEAKER, SEED_RRF, "semantic", "keyword", BM25_ROW)
+
+
+def plot(summary: dict[str, Any], title: str, path: Path) -> None:
+    """recall@10 per question kind and overall, one group of bars per kind, one bar per ranker, one panel per split."""
+    plt = pyplot()
+    splits = sorted({s for per in summary.values() for s in per}, key=SPLITS.index)
+    names = [name for name in PLOTTED if name in summary]
+    fig, axes = plt.subplots(1, len(splits), figsize=(6.5 * len(splits), 4.8), squeeze=False, sharey=True)
+    for ax, split in zip(axes[0], splits):
+        kinds = sorted({k for per in summary.values() if split in per for k in per[split]["by_kind"]})
+        groups = ["overall", *kinds]
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            per = summary[name].get(split)
+            if per is None:
+                continue
+            values = [per["overall"]["recall@10"]] + [per["by_kind"].get(k, {}).get("recall@10", 0.0) for k in kinds]
+            ax.bar([g + (i - (len(names) - 1) / 2) * width for g in range(len(groups))], values, width, label=name)
+        n = next(per[split]["overall"]["n"] for per in summary.values() if split in per)
+        ax.set_xticks(range(len(groups)), groups)
+        ax.set_title(f"{title}, {split} split ({n} questions)")
+        ax.set_ylim(0, 1)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("recall@10")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))  # room below the panels for the legend
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _cell(scores: dict[str, float]) -> str:
     return f"{scores['recall@10']:.3f} / {scores['mrr@10']:.3f}"
 
@@ -304,6 +339,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--conversations", type=int, default=None, help="only the first N conversations of the split")
     parser.add_argument("--dataset", type=Path, default=DATASET)
     parser.add_argument("--json", type=Path, default=None, help="also write the summary (and per-question scores) here")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="also draw recall@10 per question kind of the first store's run here (PNG; needs the "
+                             "[bench] extra)")
     parser.add_argument("--embedder", default=None,
                         help="in process: the embedder to use (default: the server's default, e.g. all-mpnet-base-v2)")
     parser.add_argument("--with-dates", action="store_true",
@@ -348,6 +386,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             texts.append(markdown(report["runs"][store]["summary"], store + (" with dates" if args.with_dates else "")))
     text = "\n".join(texts)
     print(text)
+    if args.plot is not None:
+        first = next(iter(report["runs"]))
+        plot(report["runs"][first]["summary"], "mcp stdio" if first == "mcp-stdio" else first, args.plot)
+        log(f"wrote {args.plot}")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1) + "\n")

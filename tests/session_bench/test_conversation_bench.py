@@ -113,7 +113,8 @@ def test_harness_runs_every_ranker_end_to_end_on_sqlite(tmp_path, capsys):
     path.write_text(json.dumps(data))
     out = tmp_path / "report.json"
 
-    report = bench.main(["--dataset", str(path), "--split", "all", "--json", str(out)])
+    picture = tmp_path / "recall.png"
+    report = bench.main(["--dataset", str(path), "--split", "all", "--json", str(out), "--plot", str(picture)])
 
     table = capsys.readouterr().out
     expected = [bench.FUSION, bench.WITH_SPEAKER, bench.SEED_RRF, *bench.SINGLE_STRATEGIES, bench.BM25_ROW]
@@ -127,6 +128,7 @@ def test_harness_runs_every_ranker_end_to_end_on_sqlite(tmp_path, capsys):
             assert summary[name][split]["overall"]["n"] == 6
             assert 0.0 <= summary[name][split]["overall"]["recall@10"] <= 1.0
     assert json.loads(out.read_text())["questions"] == 12
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the per-kind picture was drawn
 
 
 @pytest.mark.slow
