@@ -550,6 +550,14 @@ class PostgresStore(PostgresDatabase):
         rows = await self._read(lambda conn: conn.fetch(sql, *args))
         return {row["entity_path"]: int(row["n"]) for row in rows}
 
+    async def latest_at(self, entity_path: str, now: datetime, limit: int) -> list[MemoryEntry]:
+        sql = (
+            f"SELECT {_BASE_COLUMNS} FROM entries WHERE is_current AND (ttl_at IS NULL OR ttl_at > $1) "
+            "AND entity_path = $2 ORDER BY written_at DESC, row_id DESC LIMIT $3"
+        )
+        rows = await self._read(lambda conn: conn.fetch(sql, now, entity_path, max(0, int(limit))))
+        return [_row_to_entry(row, with_embedding=False) for row in rows]
+
     async def entries_at(self, entity_path: str, now: datetime, offset: int, limit: int) -> list[MemoryEntry]:
         sql = (
             f"SELECT {_BASE_COLUMNS} FROM entries WHERE is_current AND (ttl_at IS NULL OR ttl_at > $1) "

@@ -302,6 +302,19 @@ class SQLiteStore(SQLiteDatabase):
 
         return await self._run(fetch)
 
+    async def latest_at(self, entity_path: str, now: datetime, limit: int) -> list[MemoryEntry]:
+        # `entity_path = ?` (not the prefix filter) lets the (entity_path, key) index pick the path's rows.
+        sql = (
+            f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE is_current = 1 AND (ttl_at IS NULL OR ttl_at > ?) "
+            "AND entity_path = ? ORDER BY written_at DESC, row_id DESC LIMIT ?"
+        )
+        params = (_ts(now), entity_path, max(0, int(limit)))
+
+        def fetch() -> list[MemoryEntry]:
+            return [_row_to_entry(row, with_embedding=False) for row in self._connection().execute(sql, params)]
+
+        return await self._run(fetch)
+
     async def entries_at(self, entity_path: str, now: datetime, offset: int, limit: int) -> list[MemoryEntry]:
         sql = (
             f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE is_current = 1 AND (ttl_at IS NULL OR ttl_at > ?) "

@@ -46,6 +46,7 @@ __all__ = [
     "embed_entries",
     "entry_similarity",
     "embed_in_batches",
+    "context_passage",
     "embedding_passages",
     "embedding_text",
     "event_date_words",
@@ -208,29 +209,55 @@ def embedding_passages(entity_path: str, key: str, value: object, event_at: date
 
 @dataclass(frozen=True)
 class EntryVectors:
-    """What `embed_entries` makes: per entry, its unit vector (row of `vectors`) and, for an entry of two or more
-    passages, their unit embeddings (`passages[i]`, shape (passages, dimension)); None for one passage, whose
-    embedding is the entry vector itself."""
+    """What `embed_entries` makes: per entry, its unit vector (row of `vectors`) and the unit embeddings its
+    best-sentence look scores (`passages[i]`, shape (rows, dimension)): its passages' when two or more, then its
+    context passage's when it has one; None for a single passage without context, whose embedding is the entry
+    vector itself."""
 
     vectors: np.ndarray
     passages: list[np.ndarray | None]
 
 
-def embed_entries(embed: Callable[[list[str]], np.ndarray], passages: Sequence[Sequence[str]]) -> EntryVectors:
-    """Each entry's vector, the normalised mean of its passages' embeddings, and those embeddings (one `embed`
-    call for all)."""
-    flat = [text for group in passages for text in group]
+def context_passage(entity_path: str, key: str, previous: object, value: object,
+                    event_at: datetime | None = None) -> str | None:
+    """A transcript turn's context passage: the turn written just before it under the same entity path, then the
+    turn itself, as one text (`"Jonah: We're thinking of a skydive! Felix: Count me out, I get dizzy."`), when both
+    are transcript turns (`"Name: ..."`); else None.
+
+    A reply often names its topic only in the turn it answers; this passage lets the best-sentence look find it
+    ("Why won't Felix skydive?"). It joins the entry's passages, never its vector (README, Retrieval)."""
+    from .retrieval import speaker_label  # retrieval does not import this module: no cycle
+
+    if not (isinstance(previous, str) and isinstance(value, str)):
+        return None
+    if speaker_label(previous) is None or speaker_label(value) is None:
+        return None
+    return embedding_text(entity_path, key, f"{previous.strip()} {value.strip()}", event_at)
+
+
+def embed_entries(embed: Callable[[list[str]], np.ndarray], passages: Sequence[Sequence[str]],
+                  contexts: Sequence[str | None] | None = None) -> EntryVectors:
+    """Each entry's vector, the normalised mean of its passages' embeddings, and the embeddings the best-sentence
+    look scores: those passages' (when two or more) and its context passage's (`contexts[i]`, when given; then
+    a one-passage entry keeps its own embedding too). One `embed` call for all."""
+    contexts = list(contexts) if contexts is not None else [None] * len(passages)
+    flat = [text for group in passages for text in group] + [text for text in contexts if text is not None]
     embedded = embed(flat)
     out = np.zeros((len(passages), embedded.shape[1]), dtype=np.float32)
     kept: list[np.ndarray | None] = []
     start = 0
+    extra = sum(len(group) for group in passages)
     for i, group in enumerate(passages):
         rows = embedded[start:start + len(group)]
         start += len(group)
         mean = rows.mean(axis=0)
         norm = float(np.linalg.norm(mean))
         out[i] = mean / norm if norm > 0 else mean
-        kept.append(np.array(rows, dtype=np.float32) if len(group) > 1 else None)
+        looked = [rows] if len(group) > 1 else []
+        if contexts[i] is not None:
+            looked = [rows, embedded[extra:extra + 1]]
+            extra += 1
+        kept.append(np.array(np.vstack(looked), dtype=np.float32) if looked else None)
     return EntryVectors(out, kept)
 
 

@@ -116,6 +116,11 @@ class MemoryStore(Protocol):
         """How many current live entries each entity path (exactly that path) holds, at or under `entity_path`."""
         ...
 
+    async def latest_at(self, entity_path: str, now: datetime, limit: int) -> list[MemoryEntry]:
+        """Current live entries at exactly `entity_path`, newest write first (written_at, then write order): an
+        index range of that path alone, however many entries the store holds elsewhere."""
+        ...
+
     async def entries_at(self, entity_path: str, now: datetime, offset: int, limit: int) -> list[MemoryEntry]:
         """Current live entries at exactly `entity_path`, ordered by key, one page (`offset`, `limit`)."""
         ...

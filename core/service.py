@@ -36,6 +36,7 @@ from .models import (
     utcnow,
 )
 from .retrieval import (
+    speaker_label,
     speaker_matches,
     DEFAULT_RRF_K,
     FUSIONS,
@@ -71,6 +72,27 @@ ENTRY_VECTORS_META = "entry_vectors"  # how those vectors were made from entry t
 # runtime (int8 ONNX is deterministic per text); torch and int8 MiniLM agree only to ~0.99 and do not mix.
 SAME_EMBEDDER_COSINE = 0.999
 SORT_CHOICES: tuple[str, ...] = ("confidence", "recency", "recall_count", "priority")
+
+
+def snapshot_contexts(entries: Sequence[MemoryEntry]) -> list[str | None]:
+    """Each version's context passage as its write made it (`MemoryService._contexts_of_drafts`): with the version
+    written just before it under the same entity path (another key). Versions written in one batch share a
+    written_at and are taken in key order (the order both stores insert a batch in)."""
+    from .embedding import context_passage
+
+    order = sorted(range(len(entries)), key=lambda i: (entries[i].entity_path, entries[i].provenance.written_at,
+                                                      entries[i].key, entries[i].version))
+    contexts: list[str | None] = [None] * len(entries)
+    written: list[MemoryEntry] = []
+    for i in order:
+        entry = entries[i]
+        if written and written[-1].entity_path != entry.entity_path:
+            written = []
+        if speaker_label(entry.value) is not None:
+            previous = next((e.value for e in reversed(written) if e.key != entry.key), None)
+            contexts[i] = context_passage(entry.entity_path, entry.key, previous, entry.value, entry.event_at)
+        written.append(entry)
+    return contexts
 
 
 @dataclass(frozen=True)
@@ -200,14 +222,39 @@ class MemoryService:
         probe = [1.0] + [0.0] * (self.embedder.dimension - 1)
         return bool(await self.store.semantic_candidates(probe, EntryFilter(), self.now(), 1))
 
-    async def _entry_vectors(self, entries: Sequence[tuple[str, str, Any, datetime | None]]) -> EntryVectors:
-        """Per (entity_path, key, value, event_at): its vector, the mean of its sentences' embeddings, and those
-        embeddings (see `embedding_passages`, `embed_entries`). Runs the embedder in a thread."""
+    async def _entry_vectors(
+        self, entries: Sequence[tuple[str, str, Any, datetime | None]], contexts: Sequence[str | None] | None = None,
+    ) -> EntryVectors:
+        """Per (entity_path, key, value, event_at): its vector, the mean of its sentences' embeddings, and the
+        embeddings its best-sentence look scores, its context passage's included (see `embedding_passages`,
+        `context_passage`, `embed_entries`). Runs the embedder in a thread."""
         from .embedding import embed_entries, embedding_passages
 
         assert self.embedder is not None
         passages = [embedding_passages(*entry) for entry in entries]
-        return await asyncio.to_thread(embed_entries, self.embedder.embed, passages)
+        return await asyncio.to_thread(embed_entries, self.embedder.embed, passages, contexts)
+
+    async def _contexts_of_drafts(self, drafts: Sequence[NewEntry]) -> list[str | None]:
+        """Each draft's context passage: with the entry written just before it under the same entity path (another
+        key), an earlier draft of the batch or else the store's newest there; None unless both are transcript
+        turns."""
+        from .embedding import context_passage
+
+        now = self.now()
+        written: dict[str, list[tuple[str, Any]]] = {}  # entity path -> (key, value), oldest first
+        contexts: list[str | None] = []
+        for draft in drafts:
+            previous = None
+            if speaker_label(draft.value) is not None:
+                earlier = [value for key, value in written.get(draft.entity_path, []) if key != draft.key]
+                if earlier:
+                    previous = earlier[-1]
+                else:
+                    newest = await self.store.latest_at(draft.entity_path, now, 2)  # the draft's key may be one
+                    previous = next((e.value for e in newest if e.key != draft.key), None)
+            contexts.append(context_passage(draft.entity_path, draft.key, previous, draft.value, draft.event_at))
+            written.setdefault(draft.entity_path, []).append((draft.key, draft.value))
+        return contexts
 
     async def _identify_stored_embedder(self, embedder: Embedder) -> tuple[str | None, str | None]:
         """(None, None) for a store without vectors; the configured embedder's name and the way its vectors
@@ -252,7 +299,8 @@ class MemoryService:
         from .embedding import ENTRY_VECTORS
 
         snapshot = await self.store.export_snapshot()
-        made = await self._entry_vectors([(e.entity_path, e.key, e.value, e.event_at) for e in snapshot.entries])
+        made = await self._entry_vectors([(e.entity_path, e.key, e.value, e.event_at) for e in snapshot.entries],
+                                          snapshot_contexts(snapshot.entries))
         entries = [
             e.with_changes(embedding=vector.tolist(), passage_embeddings=None if passages is None else passages.tolist())
             for e, vector, passages in zip(snapshot.entries, made.vectors, made.passages)
@@ -363,7 +411,8 @@ class MemoryService:
             return drafts
         from dataclasses import replace
 
-        made = await self._entry_vectors([(d.entity_path, d.key, d.value, d.event_at) for d in drafts])
+        made = await self._entry_vectors([(d.entity_path, d.key, d.value, d.event_at) for d in drafts],
+                                          await self._contexts_of_drafts(drafts))
         return [
             replace(draft, embedding=vector.tolist(), passage_embeddings=None if passages is None else passages.tolist())
             for draft, vector, passages in zip(drafts, made.vectors, made.passages)

@@ -881,3 +881,12 @@ async def test_meta_stores_json_values_until_set_to_none(store: MemoryStore) -> 
     assert await store.get_meta("name") is None
     await store.set_meta("never-set", None)  # deleting an absent name is fine
     assert (await store.export_snapshot()).meta == {"other": {"z": 1, "a": 2}}
+
+
+async def test_latest_at_is_the_newest_current_live_entries_at_exactly_that_path(store: MemoryStore) -> None:
+    await write(store, draft("chat", "t1", written_at=at(1)), draft("chat/sub", "t9", written_at=at(9)))
+    await write(store, draft("chat", "t2", written_at=at(2)), draft("chat", "temp", written_at=at(3), ttl_at=at(10)))
+    await write(store, draft("chat", "t1", written_at=at(4)))  # a new version: t1 is the newest write now
+    assert [(e.key, e.version) for e in await store.latest_at("chat", at(5), 10)] == [("t1", 2), ("temp", 1), ("t2", 1)]
+    assert keys(await store.latest_at("chat", at(11), 2)) == ["t1", "t2"]  # expired left out; the sub-path never in
+    assert await store.latest_at("nowhere", at(5), 5) == [] and await store.latest_at("chat", at(5), 0) == []

@@ -340,7 +340,7 @@ async def test_speaker_when_weighted_breaks_ties_toward_what_the_named_person_sa
 class TopicEmbedder:
     """A test double whose vector counts topic words (one axis each): cosines are known by construction."""
 
-    TOPICS = ("kitten", "mondays", "coffee", "garden")
+    TOPICS = ("kitten", "mondays", "coffee", "garden", "skydive")
     name, dimension = "topic-words", 384
 
     def embed(self, texts: list[str]):
@@ -381,3 +381,22 @@ async def test_the_best_sentence_lifts_a_many_topic_turn_over_a_closer_mean(stor
     assert hits[0].strategies is not None
     assert hits[0].strategies["semantic"].raw_score == pytest.approx(0.5 * 0.577 + 0.5 * 1.0, abs=0.01)
     assert hits[1].strategies["semantic"].raw_score == pytest.approx(0.707, abs=0.01)
+
+
+async def test_a_reply_is_found_through_the_turn_it_answers(store, actor: Actor) -> None:
+    svc = MemoryService(store, ServiceConfig(), embedder=TopicEmbedder())
+    await svc.open()
+    for key, text in [("t1", "Jonah: We want to skydive for my birthday!"), ("t2", "Felix: Count me out, I get dizzy."),
+                      ("t3", "Felix: Work was long today."), ("note", "buy milk on the way home")]:
+        await svc.write(actor, WriteRequest("chat", key, text))  # one turn at a time, as a client writes them
+    sem = {"semantic": 1.0, "keyword": 0.0, "temporal": 0.0, "confidence": 0.0}
+    hits = await svc.retrieve(actor, "skydive", entity_path="chat", weights=sem, explain=True, count_as_read=False)
+    assert [h.entry.key for h in hits][:2] == ["t1", "t2"]
+    # t2's own words say nothing of skydiving: half its score comes from its context passage (t1 then t2).
+    assert hits[1].strategies is not None and hits[1].strategies["semantic"].raw_score == pytest.approx(0.5, abs=0.02)
+    assert hits[2].strategies["semantic"].raw_score < 0.1
+    entries = {e.key: e for e in await svc.store.find_current(EntryFilter(entity_path="chat"), utcnow(), "recency", 10)}
+    context = await svc.store.passage_vectors([entries["t2"], entries["note"]])
+    assert list(context) == ["chat/t2"] and context["chat/t2"].shape == (2, 384)  # its own embedding, the context's
+    expected = TopicEmbedder().embed(["chat t2: Jonah: We want to skydive for my birthday! Felix: Count me out, I get dizzy."])
+    assert context["chat/t2"][1] == pytest.approx(expected[0], abs=1e-6)

@@ -256,3 +256,32 @@ def test_an_entry_vector_is_the_mean_of_its_sentences_each_with_the_header_and_s
     assert np.allclose(np.linalg.norm(made.vectors, axis=1), 1.0, atol=1e-5)
     # The passages are kept for the second look (one passage: none, its embedding is the entry vector).
     assert np.allclose(made.passages[0], MODEL_A.embed(["a. ", "b."]), atol=1e-6) and made.passages[1] is None
+
+
+async def test_reembed_makes_the_context_passages_the_writes_made(make_store: StoreFactory) -> None:
+    service = await open_service(make_store, MODEL_A)
+    turns = ["Jonah: We want to skydive for my birthday!", "Felix: Count me out. I get dizzy.", "Jonah: Fair enough."]
+    for number, text in enumerate(turns, start=1):  # one at a time, as a client writes a conversation
+        await service.write(ACTOR, WriteRequest("chat/c1", f"t{number}", text))
+    await service.write_many(ACTOR, [WriteRequest("chat/c2", "a1", "Ana: Back from Porto!"),
+                                     WriteRequest("chat/c2", "a2", "Ben: How was it?")])  # a batch, in key order
+    await service.write(ACTOR, WriteRequest("svc/payments", "timeout", "gateway timeout is 30 seconds"))
+    await service.write(ACTOR, WriteRequest("chat/c1", "t2", "Felix: Count me out, sorry."))  # a new version
+    written = {(e.entity_path, e.key, e.version): e.passage_embeddings
+               for e in (await service.store.export_snapshot()).entries}
+    t2 = "chat c1 t2: Jonah: We want to skydive for my birthday! Felix: Count me out. I get dizzy."
+    assert np.allclose(written[("chat/c1", "t2", 1)][-1], MODEL_A.embed([t2])[0], atol=1e-6)  # the context, last
+    assert written[("chat/c1", "t1", 1)] is None  # the first turn has no turn before it
+    assert written[("svc/payments", "timeout", 1)] is None  # not a transcript turn
+    # The new version of t2 was written after t3: its context is t3.
+    newer = "chat c1 t2: Jonah: Fair enough. Felix: Count me out, sorry."
+    assert np.allclose(written[("chat/c1", "t2", 2)][-1], MODEL_A.embed([newer])[0], atol=1e-6)
+    assert await service.reembed() == 7
+    again = {(e.entity_path, e.key, e.version): e.passage_embeddings
+             for e in (await service.store.export_snapshot()).entries}
+    assert again.keys() == written.keys()
+    for version, rows in written.items():
+        assert (rows is None) == (again[version] is None), version
+        if rows is not None:
+            assert np.allclose(rows, again[version], atol=1e-6), version
+    await service.close()
