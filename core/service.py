@@ -237,14 +237,15 @@ class MemoryService:
     async def _contexts_of_drafts(self, drafts: Sequence[NewEntry]) -> list[str | None]:
         """Each draft's context passage: with the entry written just before it under the same entity path (another
         key), an earlier draft of the batch or else the store's newest there; None unless both are transcript
-        turns."""
+        turns. A batch shares one written_at, so its drafts count as written in key order, as the stores insert
+        them and as `snapshot_contexts` (reembed) rebuilds them."""
         from .embedding import context_passage
 
         now = self.now()
         written: dict[str, list[tuple[str, Any]]] = {}  # entity path -> (key, value), oldest first
-        contexts: list[str | None] = []
-        for draft in drafts:
-            previous = None
+        contexts: list[str | None] = [None] * len(drafts)
+        for i in sorted(range(len(drafts)), key=lambda i: (drafts[i].entity_path, drafts[i].key)):
+            draft = drafts[i]
             if speaker_label(draft.value) is not None:
                 earlier = [value for key, value in written.get(draft.entity_path, []) if key != draft.key]
                 if earlier:
@@ -252,7 +253,7 @@ class MemoryService:
                 else:
                     newest = await self.store.latest_at(draft.entity_path, now, 2)  # the draft's key may be one
                     previous = next((e.value for e in newest if e.key != draft.key), None)
-            contexts.append(context_passage(draft.entity_path, draft.key, previous, draft.value, draft.event_at))
+                contexts[i] = context_passage(draft.entity_path, draft.key, previous, draft.value, draft.event_at)
             written.setdefault(draft.entity_path, []).append((draft.key, draft.value))
         return contexts
 

@@ -263,8 +263,8 @@ async def test_reembed_makes_the_context_passages_the_writes_made(make_store: St
     turns = ["Jonah: We want to skydive for my birthday!", "Felix: Count me out. I get dizzy.", "Jonah: Fair enough."]
     for number, text in enumerate(turns, start=1):  # one at a time, as a client writes a conversation
         await service.write(ACTOR, WriteRequest("chat/c1", f"t{number}", text))
-    await service.write_many(ACTOR, [WriteRequest("chat/c2", "a1", "Ana: Back from Porto!"),
-                                     WriteRequest("chat/c2", "a2", "Ben: How was it?")])  # a batch, in key order
+    await service.write_many(ACTOR, [WriteRequest("chat/c2", "a2", "Ben: How was it?"),
+                                     WriteRequest("chat/c2", "a1", "Ana: Back from Porto!")])  # one batch: key order
     await service.write(ACTOR, WriteRequest("svc/payments", "timeout", "gateway timeout is 30 seconds"))
     await service.write(ACTOR, WriteRequest("chat/c1", "t2", "Felix: Count me out, sorry."))  # a new version
     written = {(e.entity_path, e.key, e.version): e.passage_embeddings
@@ -272,6 +272,8 @@ async def test_reembed_makes_the_context_passages_the_writes_made(make_store: St
     t2 = "chat c1 t2: Jonah: We want to skydive for my birthday! Felix: Count me out. I get dizzy."
     assert np.allclose(written[("chat/c1", "t2", 1)][-1], MODEL_A.embed([t2])[0], atol=1e-6)  # the context, last
     assert written[("chat/c1", "t1", 1)] is None  # the first turn has no turn before it
+    a2 = "chat c2 a2: Ana: Back from Porto! Ben: How was it?"  # a batch shares one time: taken in key order
+    assert np.allclose(written[("chat/c2", "a2", 1)][-1], MODEL_A.embed([a2])[0], atol=1e-6)
     assert written[("svc/payments", "timeout", 1)] is None  # not a transcript turn
     # The new version of t2 was written after t3: its context is t3.
     newer = "chat c1 t2: Jonah: Fair enough. Felix: Count me out, sorry."
