@@ -204,6 +204,10 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE entries ADD COLUMN passage_embeddings bytea;
     """,
+    # 7: the key whose turn made an entry's context passage (MemoryEntry.context_key); forgetting it strips the row.
+    """
+    ALTER TABLE entries ADD COLUMN context_key text COLLATE "C";
+    """,
 ]
 
 _HNSW_INDEX = (
@@ -854,6 +858,16 @@ class PostgresStore(PostgresDatabase):
                 f"DELETE FROM {table} WHERE (entity_path, key) IN (SELECT * FROM unnest($1::text[], $2::text[]))",
                 paths, keys,
             )
+        # Passages made with these keys' text (the next turns' context passages, the last row) go too; their
+        # own stay, none when one row would be left (a one-passage entry keeps none).
+        await conn.execute(
+            "UPDATE entries e SET context_key = NULL, passage_embeddings = CASE "
+            "WHEN length(e.passage_embeddings) <= 8 * vector_dims(e.embedding) THEN NULL "
+            "ELSE substring(e.passage_embeddings FROM 1 FOR length(e.passage_embeddings) - 4 * vector_dims(e.embedding)) END "
+            "FROM unnest($1::text[], $2::text[]) AS gone (entity_path, key) "
+            "WHERE e.entity_path = gone.entity_path AND e.context_key = gone.key",
+            paths, keys,
+        )
         await conn.execute(
             "DELETE FROM outcomes o WHERE NOT EXISTS (SELECT 1 FROM outcome_effects e WHERE e.outcome_ref = o.outcome_ref)"
         )

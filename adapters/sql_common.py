@@ -177,12 +177,12 @@ ENTRY_BASE_COLUMNS = (
     "outcome_count, recall_count, ttl_at, memory_type, tier, priority_score, importance_score, "
     "importance_dimensions, amfs_version, event_at"
 )
-ENTRY_COLUMNS = ENTRY_BASE_COLUMNS + ", embedding, passage_embeddings"
+ENTRY_COLUMNS = ENTRY_BASE_COLUMNS + ", embedding, passage_embeddings, context_key"
 ENTRY_INSERT_COLUMNS = (
     "entity_path", "key", "version", "is_current", "value_json", "confidence", "agent_id", "session_id",
     "written_at", "outcome_count", "recall_count", "ttl_at", "memory_type", "tier", "priority_score",
     "importance_score", "importance_dimensions", "embedding", "amfs_version", "search_text", "event_at",
-    "passage_embeddings",
+    "passage_embeddings", "context_key",
 )
 
 
@@ -220,6 +220,7 @@ def entry_from_row(row: Any, d: Dialect, with_embedding: bool = True) -> MemoryE
         amfs_version=row["amfs_version"],
         event_at=d.dt(row["event_at"]),
         passage_embeddings=None if passages is None else passages.tolist(),
+        context_key=row["context_key"] if with_embedding else None,
     )
 
 
@@ -230,7 +231,7 @@ def draft_params(draft: NewEntry, version: int, d: Dialect) -> tuple[Any, ...]:
         draft.agent_id, draft.session_id, d.ts(draft.written_at), 0, 0, d.ts(draft.ttl_at), draft.memory_type.value,
         int(draft.tier), draft.priority_score, draft.importance_score, _dimensions_json(draft.importance_dimensions),
         d.embedding_param(draft.embedding), AMFS_VERSION, d.search_text(draft.search_text), d.ts(draft.event_at),
-        d.passages_param(draft.passage_embeddings, draft.embedding),
+        d.passages_param(draft.passage_embeddings, draft.embedding), draft.context_key,
     )
 
 
@@ -246,6 +247,7 @@ def entry_params(entry: MemoryEntry, is_current: bool, d: Dialect) -> tuple[Any,
         entry.memory_type.value, int(entry.tier), entry.priority_score, entry.importance_score,
         _dimensions_json(entry.importance_dimensions), d.embedding_param(entry.embedding), entry.amfs_version,
         d.search_text(search_text), d.ts(entry.event_at), d.passages_param(entry.passage_embeddings, entry.embedding),
+        entry.context_key,
     )
 
 

@@ -135,6 +135,8 @@ MIGRATIONS: list[str] = [
     "ALTER TABLE entries ADD COLUMN event_at REAL;",
     # 4: an entry's passage (sentence) embeddings beside their mean (MemoryEntry.passage_embeddings).
     "ALTER TABLE entries ADD COLUMN passage_embeddings BLOB;",
+    # 5: the key whose turn made an entry's context passage (MemoryEntry.context_key); forgetting it strips the row.
+    "ALTER TABLE entries ADD COLUMN context_key TEXT;",
 ]
 
 _BASE_COLUMNS = ENTRY_BASE_COLUMNS
@@ -659,6 +661,14 @@ class SQLiteStore(SQLiteDatabase):
             conn.execute(f"DELETE FROM trace_events WHERE {where}", pair)
             conn.execute(f"DELETE FROM outcome_effects WHERE {where}", pair)
             erased += [(row[0], row[1]) for row in rows]
+            # Passages made with this key's text (the next turns' context passages) go too; their own stay.
+            for row_id, blob, size in conn.execute(
+                "SELECT row_id, passage_embeddings, length(embedding) FROM entries WHERE entity_path = ? "
+                "AND context_key = ?", pair,
+            ).fetchall():
+                kept = bytes(blob)[: -int(size)] if blob is not None and size else b""
+                conn.execute("UPDATE entries SET passage_embeddings = ?, context_key = NULL WHERE row_id = ?",
+                             (kept if len(kept) > int(size or 0) else None, row_id))
         if removed:
             conn.execute("DELETE FROM outcomes WHERE outcome_ref NOT IN (SELECT outcome_ref FROM outcome_effects)")
             conn.execute("INSERT INTO entries_fts (entries_fts) VALUES ('optimize')")

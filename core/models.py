@@ -135,6 +135,9 @@ class MemoryEntry:
     # The unit embeddings of the value's passages (sentences) when there are two or more; `embedding` is their
     # normalised mean (core/embedding.py). Like `embedding`, only loaded where a caller needs it.
     passage_embeddings: list[list[float]] | None = field(default=None, repr=False)
+    # The key (same entity path) of the turn whose text the last passage embedding was made with (a transcript
+    # turn's context passage, core/embedding.py context_passage); forgetting that key strips the row.
+    context_key: str | None = None
 
     @property
     def entry_key(self) -> str:
@@ -182,6 +185,7 @@ class MemoryEntry:
             "amfs_version": self.amfs_version,
             "event_at": to_iso(self.event_at),
             "passage_embeddings": self.passage_embeddings if include_embedding else None,
+            "context_key": self.context_key,
         }
 
     @classmethod
@@ -205,6 +209,7 @@ class MemoryEntry:
             amfs_version=data.get("amfs_version", AMFS_VERSION),
             event_at=from_iso(data.get("event_at")),
             passage_embeddings=data.get("passage_embeddings"),
+            context_key=data.get("context_key"),
         )
 
 
@@ -230,6 +235,7 @@ class NewEntry:
     search_text: str = ""
     event_at: datetime | None = None
     passage_embeddings: list[list[float]] | None = None
+    context_key: str | None = None
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,10 @@ SAME_EMBEDDER_COSINE = 0.999
 SORT_CHOICES: tuple[str, ...] = ("confidence", "recency", "recall_count", "priority")
 
 
-def snapshot_contexts(entries: Sequence[MemoryEntry]) -> list[str | None]:
+Context = tuple[str, str] | None  # a context passage's text and the key whose turn it was made with
+
+
+def snapshot_contexts(entries: Sequence[MemoryEntry]) -> list[Context]:
     """Each version's context passage as its write made it (`MemoryService._contexts_of_drafts`): with the version
     written just before it under the same entity path (another key). Versions written in one batch share a
     written_at and are taken in key order (the order both stores insert a batch in)."""
@@ -82,15 +85,17 @@ def snapshot_contexts(entries: Sequence[MemoryEntry]) -> list[str | None]:
 
     order = sorted(range(len(entries)), key=lambda i: (entries[i].entity_path, entries[i].provenance.written_at,
                                                       entries[i].key, entries[i].version))
-    contexts: list[str | None] = [None] * len(entries)
+    contexts: list[Context] = [None] * len(entries)
     written: list[MemoryEntry] = []
     for i in order:
         entry = entries[i]
         if written and written[-1].entity_path != entry.entity_path:
             written = []
         if speaker_label(entry.value) is not None:
-            previous = next((e.value for e in reversed(written) if e.key != entry.key), None)
-            contexts[i] = context_passage(entry.entity_path, entry.key, previous, entry.value, entry.event_at)
+            previous = next((e for e in reversed(written) if e.key != entry.key), None)
+            if previous is not None:
+                text = context_passage(entry.entity_path, entry.key, previous.value, entry.value, entry.event_at)
+                contexts[i] = None if text is None else (text, previous.key)
         written.append(entry)
     return contexts
 
@@ -223,7 +228,7 @@ class MemoryService:
         return bool(await self.store.semantic_candidates(probe, EntryFilter(), self.now(), 1))
 
     async def _entry_vectors(
-        self, entries: Sequence[tuple[str, str, Any, datetime | None]], contexts: Sequence[str | None] | None = None,
+        self, entries: Sequence[tuple[str, str, Any, datetime | None]], contexts: Sequence[Context] | None = None,
     ) -> EntryVectors:
         """Per (entity_path, key, value, event_at): its vector, the mean of its sentences' embeddings, and the
         embeddings its best-sentence look scores, its context passage's included (see `embedding_passages`,
@@ -232,9 +237,10 @@ class MemoryService:
 
         assert self.embedder is not None
         passages = [embedding_passages(*entry) for entry in entries]
-        return await asyncio.to_thread(embed_entries, self.embedder.embed, passages, contexts)
+        texts = None if contexts is None else [None if context is None else context[0] for context in contexts]
+        return await asyncio.to_thread(embed_entries, self.embedder.embed, passages, texts)
 
-    async def _contexts_of_drafts(self, drafts: Sequence[NewEntry]) -> list[str | None]:
+    async def _contexts_of_drafts(self, drafts: Sequence[NewEntry]) -> list[Context]:
         """Each draft's context passage: with the entry written just before it under the same entity path (another
         key), an earlier draft of the batch or else the store's newest there; None unless both are transcript
         turns. A batch shares one written_at, so its drafts count as written in key order, as the stores insert
@@ -243,17 +249,18 @@ class MemoryService:
 
         now = self.now()
         written: dict[str, list[tuple[str, Any]]] = {}  # entity path -> (key, value), oldest first
-        contexts: list[str | None] = [None] * len(drafts)
+        contexts: list[Context] = [None] * len(drafts)
         for i in sorted(range(len(drafts)), key=lambda i: (drafts[i].entity_path, drafts[i].key)):
             draft = drafts[i]
             if speaker_label(draft.value) is not None:
-                earlier = [value for key, value in written.get(draft.entity_path, []) if key != draft.key]
-                if earlier:
-                    previous = earlier[-1]
-                else:
+                earlier = [(key, value) for key, value in written.get(draft.entity_path, []) if key != draft.key]
+                if not earlier:
                     newest = await self.store.latest_at(draft.entity_path, now, 2)  # the draft's key may be one
-                    previous = next((e.value for e in newest if e.key != draft.key), None)
-                contexts[i] = context_passage(draft.entity_path, draft.key, previous, draft.value, draft.event_at)
+                    earlier = [(e.key, e.value) for e in newest if e.key != draft.key][:1]
+                if earlier:
+                    key, value = earlier[-1]
+                    text = context_passage(draft.entity_path, draft.key, value, draft.value, draft.event_at)
+                    contexts[i] = None if text is None else (text, key)
             written.setdefault(draft.entity_path, []).append((draft.key, draft.value))
         return contexts
 
@@ -300,11 +307,13 @@ class MemoryService:
         from .embedding import ENTRY_VECTORS
 
         snapshot = await self.store.export_snapshot()
+        contexts = snapshot_contexts(snapshot.entries)
         made = await self._entry_vectors([(e.entity_path, e.key, e.value, e.event_at) for e in snapshot.entries],
-                                          snapshot_contexts(snapshot.entries))
+                                          contexts)
         entries = [
-            e.with_changes(embedding=vector.tolist(), passage_embeddings=None if passages is None else passages.tolist())
-            for e, vector, passages in zip(snapshot.entries, made.vectors, made.passages)
+            e.with_changes(embedding=vector.tolist(), passage_embeddings=None if passages is None else passages.tolist(),
+                           context_key=None if context is None else context[1])
+            for e, vector, passages, context in zip(snapshot.entries, made.vectors, made.passages, contexts)
         ]
         meta = {**snapshot.meta, EMBEDDER_META: self.embedder.name, ENTRY_VECTORS_META: ENTRY_VECTORS}
         if before_clear is not None:
@@ -412,11 +421,12 @@ class MemoryService:
             return drafts
         from dataclasses import replace
 
-        made = await self._entry_vectors([(d.entity_path, d.key, d.value, d.event_at) for d in drafts],
-                                          await self._contexts_of_drafts(drafts))
+        contexts = await self._contexts_of_drafts(drafts)
+        made = await self._entry_vectors([(d.entity_path, d.key, d.value, d.event_at) for d in drafts], contexts)
         return [
-            replace(draft, embedding=vector.tolist(), passage_embeddings=None if passages is None else passages.tolist())
-            for draft, vector, passages in zip(drafts, made.vectors, made.passages)
+            replace(draft, embedding=vector.tolist(), passage_embeddings=None if passages is None else passages.tolist(),
+                    context_key=None if context is None else context[1])
+            for draft, vector, passages, context in zip(drafts, made.vectors, made.passages, contexts)
         ]
 
     # -- reads --------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ class _Entry(BaseModel):
     event_at: datetime | None = None  # absent in exports written before event times existed
     # Base64 of little-endian float32 rows, each as long as `embedding` (`pack_rows`); absent before they existed.
     passage_embeddings: str | None = None
+    context_key: str | None = None  # the key whose turn made the last passage embedding (absent before contexts)
 
 
 class _Effect(BaseModel):

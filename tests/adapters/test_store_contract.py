@@ -59,6 +59,7 @@ def draft(
     embedding: list[float] | None = None,
     search_text: str | None = None,
     passage_embeddings: list[list[float]] | None = None,
+    context_key: str | None = None,
 ) -> NewEntry:
     value = {"note": key} if value is None else value
     return NewEntry(
@@ -67,7 +68,7 @@ def draft(
         written_at=written_at, ttl_at=ttl_at, importance_score=importance_score,
         importance_dimensions=importance_dimensions, tier=tier, priority_score=priority_score, embedding=embedding,
         search_text=embedding_text(entity_path, key, value) if search_text is None else search_text,
-        passage_embeddings=passage_embeddings,
+        passage_embeddings=passage_embeddings, context_key=context_key,
     )
 
 
@@ -890,3 +891,23 @@ async def test_latest_at_is_the_newest_current_live_entries_at_exactly_that_path
     assert [(e.key, e.version) for e in await store.latest_at("chat", at(5), 10)] == [("t1", 2), ("temp", 1), ("t2", 1)]
     assert keys(await store.latest_at("chat", at(11), 2)) == ["t1", "t2"]  # expired left out; the sub-path never in
     assert await store.latest_at("nowhere", at(5), 5) == [] and await store.latest_at("chat", at(5), 0) == []
+
+
+async def test_forgetting_a_key_strips_the_context_passages_made_with_its_text(store: MemoryStore) -> None:
+    own = [direction(0), direction(20)]
+    await write(store, draft("chat", "t1", embedding=direction(60)))
+    await write(store,
+                draft("chat", "t2", embedding=direction(10), passage_embeddings=[*own, direction(60)], context_key="t1",
+                      written_at=at(1)),
+                draft("chat", "t3", embedding=direction(30), passage_embeddings=[direction(30), direction(50)],
+                      context_key="t1", written_at=at(1)),
+                draft("other", "t2", embedding=direction(5), passage_embeddings=[direction(5), direction(60)],
+                      context_key="t1", written_at=at(1)))
+    assert (await store.get_current("chat", "t2", at(2))).context_key == "t1"
+
+    await store.forget("chat", "t1")
+    t2, t3 = await store.get_current("chat", "t2", at(2)), await store.get_current("chat", "t3", at(2))
+    assert t2.passage_embeddings == [as_float32(row) for row in own] and t2.context_key is None  # its own rows stay
+    assert t3.passage_embeddings is None and t3.context_key is None  # one own row left: none, as for one passage
+    other = await store.get_current("other", "t2", at(2))
+    assert other.context_key == "t1" and len(other.passage_embeddings) == 2  # another path's t1: untouched

@@ -400,3 +400,9 @@ async def test_a_reply_is_found_through_the_turn_it_answers(store, actor: Actor)
     assert list(context) == ["chat/t2"] and context["chat/t2"].shape == (2, 384)  # its own embedding, the context's
     expected = TopicEmbedder().embed(["chat t2: Jonah: We want to skydive for my birthday! Felix: Count me out, I get dizzy."])
     assert context["chat/t2"][1] == pytest.approx(expected[0], abs=1e-6)
+    # Forgetting t1 takes what its text lent t2: skydiving no longer finds the reply.
+    await svc.forget("chat", "t1")
+    after = await svc.retrieve(actor, "skydive", entity_path="chat", weights=sem, explain=True, count_as_read=False)
+    assert after[0].strategies is not None and after[0].strategies["semantic"].raw_score < 0.1
+    t2 = await svc.store.get_current("chat", "t2", utcnow())
+    assert t2 is not None and t2.passage_embeddings is None and t2.context_key is None

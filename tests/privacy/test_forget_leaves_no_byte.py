@@ -254,3 +254,28 @@ def _text(entity_path: str, key: str, value: str) -> str:
     from amfs_server.core.embedding import embedding_text
 
     return embedding_text(entity_path, key, value)
+
+
+async def test_forgetting_a_turn_erases_what_it_lent_the_next_turn(tmp_path, monkeypatch) -> None:
+    """The turn after a transcript turn keeps a context passage embedded from both turns' text; forgetting the
+    first turn erases that embedding too (from every file), while the next turn itself stays."""
+    import sqlite3
+
+    data_dir = tmp_path / "data"
+    marker = new_marker()
+    service = build_service(load_settings({}, data_dir=data_dir))
+    await service.open()
+    actor = Actor("agent/chat", "s1")
+    await service.write(actor, WriteRequest("chat/c1", "t1", f"Ada: I live at 12 {marker} street."))
+    await service.write(actor, WriteRequest("chat/c1", "t2", "Ben: Nice, close to the park!"))
+    conn = sqlite3.connect(data_dir / "amfs.db")
+    blob, size, source = conn.execute(
+        "SELECT passage_embeddings, length(embedding), context_key FROM entries WHERE key = 't2'").fetchone()
+    conn.close()
+    lent = bytes(blob)[-size:]  # the context passage: made from t1's text and t2's
+    assert source == "t1" and files_holding(data_dir, lent)  # the control: in the database (or its WAL)
+    assert await service.forget("chat/c1", "t1") == 1
+    await service.close()
+    assert files_holding(data_dir, lent) == [] and files_holding(data_dir, marker.encode()) == []
+    exported = await export_text(data_dir, monkeypatch)
+    assert marker not in exported and '"context_key": "t1"' not in exported and "Ben: Nice" in exported
