@@ -307,7 +307,7 @@ class SQLiteStore(SQLiteDatabase):
     async def latest_at(self, entity_path: str, now: datetime, limit: int) -> list[MemoryEntry]:
         # `entity_path = ?` (not the prefix filter) lets the (entity_path, key) index pick the path's rows.
         sql = (
-            f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE is_current = 1 AND (ttl_at IS NULL OR ttl_at > ?) "
+            f"SELECT {_BASE_COLUMNS} FROM entries WHERE is_current = 1 AND (ttl_at IS NULL OR ttl_at > ?) "
             "AND entity_path = ? ORDER BY written_at DESC, row_id DESC LIMIT ?"
         )
         params = (_ts(now), entity_path, max(0, int(limit)))
@@ -661,14 +661,14 @@ class SQLiteStore(SQLiteDatabase):
             conn.execute(f"DELETE FROM trace_events WHERE {where}", pair)
             conn.execute(f"DELETE FROM outcome_effects WHERE {where}", pair)
             erased += [(row[0], row[1]) for row in rows]
-            # Passages made with this key's text (the next turns' context passages) go too; their own stay.
-            for row_id, blob, size in conn.execute(
-                "SELECT row_id, passage_embeddings, length(embedding) FROM entries WHERE entity_path = ? "
-                "AND context_key = ?", pair,
-            ).fetchall():
-                kept = bytes(blob)[: -int(size)] if blob is not None and size else b""
-                conn.execute("UPDATE entries SET passage_embeddings = ?, context_key = NULL WHERE row_id = ?",
-                             (kept if len(kept) > int(size or 0) else None, row_id))
+            # Passages made with this key's text (the next turns' context passages, the last row) go too; their
+            # own stay, none when one row would be left (a one-passage entry keeps none). As PostgreSQL's.
+            conn.execute(
+                "UPDATE entries SET context_key = NULL, passage_embeddings = CASE "
+                "WHEN length(passage_embeddings) <= 2 * length(embedding) THEN NULL "
+                "ELSE substr(passage_embeddings, 1, length(passage_embeddings) - length(embedding)) END "
+                "WHERE entity_path = ? AND context_key = ?", pair,
+            )
         if removed:
             conn.execute("DELETE FROM outcomes WHERE outcome_ref NOT IN (SELECT outcome_ref FROM outcome_effects)")
             conn.execute("INSERT INTO entries_fts (entries_fts) VALUES ('optimize')")

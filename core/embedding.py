@@ -26,7 +26,8 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -46,7 +47,9 @@ __all__ = [
     "embed_entries",
     "entry_similarity",
     "embed_in_batches",
+    "Context",
     "context_passage",
+    "context_passages",
     "embedding_passages",
     "embedding_text",
     "event_date_words",
@@ -235,6 +238,31 @@ def context_passage(entity_path: str, key: str, previous: object, value: object,
     return embedding_text(entity_path, key, f"{previous.strip()} {value.strip()}", event_at)
 
 
+# A context passage's text and the key whose turn lent it, or None.
+Context = tuple[str, str] | None
+
+
+def context_passages(
+    entries: Sequence[tuple[str, str, Any, datetime | None]], order: Sequence[int],
+    before: Mapping[str, Sequence[tuple[str, Any]]] | None = None,
+) -> list[Context]:
+    """Each (entity_path, key, value, event_at)'s context passage, the entries taken in write `order`: with the
+    entry written just before it under the same path (another key), among these or, for the first ones of a path,
+    in `before[path]` ((key, value) of what the store held there, oldest first). Writes and `reembed` both call
+    this, so they make the same passages."""
+    written: dict[str, list[tuple[str, Any]]] = {path: list(held) for path, held in (before or {}).items()}
+    contexts: list[Context] = [None] * len(entries)
+    for i in order:
+        entity_path, key, value, event_at = entries[i]
+        earlier = written.setdefault(entity_path, [])
+        previous = next(((k, v) for k, v in reversed(earlier) if k != key), None)
+        if previous is not None:
+            text = context_passage(entity_path, key, previous[1], value, event_at)
+            contexts[i] = None if text is None else (text, previous[0])
+        earlier.append((key, value))
+    return contexts
+
+
 def embed_entries(embed: Callable[[list[str]], np.ndarray], passages: Sequence[Sequence[str]],
                   contexts: Sequence[str | None] | None = None) -> EntryVectors:
     """Each entry's vector, the normalised mean of its passages' embeddings, and the embeddings the best-sentence
@@ -253,11 +281,10 @@ def embed_entries(embed: Callable[[list[str]], np.ndarray], passages: Sequence[S
         mean = rows.mean(axis=0)
         norm = float(np.linalg.norm(mean))
         out[i] = mean / norm if norm > 0 else mean
-        looked = [rows] if len(group) > 1 else []
         if contexts[i] is not None:
-            looked = [rows, embedded[extra:extra + 1]]
+            rows = np.vstack([rows, embedded[extra:extra + 1]])
             extra += 1
-        kept.append(np.array(np.vstack(looked), dtype=np.float32) if looked else None)
+        kept.append(np.array(rows, dtype=np.float32) if len(rows) > 1 else None)
     return EntryVectors(out, kept)
 
 

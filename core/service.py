@@ -18,7 +18,19 @@ from typing import Any
 from .ports import Embedder, MemoryStore, OutcomeTarget, StoreSnapshot, TierUpdate
 from . import validation as v
 from .confidence import DEFAULT_MULTIPLIERS, effective_confidence, validate_multipliers
-from .embedding import INSTALL_HINT as TORCH_INSTALL_HINT, PASSAGE_SHARE, TORCH_MINILM, EntryVectors, entry_similarity
+from .embedding import (
+    ENTRY_VECTORS,
+    INSTALL_HINT as TORCH_INSTALL_HINT,
+    PASSAGE_SHARE,
+    TORCH_MINILM,
+    Context,
+    EntryVectors,
+    context_passages,
+    embed_entries,
+    embedding_passages,
+    embedding_text,
+    entry_similarity,
+)
 from .errors import NotFoundError, StorageFullError, StoreError, ValidationError
 from .models import (
     Actor,
@@ -72,32 +84,6 @@ ENTRY_VECTORS_META = "entry_vectors"  # how those vectors were made from entry t
 # runtime (int8 ONNX is deterministic per text); torch and int8 MiniLM agree only to ~0.99 and do not mix.
 SAME_EMBEDDER_COSINE = 0.999
 SORT_CHOICES: tuple[str, ...] = ("confidence", "recency", "recall_count", "priority")
-
-
-Context = tuple[str, str] | None  # a context passage's text and the key whose turn it was made with
-
-
-def snapshot_contexts(entries: Sequence[MemoryEntry]) -> list[Context]:
-    """Each version's context passage as its write made it (`MemoryService._contexts_of_drafts`): with the version
-    written just before it under the same entity path (another key). Versions written in one batch share a
-    written_at and are taken in key order (the order both stores insert a batch in)."""
-    from .embedding import context_passage
-
-    order = sorted(range(len(entries)), key=lambda i: (entries[i].entity_path, entries[i].provenance.written_at,
-                                                      entries[i].key, entries[i].version))
-    contexts: list[Context] = [None] * len(entries)
-    written: list[MemoryEntry] = []
-    for i in order:
-        entry = entries[i]
-        if written and written[-1].entity_path != entry.entity_path:
-            written = []
-        if speaker_label(entry.value) is not None:
-            previous = next((e for e in reversed(written) if e.key != entry.key), None)
-            if previous is not None:
-                text = context_passage(entry.entity_path, entry.key, previous.value, entry.value, entry.event_at)
-                contexts[i] = None if text is None else (text, previous.key)
-        written.append(entry)
-    return contexts
 
 
 @dataclass(frozen=True)
@@ -185,8 +171,6 @@ class MemoryService:
         """
         if self.embedder is None:
             return
-        from .embedding import ENTRY_VECTORS
-
         recorded = await self.store.get_meta(EMBEDDER_META)
         scheme = await self.store.get_meta(ENTRY_VECTORS_META)
         if recorded is None:
@@ -216,8 +200,6 @@ class MemoryService:
             )
 
     async def _record_embedder(self) -> None:
-        from .embedding import ENTRY_VECTORS
-
         assert self.embedder is not None
         await self.store.set_meta(EMBEDDER_META, self.embedder.name)
         await self.store.set_meta(ENTRY_VECTORS_META, ENTRY_VECTORS)
@@ -233,43 +215,35 @@ class MemoryService:
         """Per (entity_path, key, value, event_at): its vector, the mean of its sentences' embeddings, and the
         embeddings its best-sentence look scores, its context passage's included (see `embedding_passages`,
         `context_passage`, `embed_entries`). Runs the embedder in a thread."""
-        from .embedding import embed_entries, embedding_passages
-
         assert self.embedder is not None
         passages = [embedding_passages(*entry) for entry in entries]
         texts = None if contexts is None else [None if context is None else context[0] for context in contexts]
         return await asyncio.to_thread(embed_entries, self.embedder.embed, passages, texts)
 
     async def _contexts_of_drafts(self, drafts: Sequence[NewEntry]) -> list[Context]:
-        """Each draft's context passage: with the entry written just before it under the same entity path (another
-        key), an earlier draft of the batch or else the store's newest there; None unless both are transcript
-        turns. A batch shares one written_at, so its drafts count as written in key order, as the stores insert
-        them and as `snapshot_contexts` (reembed) rebuilds them."""
-        from .embedding import context_passage
-
+        """Each draft's context passage (`context_passages`): a batch shares one written_at, so its drafts count as
+        written in key order, as the stores insert them and as `reembed` rebuilds them; before them, a path holds
+        what the store has there (its two newest: the draft's own key may be one). Paths without a transcript
+        turn among the drafts are not looked up."""
         now = self.now()
-        written: dict[str, list[tuple[str, Any]]] = {}  # entity path -> (key, value), oldest first
-        contexts: list[Context] = [None] * len(drafts)
-        for i in sorted(range(len(drafts)), key=lambda i: (drafts[i].entity_path, drafts[i].key)):
-            draft = drafts[i]
-            if speaker_label(draft.value) is not None:
-                earlier = [(key, value) for key, value in written.get(draft.entity_path, []) if key != draft.key]
-                if not earlier:
-                    newest = await self.store.latest_at(draft.entity_path, now, 2)  # the draft's key may be one
-                    earlier = [(e.key, e.value) for e in newest if e.key != draft.key][:1]
-                if earlier:
-                    key, value = earlier[-1]
-                    text = context_passage(draft.entity_path, draft.key, value, draft.value, draft.event_at)
-                    contexts[i] = None if text is None else (text, key)
-            written.setdefault(draft.entity_path, []).append((draft.key, draft.value))
-        return contexts
+        paths = {d.entity_path for d in drafts if speaker_label(d.value) is not None}
+        before = {path: [(e.key, e.value) for e in reversed(await self.store.latest_at(path, now, 2))] for path in paths}
+        order = sorted(range(len(drafts)), key=lambda i: (drafts[i].entity_path, drafts[i].key))
+        return context_passages([(d.entity_path, d.key, d.value, d.event_at) for d in drafts], order, before)
+
+    @staticmethod
+    def _vector_fields(made: EntryVectors, contexts: Sequence[Context]) -> list[dict[str, Any]]:
+        """What `made` and `contexts` give each entry or draft: its vector, passage embeddings and context key."""
+        return [
+            {"embedding": vector.tolist(), "passage_embeddings": None if passages is None else passages.tolist(),
+             "context_key": None if context is None else context[1]}
+            for vector, passages, context in zip(made.vectors, made.passages, contexts)
+        ]
 
     async def _identify_stored_embedder(self, embedder: Embedder) -> tuple[str | None, str | None]:
         """(None, None) for a store without vectors; the configured embedder's name and the way its vectors
         were made when stored vectors match it; otherwise a description of the unknown embedder."""
         import numpy as np
-
-        from .embedding import ENTRY_VECTORS, embedding_text
 
         probe = [1.0] + [0.0] * (embedder.dimension - 1)
         now = self.now()
@@ -302,19 +276,15 @@ class MemoryService:
         gets the original snapshot first (the CLI writes it to a backup file)."""
         if self.embedder is None:
             raise ValidationError("No embedder is configured (AMFS_EMBEDDER=none): there is nothing to re-embed with.")
-        from dataclasses import replace
-
-        from .embedding import ENTRY_VECTORS
-
         snapshot = await self.store.export_snapshot()
-        contexts = snapshot_contexts(snapshot.entries)
-        made = await self._entry_vectors([(e.entity_path, e.key, e.value, e.event_at) for e in snapshot.entries],
-                                          contexts)
-        entries = [
-            e.with_changes(embedding=vector.tolist(), passage_embeddings=None if passages is None else passages.tolist(),
-                           context_key=None if context is None else context[1])
-            for e, vector, passages, context in zip(snapshot.entries, made.vectors, made.passages, contexts)
-        ]
+        items = [(e.entity_path, e.key, e.value, e.event_at) for e in snapshot.entries]
+        # Write order: by time within a path; a batch shares one time and was inserted in key order.
+        order = sorted(range(len(items)), key=lambda i: (
+            items[i][0], snapshot.entries[i].provenance.written_at, items[i][1], snapshot.entries[i].version))
+        contexts = context_passages(items, order)
+        made = await self._entry_vectors(items, contexts)
+        entries = [e.with_changes(**fields)
+                   for e, fields in zip(snapshot.entries, self._vector_fields(made, contexts))]
         meta = {**snapshot.meta, EMBEDDER_META: self.embedder.name, ENTRY_VECTORS_META: ENTRY_VECTORS}
         if before_clear is not None:
             before_clear(snapshot)
@@ -395,8 +365,6 @@ class MemoryService:
         return await self.store.insert_versions(drafts, actor)
 
     def _draft(self, actor: Actor, request: WriteRequest, now: datetime) -> NewEntry:
-        from .embedding import embedding_text
-
         entity_path = v.validate_entity_path(request.entity_path)
         key = v.validate_key(request.key)
         value_json = v.serialize_value(request.value, self.config.max_value_bytes)
@@ -419,15 +387,9 @@ class MemoryService:
     async def _with_embeddings(self, drafts: list[NewEntry]) -> list[NewEntry]:
         if self.embedder is None or not drafts:
             return drafts
-        from dataclasses import replace
-
         contexts = await self._contexts_of_drafts(drafts)
         made = await self._entry_vectors([(d.entity_path, d.key, d.value, d.event_at) for d in drafts], contexts)
-        return [
-            replace(draft, embedding=vector.tolist(), passage_embeddings=None if passages is None else passages.tolist(),
-                    context_key=None if context is None else context[1])
-            for draft, vector, passages, context in zip(drafts, made.vectors, made.passages, contexts)
-        ]
+        return [replace(draft, **fields) for draft, fields in zip(drafts, self._vector_fields(made, contexts))]
 
     # -- reads --------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from typing import Any
 from ..core.embedding import PASSAGE_SHARE
 from ..core.retrieval import HYBRID_WEIGHTS
 from .conversation_bench import (
-    DATASET, SPLITS, Ranker, load_conversations, reattribute_evidence, run_in_process, service_ranker,
+    DATASET, SPLITS, Ranker, load_conversations, mean_scores, reattribute_evidence, run_in_process, service_ranker,
 )
 
 SEMANTIC_WEIGHTS = (0.2, 0.3, 0.4, 0.5, 0.6)
@@ -56,10 +56,7 @@ def sweep(conversations: list[dict[str, Any]], semantic_weights: tuple[float, ..
     pairs = [(share, weight) for share in passage_shares for weight in semantic_weights]
     selected = {str(pair): with_passage_share(pair[0], service_ranker(weights_for(pair[1]))) for pair in pairs}
     rows = asyncio.run(run_in_process(conversations, "sqlite", selected=selected))
-    return {pair: {"recall@10": sum(r["recall@10"] for r in rows[str(pair)]) / len(rows[str(pair)]),
-                   "mrr@10": sum(r["mrr@10"] for r in rows[str(pair)]) / len(rows[str(pair)]),
-                   "n": len(rows[str(pair)])}
-            for pair in pairs}
+    return {pair: mean_scores(rows[str(pair)]) for pair in pairs}
 
 
 def _numbers(parser: argparse.ArgumentParser, text: str, option: str) -> tuple[float, ...]:

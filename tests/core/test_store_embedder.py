@@ -176,6 +176,21 @@ def test_memory_reembed_command_moves_a_store_to_the_default_embedder(tmp_path: 
     assert asyncio.run(reopen()) == "timeout"
 
 
+async def refused_then_reembedded(make_store: StoreFactory, why: str, versions: int) -> MemoryService:
+    """Opening the store is refused for `why` with the re-embed command; `reembed` (the command's engine) redoes
+    `versions` versions; then it opens, recording this release's way of making vectors. Returns it open."""
+    from amfs_server.core.service import ENTRY_VECTORS_META
+
+    with pytest.raises(StoreError, match=why + r".*amfs-server memory reembed"):
+        await open_service(make_store, MODEL_A)
+    service = await open_service(make_store, MODEL_A, check=False)
+    assert await service.reembed() == versions
+    await service.close()
+    service = await open_service(make_store, MODEL_A)  # accepted now
+    assert await service.store.get_meta(ENTRY_VECTORS_META) == ENTRY_VECTORS
+    return service
+
+
 async def test_a_store_of_whole_entry_vectors_from_an_earlier_release_is_refused_until_reembedded(
     make_store: StoreFactory,
 ) -> None:
@@ -197,13 +212,7 @@ async def test_a_store_of_whole_entry_vectors_from_an_earlier_release_is_refused
         e.with_changes(embedding=whole.tolist()) for e in snapshot.entries], meta={EMBEDDER_META: "model-a"}))
     await service.close()
 
-    with pytest.raises(StoreError, match=r"from whole entries.*amfs-server memory reembed"):
-        await open_service(make_store, MODEL_A)
-    service = await open_service(make_store, MODEL_A, check=False)
-    assert await service.reembed() == 1
-    await service.close()
-    service = await open_service(make_store, MODEL_A)  # accepted now
-    assert await service.store.get_meta(ENTRY_VECTORS_META) == ENTRY_VECTORS
+    service = await refused_then_reembedded(make_store, r"from whole entries", versions=1)
     await service.close()
 
 
@@ -226,14 +235,8 @@ async def test_a_store_of_sentence_means_without_passage_vectors_is_refused_unti
         e.with_changes(passage_embeddings=None) for e in snapshot.entries], meta=meta))
     await service.close()
 
-    with pytest.raises(StoreError, match=r"without the sentence vectors.*amfs-server memory reembed"):
-        await open_service(make_store, MODEL_A)
-    service = await open_service(make_store, MODEL_A, check=False)
-    assert await service.reembed() == 2
-    await service.close()
-    service = await open_service(make_store, MODEL_A)  # accepted now, the passages back
-    assert await service.store.get_meta(ENTRY_VECTORS_META) == ENTRY_VECTORS
-    again = await service.store.export_snapshot()
+    service = await refused_then_reembedded(make_store, r"without the sentence vectors", versions=2)
+    again = await service.store.export_snapshot()  # the passages back
     assert [e.passage_embeddings for e in again.entries] == [e.passage_embeddings for e in snapshot.entries]
     await service.close()
 
@@ -267,8 +270,8 @@ async def test_reembed_makes_the_context_passages_the_writes_made(make_store: St
                                      WriteRequest("chat/c2", "a1", "Ana: Back from Porto!")])  # one batch: key order
     await service.write(ACTOR, WriteRequest("svc/payments", "timeout", "gateway timeout is 30 seconds"))
     await service.write(ACTOR, WriteRequest("chat/c1", "t2", "Felix: Count me out, sorry."))  # a new version
-    written = {(e.entity_path, e.key, e.version): e.passage_embeddings
-               for e in (await service.store.export_snapshot()).entries}
+    before = (await service.store.export_snapshot()).entries
+    written = {(e.entity_path, e.key, e.version): e.passage_embeddings for e in before}
     t2 = "chat c1 t2: Jonah: We want to skydive for my birthday! Felix: Count me out. I get dizzy."
     assert np.allclose(written[("chat/c1", "t2", 1)][-1], MODEL_A.embed([t2])[0], atol=1e-6)  # the context, last
     assert written[("chat/c1", "t1", 1)] is None  # the first turn has no turn before it
@@ -279,8 +282,11 @@ async def test_reembed_makes_the_context_passages_the_writes_made(make_store: St
     newer = "chat c1 t2: Jonah: Fair enough. Felix: Count me out, sorry."
     assert np.allclose(written[("chat/c1", "t2", 2)][-1], MODEL_A.embed([newer])[0], atol=1e-6)
     assert await service.reembed() == 7
-    again = {(e.entity_path, e.key, e.version): e.passage_embeddings
-             for e in (await service.store.export_snapshot()).entries}
+    after = (await service.store.export_snapshot()).entries
+    again = {(e.entity_path, e.key, e.version): e.passage_embeddings for e in after}
+    assert [e.context_key for e in after] == [e.context_key for e in before]
+    assert {(e.key, e.version): e.context_key for e in before if e.entity_path == "chat/c1"} == {
+        ("t1", 1): None, ("t2", 1): "t1", ("t3", 1): "t2", ("t2", 2): "t3"}
     assert again.keys() == written.keys()
     for version, rows in written.items():
         assert (rows is None) == (again[version] is None), version

@@ -154,8 +154,13 @@ def test_rankers_return_one_ranked_list_per_question_from_the_conversation(tiny)
 
 
 @pytest.mark.slow
-def test_the_fusion_sweep_row_for_the_default_weights_is_the_default_fusion():
+def test_the_fusion_sweep_row_for_the_default_weights_is_the_default_fusion(monkeypatch):
+    from datetime import datetime, timezone
+
     from amfs_server.session_bench import tune_fusion
+
+    # One clock for both runs: recency ranks by the hour, so two runs that straddle an hour would rank apart.
+    monkeypatch.setattr("amfs_server.core.service.utcnow", lambda: datetime(2026, 3, 2, 9, 30, tzinfo=timezone.utc))
 
     conversation = gen.build_dataset(seed=3, conversations=1, sessions=3)["conversations"][0]
     conversation["questions"] = conversation["questions"][:8]
