@@ -33,6 +33,7 @@ import numpy as np
 
 from .errors import StoreError
 from .ports import Embedder
+from .retrieval import speaker_label
 
 __all__ = [
     "Embedder",
@@ -43,6 +44,8 @@ __all__ = [
     "INSTALL_HINT",
     "ENTRY_VECTORS",
     "PASSAGE_SHARE",
+    "TURN_HEADER",
+    "embedding_header",
     "EntryVectors",
     "embed_entries",
     "entry_similarity",
@@ -175,8 +178,17 @@ def embedding_text(entity_path: str, key: str, value: object, event_at: datetime
 
 # How an entry's vectors are made from its text; recorded in the store's meta (ENTRY_VECTORS_META in service.py)
 # so that a store whose vectors were made another way is re-embedded rather than mixed. Earlier schemes:
-# "whole-entry" (one embedding of the whole text, no record) and "sentence-mean" (the mean, no passage vectors).
-ENTRY_VECTORS = "sentence-mean+passages"
+# "whole-entry" (one embedding of the whole text, no record), "sentence-mean" (the mean, no passage vectors) and
+# "sentence-mean+passages" (transcript turns embedded under their entity path and key, not TURN_HEADER).
+ENTRY_VECTORS = "sentence-mean+passages+turn-header"
+# A transcript turn ("Caroline: ...") whose key carries a number (a turn id: "s25-t11", "D1:3", a UUID) is embedded
+# under this fixed header instead of its entity path and key: ids are not what was said, yet as words in every
+# sentence they moved its vectors (on the tuning split, replacing them by a fixed header moved single conversations
+# by -0.033 to +0.060 recall@10; README). A labelled note keyed by words ("Deploys: ..." under "deploy-process")
+# keeps its header, which names its topic. Chosen among eight fixed headers on the conversation set's tuning split;
+# keyword search still sees the path and key.
+TURN_HEADER = "chat message"
+_NUMBER = re.compile(r"\d")
 # An entry's semantic score: this share from its best passage's cosine to the query, the rest from its mean
 # vector's (ServiceConfig.passage_share). Chosen on the conversation set's tuning split with
 # `python -m amfs_server.session_bench.tune_fusion --passage-shares ...` (README).
@@ -185,17 +197,26 @@ MAX_PASSAGES = 16
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
+def embedding_header(entity_path: str, key: str, label: str | None) -> tuple[str, str]:
+    """The (path, key) an entry's embedded texts are headed with, given its speaker `label` (`speaker_label`):
+    (TURN_HEADER, "") for a transcript turn keyed by a turn id (its key carries a number), else its own."""
+    if label is not None and _NUMBER.search(key):
+        return TURN_HEADER, ""
+    return entity_path, key
+
+
 def embedding_passages(entity_path: str, key: str, value: object, event_at: datetime | None = None) -> list[str]:
     """The texts whose embeddings, averaged, make an entry's vector: one per sentence of a text value, each with
-    the entry's header (and a transcript turn's speaker, `"Caroline: ..."`), else the whole entry text.
+    the entry's header (`embedding_header`: a turn's fixed one, else its path and key) and a transcript turn's
+    speaker (`"Caroline: ..."`), else the whole entry text.
 
     A mean-pooled embedding of a long, many-topic turn ("Ugh, Mondays. Meet Taco, my new Maine Coon kitten.")
     is diluted by the small talk; averaging one embedding per sentence keeps each sentence's topic in the
     vector (on the conversation set's tuning split: semantic recall@10 0.542 -> 0.635, README). Longer texts are
     grouped into at most MAX_PASSAGES runs of sentences, so a write embeds a bounded number of passages.
     """
-    from .retrieval import speaker_label  # retrieval does not import this module: no cycle
-
+    label = speaker_label(value)
+    entity_path, key = embedding_header(entity_path, key, label)
     whole = embedding_text(entity_path, key, value, event_at)
     if not isinstance(value, str):
         return [whole]
@@ -205,7 +226,6 @@ def embedding_passages(entity_path: str, key: str, value: object, event_at: date
     if len(sentences) > MAX_PASSAGES:
         size = -(-len(sentences) // MAX_PASSAGES)
         sentences = [" ".join(sentences[i:i + size]) for i in range(0, len(sentences), size)]
-    label = speaker_label(value)
     prefix = f"{label}: " if label else ""
     return [embedding_text(entity_path, key, s if i == 0 else prefix + s, event_at) for i, s in enumerate(sentences)]
 
@@ -229,13 +249,12 @@ def context_passage(entity_path: str, key: str, previous: object, value: object,
 
     A reply often names its topic only in the turn it answers; this passage lets the best-sentence look find it
     ("Why won't Felix skydive?"). It joins the entry's passages, never its vector (README, Retrieval)."""
-    from .retrieval import speaker_label  # retrieval does not import this module: no cycle
-
     if not (isinstance(previous, str) and isinstance(value, str)):
         return None
-    if speaker_label(previous) is None or speaker_label(value) is None:
+    label = speaker_label(value)
+    if speaker_label(previous) is None or label is None:
         return None
-    return embedding_text(entity_path, key, f"{previous.strip()} {value.strip()}", event_at)
+    return embedding_text(*embedding_header(entity_path, key, label), f"{previous.strip()} {value.strip()}", event_at)
 
 
 # A context passage's text and the key whose turn lent it, or None.

@@ -126,6 +126,13 @@ class ServiceConfig:
     keyword_max_term_matches: int = 1000
 
 
+# How earlier releases made a store's vectors (ENTRY_VECTORS_META), as the refusal to open such a store names them.
+PREVIOUS_ENTRY_VECTORS = {
+    "sentence-mean": "without the sentence vectors this one also keeps",
+    "sentence-mean+passages": "with transcript turns embedded under their entity path and key",
+}
+
+
 class MemoryService:
     def __init__(
         self,
@@ -182,11 +189,11 @@ class MemoryService:
             if not await self._has_vectors():
                 await self._record_embedder()
                 return
-            made = ("without the sentence vectors this one also keeps" if scheme == "sentence-mean"
-                    else "from whole entries")
+            made = PREVIOUS_ENTRY_VECTORS.get(scheme or "", "from whole entries")
             raise StoreError(
                 f"This store's vectors were made by {recorded!r} {made}, by an earlier amfs-server; this "
-                f"one embeds entries sentence by sentence ({ENTRY_VECTORS}), and the two do not mix, so nothing was "
+                f"one embeds entries sentence by sentence, transcript turns under a fixed header ({ENTRY_VECTORS}), "
+                "and the two do not mix, so nothing was "
                 "changed. Re-embed the store once: `amfs-server memory reembed` (every version, a few ms each)."
             )
         if recorded != self.embedder.name:

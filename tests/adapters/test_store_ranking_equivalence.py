@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import os
 import uuid
+from datetime import datetime, timezone
 
 import pytest
 
-from amfs_server.core.models import Actor, EntryFilter, utcnow
+from amfs_server.core.models import Actor, EntryFilter
 from amfs_server.core.retrieval import keyword_terms
 from amfs_server.core.service import MemoryService, ServiceConfig, WriteRequest
 from amfs_server.session_bench.conversation_bench import load_conversations, turn_value
@@ -32,6 +33,7 @@ POSTGRES_DSN = os.environ.get("AMFS_TEST_POSTGRES_DSN", "postgresql://postgres@1
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 SESSIONS = 3
+FIXED_NOW = datetime(2026, 3, 2, 9, 30, tzinfo=timezone.utc)
 # Measured on this data (130 questions): keyword matches the same entries for 106, the fused top 10 identical
 # for 93 and share on average 9.7 of their 10 entries, the same top-1 for 113 (87%). (With FTS5's bm25 on
 # SQLite: 8.5 of 10 and 66 top-1.) Thresholds sit a little below.
@@ -55,7 +57,9 @@ def _conversation() -> dict:
 
 async def _rankings(store, embedder, conversation: dict) -> dict[str, list]:
     """Per question: the fused top 10 (as configured), the semantic-only top 10, and the set of keyword matches."""
-    service = MemoryService(store, ServiceConfig(), embedder=embedder)
+    # One fixed clock for both stores: recency ranks by the hour, so writes that straddle an hour in one run and
+    # not the other would rank apart (CI once ran across 10:00 and every fused top 10 differed).
+    service = MemoryService(store, ServiceConfig(), embedder=embedder, clock=lambda: FIXED_NOW)
     await service.open()
     path = conversation["conversation_id"]
     writer = Actor("bench/conversation", path)
@@ -70,12 +74,12 @@ async def _rankings(store, embedder, conversation: dict) -> dict[str, list]:
         text = question["question"]
         fused = await service.retrieve(reader, text, entity_path=path, limit=10, count_as_read=False)
         semantic = [
-            entry for entry, _ in await store.semantic_candidates(vector.tolist(), EntryFilter(entity_path=path), utcnow(), 10)
+            entry for entry, _ in await store.semantic_candidates(vector.tolist(), EntryFilter(entity_path=path), FIXED_NOW, 10)
         ]
         terms = keyword_terms(text)
         common = await store.common_terms(terms, ServiceConfig().keyword_max_term_matches)
         matched = await store.keyword_candidates(
-            [t for t in terms if t not in common], EntryFilter(entity_path=path), utcnow(), 100
+            [t for t in terms if t not in common], EntryFilter(entity_path=path), FIXED_NOW, 100
         )
         out["fused"].append([hit.entry.key for hit in fused])
         out["semantic"].append([entry.key for entry in semantic])

@@ -398,7 +398,7 @@ async def test_a_reply_is_found_through_the_turn_it_answers(store, actor: Actor)
     entries = {e.key: e for e in await svc.store.find_current(EntryFilter(entity_path="chat"), utcnow(), "recency", 10)}
     context = await svc.store.passage_vectors([entries["t2"], entries["note"]])
     assert list(context) == ["chat/t2"] and context["chat/t2"].shape == (2, 384)  # its own embedding, the context's
-    expected = TopicEmbedder().embed(["chat t2: Jonah: We want to skydive for my birthday! Felix: Count me out, I get dizzy."])
+    expected = TopicEmbedder().embed(["chat message: Jonah: We want to skydive for my birthday! Felix: Count me out, I get dizzy."])
     assert context["chat/t2"][1] == pytest.approx(expected[0], abs=1e-6)
     # Forgetting t1 takes what its text lent t2: skydiving no longer finds the reply.
     await svc.forget("chat", "t1")

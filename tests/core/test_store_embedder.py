@@ -241,12 +241,45 @@ async def test_a_store_of_sentence_means_without_passage_vectors_is_refused_unti
     await service.close()
 
 
+async def test_a_store_of_turns_embedded_under_their_ids_is_refused_until_reembedded(make_store: StoreFactory) -> None:
+    from amfs_server.core.embedding import embed_entries, embedding_text
+    from amfs_server.core.service import ENTRY_VECTORS_META
+
+    # What the previous release left: a transcript turn's sentences embedded under its path and key.
+    service = await open_service(make_store, MODEL_A)
+    turn = "Jonah: Back from Kyoto! The bamboo forest was unreal."
+    await service.write(ACTOR, WriteRequest("chat/c1", "t1", turn))
+    snapshot = await service.store.export_snapshot()
+    old = embed_entries(MODEL_A.embed, [[embedding_text("chat/c1", "t1", "Jonah: Back from Kyoto!"),
+                                         embedding_text("chat/c1", "t1", "Jonah: The bamboo forest was unreal.")]])
+    await service.store.clear()
+    await service.store.import_snapshot(replace(
+        snapshot, entries=[e.with_changes(embedding=old.vectors[0].tolist(), passage_embeddings=old.passages[0].tolist())
+                           for e in snapshot.entries],
+        meta={EMBEDDER_META: "model-a", ENTRY_VECTORS_META: "sentence-mean+passages"}))
+    await service.close()
+
+    service = await refused_then_reembedded(make_store, r"under their entity path and key", versions=1)
+    again = (await service.store.export_snapshot()).entries
+    assert np.allclose(again[0].embedding, snapshot.entries[0].embedding, atol=1e-6)  # the vectors of this release
+    await service.close()
+
+
 def test_an_entry_vector_is_the_mean_of_its_sentences_each_with_the_header_and_speaker() -> None:
     from amfs_server.core.embedding import MAX_PASSAGES, embed_entries, embedding_passages
 
-    assert embedding_passages("chat/c1", "t7", "Jonah: Ugh, Mondays. Meet Taco, my new kitten! She is a Maine Coon.") == [
-        "chat c1 t7: Jonah: Ugh, Mondays.", "chat c1 t7: Jonah: Meet Taco, my new kitten!",
-        "chat c1 t7: Jonah: She is a Maine Coon."]
+    # A transcript turn keyed by a turn id: each sentence under the fixed turn header with its speaker, whatever
+    # its path and id.
+    turn = "Jonah: Ugh, Mondays. Meet Taco, my new kitten! She is a Maine Coon."
+    assert embedding_passages("chat/c1", "t7", turn) == [
+        "chat message: Jonah: Ugh, Mondays.", "chat message: Jonah: Meet Taco, my new kitten!",
+        "chat message: Jonah: She is a Maine Coon."]
+    assert embedding_passages("users/ana/3f2a9c0e", "D25:11", turn) == embedding_passages("chat/c1", "t7", turn)
+    assert embedding_passages("chat/c1", "t8", "Felix: Cute!") == ["chat message: Felix: Cute!"]
+    # A labelled note keyed by words is no turn id: it keeps the path and key that name its topic.
+    assert embedding_passages("ops/deploys", "deploy-process", "Deploys: Tuesdays only. Never on a Friday.") == [
+        "ops deploys deploy process: Deploys: Tuesdays only.", "ops deploys deploy process: Deploys: Never on a Friday."]
+    # Anything else: under its own path and key.
     assert embedding_passages("svc/payments", "timeout", "gateway timeout is 30 seconds") == [
         "svc payments timeout: gateway timeout is 30 seconds"]  # one sentence: the whole text, as before
     assert embedding_passages("svc/x", "k", {"summary": "One. Two."}) == ["svc x k: One. Two."]  # structured: whole
@@ -272,14 +305,14 @@ async def test_reembed_makes_the_context_passages_the_writes_made(make_store: St
     await service.write(ACTOR, WriteRequest("chat/c1", "t2", "Felix: Count me out, sorry."))  # a new version
     before = (await service.store.export_snapshot()).entries
     written = {(e.entity_path, e.key, e.version): e.passage_embeddings for e in before}
-    t2 = "chat c1 t2: Jonah: We want to skydive for my birthday! Felix: Count me out. I get dizzy."
+    t2 = "chat message: Jonah: We want to skydive for my birthday! Felix: Count me out. I get dizzy."
     assert np.allclose(written[("chat/c1", "t2", 1)][-1], MODEL_A.embed([t2])[0], atol=1e-6)  # the context, last
     assert written[("chat/c1", "t1", 1)] is None  # the first turn has no turn before it
-    a2 = "chat c2 a2: Ana: Back from Porto! Ben: How was it?"  # a batch shares one time: taken in key order
+    a2 = "chat message: Ana: Back from Porto! Ben: How was it?"  # a batch shares one time: taken in key order
     assert np.allclose(written[("chat/c2", "a2", 1)][-1], MODEL_A.embed([a2])[0], atol=1e-6)
     assert written[("svc/payments", "timeout", 1)] is None  # not a transcript turn
     # The new version of t2 was written after t3: its context is t3.
-    newer = "chat c1 t2: Jonah: Fair enough. Felix: Count me out, sorry."
+    newer = "chat message: Jonah: Fair enough. Felix: Count me out, sorry."
     assert np.allclose(written[("chat/c1", "t2", 2)][-1], MODEL_A.embed([newer])[0], atol=1e-6)
     assert await service.reembed() == 7
     after = (await service.store.export_snapshot()).entries
