@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from amfs_server.core.errors import NotFoundError, ValidationError
-from amfs_server.core.models import Actor, MemoryType, OutcomeType, ProvenanceTier, Tier
+from amfs_server.core.models import AMFS_VERSION, Actor, MemoryType, OutcomeType, ProvenanceTier, Tier
 from amfs_server.core.service import MemoryService, ServiceConfig, WriteRequest
 
 
@@ -36,7 +36,7 @@ async def test_entry_carries_every_memory_entry_field(service: MemoryService, ac
                  "embedding", "amfs_version"):
         assert name in data
     assert entry.entry_key == "myapp/auth/decision-auth-jwt"
-    assert entry.amfs_version == "0.2.0"
+    assert entry.amfs_version == AMFS_VERSION
     assert entry.provenance.agent_id == actor.agent_id and entry.provenance.session_id == actor.session_id
     assert entry.memory_type is MemoryType.BELIEF
     assert entry.importance_dimensions == {"behavioral_alignment": 0.8}
