@@ -25,7 +25,7 @@ CONNECT_TIMEOUT_S = 10.0
 # locks use the two-int4 form, a separate key space).
 MIGRATION_LOCK_KEY = 0x616D_6673_6D69_6772  # "amfsmigr"
 MAX_TX_ATTEMPTS = 8
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
 
 
 def quote_ident(name: str) -> str:
@@ -108,7 +108,7 @@ class PostgresDatabase:
         if not dsn.startswith(("postgresql://", "postgres://")):
             raise StoreError("The PostgreSQL DSN must be a postgresql:// URL, e.g. postgresql://user@host:5432/amfs")
         schema = schema or schema_from_dsn(dsn) or DEFAULT_SCHEMA
-        if not _IDENTIFIER.match(schema):
+        if not _IDENTIFIER.fullmatch(schema):
             raise StoreError(
                 f"PostgreSQL schema name {schema!r} is not a plain identifier (letters, digits, _ ; at most 63 "
                 "characters, not starting with a digit). Pick another schema name."

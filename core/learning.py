@@ -76,7 +76,7 @@ MAX_PREFERENCE_VALUE_CHARS = 2000
 SECTIONS = ("interactions", "preferences", "patterns")
 """The sections of an export's `extra` that learning owns."""
 
-_TOOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")
+_TOOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -296,7 +296,7 @@ def parse_sections(sections: Mapping[str, Any], anonymize: bool = False) -> Lear
 
 
 def validate_tool_name(name: Any) -> str:
-    if not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS or not _TOOL_NAME.match(name):
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS or not _TOOL_NAME.fullmatch(name):
         raise ValidationError(
             f"tool_name must be a tool's name (letters, digits, _ . : / -, at most {MAX_NAME_CHARS} characters), "
             f"e.g. 'github_create_issue'; got {name!r}."

@@ -42,7 +42,7 @@ CONTENT_NAMES = frozenset({
 MAX_CHOICE_INT = 10_000
 MAX_CHOICE_CHARS = 40
 MAX_CHOICE_ITEMS = 10
-_OPTION_STRING = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/+@-]*$")
+_OPTION_STRING = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/+@-]*")
 
 
 OWN_TOOL_PREFIX = "amfs_"
@@ -73,7 +73,7 @@ def value_shape(value: Any) -> dict[str, Any]:
 def _option_value(value: Any) -> bool:
     if value is None or isinstance(value, (bool, int, float)):
         return True
-    return isinstance(value, str) and len(value) <= MAX_CHOICE_CHARS and bool(_OPTION_STRING.match(value))
+    return isinstance(value, str) and len(value) <= MAX_CHOICE_CHARS and bool(_OPTION_STRING.fullmatch(value))
 
 
 def own_call_parameters(arguments: Mapping[str, Any]) -> dict[str, Any]:
@@ -96,7 +96,7 @@ def _choice_scalar(value: Any) -> bool:
         return True
     if isinstance(value, int):
         return abs(value) <= MAX_CHOICE_INT
-    return isinstance(value, str) and len(value) <= MAX_CHOICE_CHARS and bool(_OPTION_STRING.match(value))
+    return isinstance(value, str) and len(value) <= MAX_CHOICE_CHARS and bool(_OPTION_STRING.fullmatch(value))
 
 
 def is_plausible_choice(name: str, value: Any) -> bool:

@@ -84,7 +84,7 @@ _SECRET_VALUE_ANY_CASE = re.compile(
 # The name starts where a word starts and is bounded, so a long run of letters costs linear time.
 _NAMED_VALUE = re.compile(r"""(?<![A-Za-z0-9_.])([A-Za-z][A-Za-z0-9_.-]{0,63})(?:\s*=\s*|:(?!//)\s*)("[^"]+"|'[^']+'|[^\s;&,"']+)""")
 _BASIC_CREDENTIALS = re.compile(r"\bbasic\s+([A-Za-z0-9+/]{4,}={0,2})", re.IGNORECASE)
-_FLAG = re.compile(r"^--?[A-Za-z][A-Za-z0-9_-]*$")
+_FLAG = re.compile(r"--?[A-Za-z][A-Za-z0-9_-]*")
 _TOKEN_RUN = re.compile(r"[A-Za-z0-9+/=_-]{32,}")
 _EMAIL = re.compile(r"\b[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9.-]{1,253}\.[A-Za-z]{2,63}\b")  # bounded: linear time
 _CAMEL = re.compile(r"([a-z0-9])([A-Z])")
@@ -186,7 +186,7 @@ def _redact(value: Any, anonymize: bool, max_string: int, depth: int) -> Any:
 
 def _is_secret_flag(item: Any) -> bool:
     """`--token`, `-password`, `--api-key`: the list item after it is the secret (argv style)."""
-    return isinstance(item, str) and bool(_FLAG.match(item)) and is_secret_name(item.lstrip("-"))
+    return isinstance(item, str) and bool(_FLAG.fullmatch(item)) and is_secret_name(item.lstrip("-"))
 
 
 def contains_redaction(value: Any) -> bool:

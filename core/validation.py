@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
@@ -22,13 +23,13 @@ DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 MAX_CONFIDENCE = 100.0
 MAX_VERSION = 2**63 - 1  # both stores keep versions in signed 64-bit integers
 MAX_TTL_SECONDS = 100 * 365 * 86_400.0  # a century; beyond it a TTL means "never", so leave ttl unset
-_SEGMENT = re.compile(r"^[A-Za-z0-9_.:@-]+$")
+_SEGMENT = re.compile(r"[A-Za-z0-9_.:@-]+")
 
 
 def _check_segment(segment: str, what: str, original: str) -> None:
     if segment in {".", ".."}:
         raise ValidationError(f"{what} {original!r} contains {segment!r}; relative segments are not allowed.")
-    if not _SEGMENT.match(segment):
+    if not _SEGMENT.fullmatch(segment):
         raise ValidationError(
             f"{what} {original!r} has an invalid segment {segment!r}: use letters, digits and . _ - : @ only."
         )
@@ -122,7 +123,11 @@ def validate_outcome_ref(outcome_ref: Any) -> str:
         raise ValidationError("outcome_ref must be a non-empty string such as a ticket or deploy id ('INC-1042').")
     if len(outcome_ref) > MAX_OUTCOME_REF_LENGTH:
         raise ValidationError(f"outcome_ref is {len(outcome_ref)} characters; the limit is {MAX_OUTCOME_REF_LENGTH}.")
-    return outcome_ref.strip()
+    stripped = outcome_ref.strip()
+    if any(unicodedata.category(char) == "Cc" for char in stripped):
+        # PostgreSQL text cannot hold NUL, and a newline or escape code would forge lines in logs and listings
+        raise ValidationError(f"outcome_ref {outcome_ref!r} contains a control character; use printable text only.")
+    return stripped
 
 
 def resolve_ttl(now: datetime, ttl_seconds: Any = None, ttl_at: datetime | None = None) -> datetime | None:

@@ -36,11 +36,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..core import validation as v
 from ..core.errors import ValidationError
+from ..tools._params import list_from_text
 from .limits import CallLimiter, ServerLimits
 
 Access = Literal["ro", "rw"]
 MIN_KEY_LENGTH = 16
-_KEY_CHARS = re.compile(r"^[A-Za-z0-9._~+/=-]+$")
+_KEY_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 _ACCESS_CLAIM = "amfs_access"
 _PREFIX_CLAIM = "amfs_entity_prefix"
 _AGENT_CLAIM = "amfs_agent"
@@ -84,7 +85,7 @@ def _parse_scope(scope: str, where: str) -> tuple[Access, str | None]:
 
 
 def _make_key(secret: str, scope: str | None, where: str, agent: str | None = None) -> ApiKey:
-    if len(secret) < MIN_KEY_LENGTH or not _KEY_CHARS.match(secret):
+    if len(secret) < MIN_KEY_LENGTH or not _KEY_CHARS.fullmatch(secret):
         raise ValidationError(
             f"{where}: a key must be at least {MIN_KEY_LENGTH} characters of A-Z a-z 0-9 . _ ~ + / = - "
             "(generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))')."
@@ -216,7 +217,11 @@ def _restrict_to_prefix(name: str, properties: dict[str, Any], arguments: dict[s
         elif not key.allows(arguments["entity_path"]):
             raise ToolError(f"{name}: entity_path {arguments['entity_path']!r} is out of scope. {refusal}")
     if "causal_entry_keys" in properties:
-        entry_keys = arguments.get("causal_entry_keys")
+        # The same leniency as the tool's own parameter (a JSON-encoded list, or one key as a string), so the
+        # scope is checked on the keys the tool will act on.
+        entry_keys = list_from_text(arguments.get("causal_entry_keys") or [])
+        if not isinstance(entry_keys, list):
+            return arguments  # not a list even so: the tool's own validation refuses it
         if not entry_keys:
             raise ToolError(f"{name}: pass causal_entry_keys (entries under '{prefix}'). {refusal}")
         outside = [k for k in entry_keys if not isinstance(k, str) or not key.allows(k.rpartition("/")[0])]

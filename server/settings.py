@@ -39,6 +39,7 @@ from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ValidationError as PydanticValidationError
 
 from ..core.embedding import DEFAULT_EMBEDDER
 from ..core.errors import ValidationError
@@ -315,9 +316,24 @@ def load_settings_and_source(
     _merge(values, {name: value for name, value in overrides.items() if value is not None})
     try:
         return Settings.model_validate(values), source
-    except Exception as error:  # pydantic's message names the field and the problem
+    except PydanticValidationError as error:
         where = f" (config file {source})" if source else ""
-        raise ValidationError(f"Invalid amfs-server settings{where}: {error}") from None
+        raise ValidationError(f"Invalid amfs-server settings{where}: {settings_problems(error)}") from None
+
+
+def settings_problems(error: PydanticValidationError) -> str:
+    """Each problem as `field: message`, without the value given: a setting may hold a secret (a DSN's password,
+    API keys), and this message goes to stderr and container logs."""
+    variables = {field_path: name for name, field_path in ENV_VARS.items()}
+
+    def field(loc: tuple[Any, ...]) -> str:
+        name = ".".join(str(part) for part in loc) or "settings"
+        return f"{name} ({variables[loc]})" if loc in variables else name
+
+    return "; ".join(
+        f"{field(tuple(problem['loc']))}: {problem['msg']}"
+        for problem in error.errors(include_url=False, include_input=False)
+    )
 
 
 def load_learning_settings(

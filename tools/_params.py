@@ -39,7 +39,7 @@ MinConfidence = Annotated[
 ]
 
 
-def _list_from_text(value: Any) -> Any:
+def list_from_text(value: Any) -> Any:
     """'["a/b"]' -> ["a/b"] and "a/b" -> ["a/b"]; anything else goes on to the list's own validation."""
     if not isinstance(value, str):
         return value
@@ -52,7 +52,7 @@ def _list_from_text(value: Any) -> Any:
     return [value]
 
 
-lenient_list = BeforeValidator(_list_from_text)
+lenient_list = BeforeValidator(list_from_text)
 """Put inside Annotated[list[...] | None, lenient_list, Field(...)] for a list parameter."""
 
 Confidence = Annotated[

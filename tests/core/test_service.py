@@ -147,6 +147,9 @@ async def test_bad_outcome_input_is_refused(service: MemoryService, actor: Actor
         await service.commit_outcome(actor, "INC-1", "disaster", ["svc/a"])
     with pytest.raises(ValidationError, match="outcome_ref"):
         await service.commit_outcome(actor, "  ", "failure", ["svc/a"])
+    for ref in ("\x00", "INC-1\n2026-01-01 forged log line", "INC\x1b[2J"):
+        with pytest.raises(ValidationError, match="control character"):
+            await service.commit_outcome(actor, ref, "failure", ["svc/a"])
     with pytest.raises(ValidationError, match="entity_path/key"):
         await service.commit_outcome(actor, "INC-1", "failure", ["no-slash"])
     with pytest.raises(ValidationError, match="is empty"):

@@ -21,6 +21,8 @@ from amfs_server.core.service import MemoryService, ServiceConfig, WriteRequest
         ("a/../b", "relative segments"),
         ("a/./b", "relative segments"),
         ("a b", "invalid segment"),
+        ("checkout\n", "invalid segment"),  # `$` alone would let a final newline through: a look-alike entry
+        ("a/b\n", "invalid segment"),
         ("x" * 256, "limit is 255"),
         ("a/" + "y" * 65, "limit is 64"),
         (42, "non-empty string"),
@@ -41,6 +43,7 @@ async def test_bad_entity_paths_are_refused_and_nothing_is_written(
         ({"key": "a/b"}, "contains '/'"),
         ({"key": "k" * 129}, "limit is 128"),
         ({"key": ".."}, "relative"),
+        ({"key": "retry-pattern\n"}, "invalid"),
         ({"value": {1, 2}}, "JSON-serializable"),
         ({"value": math.nan}, "JSON-serializable"),
         ({"value": object()}, "JSON-serializable"),

@@ -185,6 +185,10 @@ async def test_a_prefix_scoped_key_reads_and_writes_only_under_its_prefix(settin
             ("amfs_commit_outcome", {"outcome_ref": "r", "outcome_type": "failure"}),
             ("amfs_commit_outcome",
              {"outcome_ref": "r", "outcome_type": "failure", "causal_entry_keys": ["team-b/secret"]}),
+            # the text forms the tool accepts are scoped like the list they stand for
+            ("amfs_commit_outcome", {"outcome_ref": "r", "outcome_type": "failure", "causal_entry_keys": "team-b/secret"}),
+            ("amfs_commit_outcome",
+             {"outcome_ref": "r", "outcome_type": "failure", "causal_entry_keys": '["team-a/api/k", "team-b/secret"]'}),
         ]:
             refused = await call(asgi, TEAM_A, tool, arguments)
             assert refused.is_error and "limited to entity_path 'team-a'" in refused.content[0].text, (tool, arguments)
@@ -198,6 +202,12 @@ async def test_a_prefix_scoped_key_reads_and_writes_only_under_its_prefix(settin
             {"outcome_ref": "r", "outcome_type": "failure", "causal_entry_keys": ["team-a/api/k"]},
         )
         assert not outcome.is_error
+        for text_form in ("team-a/api/k", '["team-a/api/k"]'):
+            outcome = await call(
+                asgi, TEAM_A, "amfs_commit_outcome",
+                {"outcome_ref": f"r-{text_form}", "outcome_type": "success", "causal_entry_keys": text_form},
+            )
+            assert not outcome.is_error, outcome.content[0].text
         assert sorted(await entry_keys(asgi)) == ["team-a/api/k", "team-b/secret"]
 
 

@@ -80,3 +80,21 @@ def test_the_cli_reports_bad_settings_the_same_way_in_every_command(
     assert result.exit_code == 1
     assert "Error: Invalid amfs-server settings" in result.output and "enabeld" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("AMFS_POSTGRES_DSN", "host=db.internal dbname=amfs user=amfs password=hunter2-Pw"),  # libpq form, refused
+        ("AMFS_SESSIONS_PER_KEY", "hunter2-Pw"),
+    ],
+)
+def test_a_refused_setting_is_named_but_its_value_is_not_echoed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv("AMFS_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv(variable, value)
+    result = CliRunner().invoke(cli, ["config", "show"])
+    assert result.exit_code == 1 and "Invalid amfs-server settings" in result.output
+    assert variable in result.output  # the user learns which variable to fix
+    assert "hunter2" not in result.output
