@@ -84,6 +84,9 @@ ENTRY_VECTORS_META = "entry_vectors"  # how those vectors were made from entry t
 # runtime (int8 ONNX is deterministic per text); torch and int8 MiniLM agree only to ~0.99 and do not mix.
 SAME_EMBEDDER_COSINE = 0.999
 SORT_CHOICES: tuple[str, ...] = ("confidence", "recency", "recall_count", "priority")
+# How often a running server erases the memories whose TTL has passed (every version, as forget does); reads and
+# exports hide them in between, so the interval bounds only how long their bytes stay on disk.
+EXPIRY_SWEEP_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,7 @@ class MemoryService:
             raise ValidationError("decay_half_life_days must be > 0 when set.")
         self.embedder = embedder
         self._calibrated_multipliers: dict[OutcomeType, float] | None = None
+        self._expiry_sweeps: asyncio.Task[None] | None = None
         self.learned_scorer: LearnedScorer | None = None
         if self.config.fusion not in FUSIONS:
             raise ValidationError(f"Unknown fusion {self.config.fusion!r}; use one of {list(FUSIONS)}.")
@@ -163,6 +167,7 @@ class MemoryService:
 
     async def open(self, *, check_embedder: bool = True) -> None:
         await self.store.open()
+        await self.purge_expired()  # what expired while nothing ran is erased before anything reads
         await self.refresh_calibrated_multipliers()
         if check_embedder:
             await self._check_embedder()
@@ -299,7 +304,28 @@ class MemoryService:
         await self.store.import_snapshot(replace(snapshot, entries=entries, meta=meta))
         return len(entries)
 
+    def start_expiry_sweeps(self, interval_s: float = EXPIRY_SWEEP_S) -> None:
+        """Erase expired memories every `interval_s` until `close` (long-running front ends: the MCP server, the
+        memory browser)."""
+        if self._expiry_sweeps is None or self._expiry_sweeps.done():
+            self._expiry_sweeps = asyncio.get_running_loop().create_task(self._sweep_expired(interval_s))
+
+    async def _sweep_expired(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                removed = await self.purge_expired()
+            except Exception as error:  # the next sweep retries; reads hide expired memories meanwhile
+                logger.warning("Erasing expired memories failed (retried in %.0f s): %s", interval_s, error)
+            else:
+                if removed:
+                    logger.info("Erased %d version(s) of memories whose TTL passed", removed)
+
     async def close(self) -> None:
+        sweeps, self._expiry_sweeps = self._expiry_sweeps, None
+        if sweeps is not None:
+            sweeps.cancel()
+            await asyncio.gather(sweeps, return_exceptions=True)
         await self.store.close()
 
     # -- derived values -----------------------------------------------------------------------
@@ -341,8 +367,11 @@ class MemoryService:
         return await self.store.trace_events()
 
     async def entry_versions(self, entity_path: str, key: str) -> list[MemoryEntry]:
-        """Every stored version of an entry, oldest first; [] once forgotten (unlike `history`, which raises)."""
-        return await self.store.history(entity_path, key)
+        """Every stored version of an entry, oldest first; [] once forgotten or expired (unlike `history`, which
+        raises)."""
+        versions = await self.store.history(entity_path, key)
+        # A key whose current version's TTL passed is gone, though the next sweep has not erased it yet.
+        return [] if versions and versions[-1].is_expired(self.now()) else versions
 
     async def current_entries(self, entity_path: str | None = None) -> list[MemoryEntry]:
         """Every current entry under `entity_path` (all when None), unsorted and without a limit."""
@@ -488,7 +517,7 @@ class MemoryService:
     async def history(self, entity_path: str, key: str) -> list[MemoryEntry]:
         entity_path = v.validate_entity_path(entity_path)
         key = v.validate_key(key)
-        versions = await self.store.history(entity_path, key)
+        versions = await self.entry_versions(entity_path, key)
         if not versions:
             raise NotFoundError(f"No memory at '{entity_path}/{key}'. Call amfs_list(entity_path=...) to see what exists.")
         return versions
@@ -763,6 +792,7 @@ class MemoryService:
             await self._record_embedder()
 
     async def export_snapshot(self) -> StoreSnapshot:
+        await self.purge_expired()  # an export never carries a memory whose TTL passed
         return await self.store.export_snapshot()
 
     async def import_snapshot(self, snapshot: StoreSnapshot) -> None:

@@ -53,7 +53,7 @@ def _run(
     services = build_services(settings, learning=learning, worker=False)
 
     async def main() -> T:
-        await services.open(check_embedder=check_embedder)
+        await services.open(check_embedder=check_embedder, watch=False)  # one command, then close
         try:
             return await fn(services)
         finally:

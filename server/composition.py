@@ -40,8 +40,12 @@ class Services:
     worker: LMWorker | None = None
 
     async def open(self, *, check_embedder: bool = True, watch: bool = True) -> None:
+        """`watch`: a long-running front end (follow retraining, erase expired memories as they expire); a
+        one-shot command passes False."""
         await self.memory.open(check_embedder=check_embedder)
         try:
+            if watch:
+                self.memory.start_expiry_sweeps()
             if self.ml is not None:
                 await self.ml.start(watch=watch)  # stored ranker models join retrieval; a watcher follows retraining
             if self.learning is not None:

@@ -461,6 +461,7 @@ def create_ui_app(
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         await ui.service.open()
+        ui.service.start_expiry_sweeps()
         if ui.ml is not None and start_ml:
             await ui.ml.start()
         if ui.learning is not None:

@@ -19,6 +19,7 @@ import pytest
 from amfs_server.core.embedding import embedding_text
 from amfs_server.core.errors import NotFoundError, ValidationError
 from amfs_server.core.models import (
+    AMFS_VERSION,
     Actor,
     EntryFilter,
     MemoryEntry,
@@ -169,7 +170,7 @@ async def test_every_field_of_a_draft_is_stored_and_returned(store: MemoryStore)
             provenance=Provenance(ACTOR.agent_id, ACTOR.session_id, at(1.234567)), outcome_count=0, recall_count=0,
             ttl_at=at(3600.5), memory_type=MemoryType.BELIEF, tier=Tier.WARM, priority_score=0.375,
             importance_score=0.7, importance_dimensions={"behavioral_alignment": 0.8, "novelty": 0.25},
-            embedding=as_float32(direction(30)), amfs_version="0.2.0",
+            embedding=as_float32(direction(30)), amfs_version=AMFS_VERSION,
         )
         assert entry.provenance.written_at.utcoffset() == timedelta(0)
 

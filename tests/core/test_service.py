@@ -72,6 +72,47 @@ async def test_expired_entries_are_invisible_and_can_be_purged(service: MemorySe
     assert [e.key for e in await service.list()] == ["keep"]
 
 
+async def test_an_expired_memory_is_gone_from_history_and_export_and_then_from_the_store(store, actor: Actor) -> None:
+    now = [datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)]
+    service = MemoryService(store, ServiceConfig(), clock=lambda: now[0])
+    await service.open()
+    await service.write(actor, WriteRequest("svc", "temp", "SECRET v1", ttl_seconds=60))
+    await service.write(actor, WriteRequest("svc", "temp", "SECRET v2", ttl_seconds=60))
+    await service.write(actor, WriteRequest("svc", "keep", "v"))
+    assert [e.version for e in await service.history("svc", "temp")] == [1, 2]
+    now[0] += timedelta(seconds=61)
+    # Before any sweep: history and every version read say it is gone.
+    with pytest.raises(NotFoundError):
+        await service.history("svc", "temp")
+    assert await service.entry_versions("svc", "temp") == []
+    assert len(await store.history("svc", "temp")) == 2  # still on disk: nothing has erased it yet
+    # An export erases it first, so the file never carries it.
+    snapshot = await service.export_snapshot()
+    assert [e.key for e in snapshot.entries] == ["keep"]
+    assert await store.history("svc", "temp") == []
+
+
+async def test_expiry_sweeps_and_opening_a_store_erase_expired_memories(store, actor: Actor) -> None:
+    now = [datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)]
+    service = MemoryService(store, ServiceConfig(), clock=lambda: now[0])
+    await service.open()
+    await service.write(actor, WriteRequest("svc", "a", "v", ttl_seconds=60))
+    await service.write(actor, WriteRequest("svc", "b", "v", ttl_seconds=600))
+    service.start_expiry_sweeps(interval_s=0.02)
+    now[0] += timedelta(seconds=61)
+    for _ in range(200):  # the sweep runs in the background
+        if not await store.history("svc", "a"):
+            break
+        await asyncio.sleep(0.01)
+    assert await store.history("svc", "a") == [] and len(await store.history("svc", "b")) == 1
+    # A service opened after the TTL passed (a server that was stopped meanwhile) erases it before anything reads.
+    now[0] += timedelta(seconds=600)
+    reopened = MemoryService(store, ServiceConfig(), clock=lambda: now[0])
+    await reopened.open()
+    assert await store.history("svc", "b") == []
+    await service.close()  # stops the sweeps (and closes the store the fixture would close)
+
+
 async def test_ttl_in_the_past_is_refused(service: MemoryService, actor: Actor) -> None:
     with pytest.raises(ValidationError, match="not in the future"):
         await service.write(actor, WriteRequest("svc", "k", "v", ttl_at=datetime.now(timezone.utc) - timedelta(seconds=1)))
