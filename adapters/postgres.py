@@ -73,6 +73,7 @@ from .sql_common import (
     EFFECT_COLUMNS,
     ENTRY_BASE_COLUMNS,
     ENTRY_COLUMNS,
+    ENTRY_COLUMNS_WITHOUT_VALUES,
     ENTRY_INSERT_COLUMNS,
     OUTCOME_COLUMNS,
     POSTGRES,
@@ -524,21 +525,23 @@ class PostgresStore(PostgresDatabase):
         )
         return None if row is None else _row_to_entry(row)
 
-    async def history(self, entity_path: str, key: str) -> list[MemoryEntry]:
+    async def history(self, entity_path: str, key: str, *, values: bool = True) -> list[MemoryEntry]:
+        columns = _ENTRY_COLUMNS if values else ENTRY_COLUMNS_WITHOUT_VALUES
         rows = await self._read(
             lambda conn: conn.fetch(
-                f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE entity_path = $1 AND key = $2 ORDER BY version",
+                f"SELECT {columns} FROM entries WHERE entity_path = $1 AND key = $2 ORDER BY version",
                 entity_path, key,
             )
         )
-        return [_row_to_entry(row) for row in rows]
+        return [_row_to_entry(row, with_embedding=values) for row in rows]
 
     async def find_current(
-        self, flt: EntryFilter, now: datetime, sort_by: SortBy, limit: int | None
+        self, flt: EntryFilter, now: datetime, sort_by: SortBy, limit: int | None, *, values: bool = True
     ) -> list[MemoryEntry]:
         params = _Params()
         clauses = _filter_sql(flt, now, params)
-        sql = f"SELECT {_BASE_COLUMNS} FROM entries WHERE {' AND '.join(clauses)} ORDER BY {_SORT_SQL[sort_by]}"
+        columns = _BASE_COLUMNS if values else ENTRY_COLUMNS_WITHOUT_VALUES
+        sql = f"SELECT {columns} FROM entries WHERE {' AND '.join(clauses)} ORDER BY {_SORT_SQL[sort_by]}"
         if limit is not None:
             sql += f" LIMIT {params.add(max(0, int(limit)))}"
         rows = await self._read(lambda conn: conn.fetch(sql, *params.values))

@@ -178,6 +178,8 @@ ENTRY_BASE_COLUMNS = (
     "importance_dimensions, amfs_version, event_at"
 )
 ENTRY_COLUMNS = ENTRY_BASE_COLUMNS + ", embedding, passage_embeddings, context_key"
+# The base columns with every value read as JSON null (`find_current(values=False)`).
+ENTRY_COLUMNS_WITHOUT_VALUES = ENTRY_BASE_COLUMNS.replace("value_json", "'null' AS value_json")
 ENTRY_INSERT_COLUMNS = (
     "entity_path", "key", "version", "is_current", "value_json", "confidence", "agent_id", "session_id",
     "written_at", "outcome_count", "recall_count", "ttl_at", "memory_type", "tier", "priority_score",
@@ -194,6 +196,7 @@ def sort_sql(d: Dialect) -> dict[SortBy, str]:
         "recency": "written_at DESC, row_id DESC",
         "recall_count": "recall_count DESC, written_at DESC, row_id DESC",
         "priority": f"priority_score DESC{d.nulls_last}, written_at DESC, row_id DESC",
+        "path": "entity_path, key",
     }
 
 

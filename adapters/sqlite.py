@@ -38,6 +38,7 @@ from ..core.ports import OutcomeTarget, StoreSnapshot, TierUpdate, missing_causa
 from .sql_common import (
     ENTRY_BASE_COLUMNS,
     ENTRY_COLUMNS,
+    ENTRY_COLUMNS_WITHOUT_VALUES,
     ENTRY_INSERT_COLUMNS,
     EFFECT_COLUMNS,
     OUTCOME_COLUMNS,
@@ -255,21 +256,24 @@ class SQLiteStore(SQLiteDatabase):
 
         return await self._run(fetch)
 
-    async def history(self, entity_path: str, key: str) -> list[MemoryEntry]:
+    async def history(self, entity_path: str, key: str, *, values: bool = True) -> list[MemoryEntry]:
+        columns = _ENTRY_COLUMNS if values else ENTRY_COLUMNS_WITHOUT_VALUES
+
         def fetch() -> list[MemoryEntry]:
             rows = self._connection().execute(
-                f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE entity_path = ? AND key = ? ORDER BY version",
+                f"SELECT {columns} FROM entries WHERE entity_path = ? AND key = ? ORDER BY version",
                 (entity_path, key),
             ).fetchall()
-            return [_row_to_entry(row) for row in rows]
+            return [_row_to_entry(row, with_embedding=values) for row in rows]
 
         return await self._run(fetch)
 
     async def find_current(
-        self, flt: EntryFilter, now: datetime, sort_by: SortBy, limit: int | None
+        self, flt: EntryFilter, now: datetime, sort_by: SortBy, limit: int | None, *, values: bool = True
     ) -> list[MemoryEntry]:
         clauses, params = self._filter_sql(flt, now)
-        sql = f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE {' AND '.join(clauses)} ORDER BY {_SORT_SQL[sort_by]}"
+        columns = _BASE_COLUMNS if values else ENTRY_COLUMNS_WITHOUT_VALUES
+        sql = f"SELECT {columns} FROM entries WHERE {' AND '.join(clauses)} ORDER BY {_SORT_SQL[sort_by]}"
         if limit is not None:
             sql += f" LIMIT {max(0, int(limit))}"  # SQLite reads a negative LIMIT as none
 

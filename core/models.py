@@ -335,7 +335,8 @@ class TraceEvent:
         )
 
 
-SortBy = Literal["confidence", "recency", "recall_count", "priority"]
+# "path" (entity path, then key) is the listing order (`MemoryService.list`); amfs_search offers the other four.
+SortBy = Literal["confidence", "recency", "recall_count", "priority", "path"]
 
 
 @dataclass(frozen=True)

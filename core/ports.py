@@ -104,12 +104,16 @@ class MemoryStore(Protocol):
 
     async def get_version(self, entity_path: str, key: str, version: int) -> MemoryEntry | None: ...
 
-    async def history(self, entity_path: str, key: str) -> list[MemoryEntry]: ...
+    async def history(self, entity_path: str, key: str, *, values: bool = True) -> list[MemoryEntry]:
+        """Every version, oldest first; `values=False` leaves values None and reads no vectors."""
+        ...
 
     async def find_current(
-        self, flt: EntryFilter, now: datetime, sort_by: SortBy, limit: int | None
+        self, flt: EntryFilter, now: datetime, sort_by: SortBy, limit: int | None, *, values: bool = True
     ) -> list[MemoryEntry]:
-        """Current live entries, best first by `sort_by`; ties go to the newer write (written_at, then write order)."""
+        """Current live entries, best first by `sort_by`; ties go to the newer write (written_at, then write order).
+        `values=False` leaves every value None: a caller that must rank all matches before it keeps a few (decayed
+        confidence, priority) then holds no values, whatever their size."""
         ...
 
     async def entity_counts(self, entity_path: str | None, now: datetime) -> dict[str, int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import builtins  # MemoryService.list shadows `list` in annotations inside the class body
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -366,10 +366,10 @@ class MemoryService:
     async def trace_events(self) -> list[TraceEvent]:
         return await self.store.trace_events()
 
-    async def entry_versions(self, entity_path: str, key: str) -> list[MemoryEntry]:
+    async def entry_versions(self, entity_path: str, key: str, *, values: bool = True) -> list[MemoryEntry]:
         """Every stored version of an entry, oldest first; [] once forgotten or expired (unlike `history`, which
-        raises)."""
-        versions = await self.store.history(entity_path, key)
+        raises). `values=False`: without values (None) or vectors."""
+        versions = await self.store.history(entity_path, key, values=values)
         # A key whose current version's TTL passed is gone, though the next sweep has not erased it yet.
         return [] if versions and versions[-1].is_expired(self.now()) else versions
 
@@ -478,6 +478,17 @@ class MemoryService:
             raise NotFoundError(f"No memory at '{entity_path}/{key}'. It may have been forgotten or expired.")
         return self.with_current_tier(current, now)
 
+    async def peek_version(self, entity_path: str, key: str, version: int) -> MemoryEntry:
+        """One version of a live entry, for people inspecting the store (like `peek`: not an agent read)."""
+        current = await self.peek(entity_path, key)
+        number = v.validate_version(version)
+        if number is None:
+            raise ValidationError("version is required, e.g. 1.")
+        found = current if number == current.version else await self.store.get_version(current.entity_path, key, number)
+        if found is None:
+            raise NotFoundError(f"'{entity_path}/{key}' has no version {version}; versions run 1..{current.version}.")
+        return found
+
     async def _track(
         self,
         actor: Actor,
@@ -514,13 +525,21 @@ class MemoryService:
             now,
         )
 
-    async def history(self, entity_path: str, key: str) -> list[MemoryEntry]:
+    async def history(self, entity_path: str, key: str, *, values: bool = True) -> list[MemoryEntry]:
         entity_path = v.validate_entity_path(entity_path)
         key = v.validate_key(key)
-        versions = await self.entry_versions(entity_path, key)
+        versions = await self.entry_versions(entity_path, key, values=values)
         if not versions:
             raise NotFoundError(f"No memory at '{entity_path}/{key}'. Call amfs_list(entity_path=...) to see what exists.")
         return versions
+
+    async def history_one_by_one(self, entity_path: str, key: str) -> AsyncIterator[MemoryEntry]:
+        """`history`, each version read whole as it is needed: a caller that keeps a preview of each (a listing,
+        a page) holds one value at a time, not every version's."""
+        for version in await self.history(entity_path, key, values=False):
+            entry = await self.store.get_version(version.entity_path, version.key, version.version)
+            if entry is not None:  # None: forgotten meanwhile
+                yield entry
 
     async def search(
         self,
@@ -553,24 +572,30 @@ class MemoryService:
         now = self.now()
         # With decay on, stored confidence over-states effective confidence, so filter after decay.
         needs_post_filter = min_confidence is not None and self.config.decay_half_life_days is not None
-        sort_after = needs_post_filter or sort_by == "priority"
-        entries = await self.store.find_current(flt, now, sort_by, None if sort_after else limit)
-        entries = [self.with_current_tier(entry, now) for entry in entries]
+        sort_after = needs_post_filter or sort_by == "priority" or (
+            sort_by == "confidence" and self.config.decay_half_life_days is not None
+        )
+        if not sort_after:
+            entries = await self.store.find_current(flt, now, sort_by, limit)
+            return [self.with_current_tier(entry, now) for entry in entries]
+        # Every match is ranked here, so read them without values and then fetch the values of the `limit` kept.
+        entries = [self.with_current_tier(entry, now)
+                   for entry in await self.store.find_current(flt, now, sort_by, None, values=False)]
         if needs_post_filter:
             entries = [e for e in entries if self.effective_confidence(e, now) >= min_confidence]  # type: ignore[operator]
         if sort_by == "priority":
             entries.sort(key=lambda e: e.priority_score or 0.0, reverse=True)
-        elif sort_by == "confidence" and self.config.decay_half_life_days is not None:
+        elif sort_by == "confidence":
             entries.sort(key=lambda e: self.effective_confidence(e, now), reverse=True)
-        return entries[:limit]
+        kept = [await self.store.get_current(e.entity_path, e.key, now) for e in entries[:limit]]
+        return [self.with_current_tier(entry, now) for entry in kept if entry is not None]  # None: forgotten since
 
     async def list(self, entity_path: str | None = None, limit: int = 1000) -> list[MemoryEntry]:
-        """Current entries under an entity path, ordered by path and key."""
-        entries = await self.store.find_current(
-            EntryFilter(entity_path=v.validate_entity_prefix(entity_path)), self.now(), "recency", None
+        """Current entries under an entity path, ordered by path and key (at most `limit` read)."""
+        return await self.store.find_current(
+            EntryFilter(entity_path=v.validate_entity_prefix(entity_path)), self.now(), "path",
+            v.validate_limit(limit, maximum=100_000),
         )
-        entries.sort(key=lambda e: (e.entity_path, e.key))
-        return entries[: v.validate_limit(limit, maximum=100_000)]
 
     async def entity_counts(self, entity_path: str | None = None) -> dict[str, int]:
         """Current live entries per entity path (each path counts only the entries exactly at it)."""

@@ -70,10 +70,9 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
     async def amfs_history(entity_path: EntityPath, key: Key) -> History:
         """Every version of one memory, oldest first, with who wrote it and its confidence. Long values
         are truncated; amfs_read with version= returns one in full."""
-        versions = await service.history(entity_path, key)
-        return History(
-            entity_path=entity_path, key=key, versions=[EntryView.of(entry, pin_version=True) for entry in versions]
-        )
+        # One whole value at a time, each cut to its preview before the next is read.
+        versions = [EntryView.of(entry, pin_version=True) async for entry in service.history_one_by_one(entity_path, key)]
+        return History(entity_path=entity_path, key=key, versions=versions)
 
     @tools.tool(writes("Forget memory", destructive=True, idempotent=True))
     async def amfs_forget(entity_path: EntityPath, key: Key) -> ForgetResult:

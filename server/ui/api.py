@@ -41,6 +41,9 @@ UI_PATH = "/ui"
 _API = UI_PATH + "/api"
 _UI_ACTOR = Actor("ui", "ui")  # never traced: UI searches pass count_as_read=False
 MAX_PAGE = 200
+# An entry page shows each older version's value up to this many characters of its JSON (the current one whole),
+# so a key with many large versions cannot make one response as large as all of them together.
+VERSION_VALUE_CHARS = 2000
 MAX_TREE_CHILDREN = 500
 
 # No inline script or style, no eval, nothing from another origin; the SVG chart is built with DOM calls.
@@ -195,6 +198,16 @@ def _detail(entry: MemoryEntry, service: MemoryService, now: Any) -> dict[str, A
     return data
 
 
+def _version_row(entry: MemoryEntry, service: MemoryService, now: Any) -> dict[str, Any]:
+    """`_detail` with the value cut to VERSION_VALUE_CHARS of its JSON (`value_truncated` says so)."""
+    data = _detail(entry, service, now)
+    text = json.dumps(entry.value, ensure_ascii=False, indent=2, sort_keys=True, default=str)
+    data["value_truncated"] = len(text) > VERSION_VALUE_CHARS
+    if data["value_truncated"]:
+        data["value"] = f"{text[:VERSION_VALUE_CHARS]}…[{len(text)} characters; the diff shows all of it]"
+    return data
+
+
 def _scoped_record(record: OutcomeRecord, viewer: Viewer) -> dict[str, Any] | None:
     """The record with only the effects the viewer may see; None when it touched nothing in scope."""
     effects = [e.to_dict() for e in record.effects if viewer.allows(e.entity_path)]
@@ -274,10 +287,10 @@ def _handlers(ui: UiServices) -> dict[str, Handler]:
         path = _scoped_path(viewer, _required(request, "path"))
         assert path is not None
         key = v.validate_key(_required(request, "key"))
-        current = await service.peek(path, key)
-        versions = await service.history(path, key)
-        records = await service.outcome_records(path)
         now = utcnow()
+        current = await service.peek(path, key)
+        versions = [_version_row(version, service, now) async for version in service.history_one_by_one(path, key)]
+        records = await service.outcome_records(path)
         outcomes = []
         for record in records:
             for effect in record.effects:
@@ -292,7 +305,7 @@ def _handlers(ui: UiServices) -> dict[str, Handler]:
         outcomes.sort(key=lambda o: o["committed_at"])
         return {
             "entry": _detail(current, service, now),
-            "versions": [_detail(version, service, now) for version in reversed(versions)],
+            "versions": versions[::-1],
             "outcomes": outcomes,
             "decay_half_life_days": service.config.decay_half_life_days,
             "now": to_iso(now),
@@ -302,12 +315,9 @@ def _handlers(ui: UiServices) -> dict[str, Handler]:
         path = _scoped_path(viewer, _required(request, "path"))
         assert path is not None
         key = v.validate_key(_required(request, "key"))
-        versions = {e.version: e for e in await service.history(path, key)}
         a, b = _int_param(request, "from", 0, 10**9), _int_param(request, "to", 0, 10**9)
-        missing = [n for n in (a, b) if n not in versions]
-        if missing:
-            raise NotFoundError(f"'{path}/{key}' has no version {missing[0]}; versions run 1..{max(versions)}.")
-        return {"from": a, "to": b, "lines": _diff(versions[a].value, versions[b].value)}
+        old, new = await service.peek_version(path, key, a), await service.peek_version(path, key, b)  # two, not all
+        return {"from": a, "to": b, "lines": _diff(old.value, new.value)}
 
     async def outcomes(request: Request, viewer: Viewer) -> Any:
         offset = _int_param(request, "offset", 0, 10**9)

@@ -142,6 +142,9 @@ async def test_each_write_of_a_key_is_the_next_version_and_history_keeps_them_ol
     assert await store.get_version("svc/a", "missing", 1) is None
     assert await store.history("svc/a", "missing") == []
     assert await store.get_current("svc/a", "missing", NOW) is None
+    light = await store.history("svc/a", "k", values=False)  # what a preview listing reads first
+    assert [e.with_changes(value=None, embedding=None, passage_embeddings=None, context_key=None) for e in history] == light
+    assert all(e.value is None and e.embedding is None for e in light)
 
 
 async def test_a_batch_returns_its_entries_in_draft_order_with_per_key_versions(store: MemoryStore) -> None:
@@ -279,10 +282,15 @@ async def test_find_current_sorts_by_each_sort_key_best_first(store: MemoryStore
     )
     reads = [TierUpdate("svc", key, 1, Tier.HOT, priority) for key, priority in [("c", 0.5), ("c", 0.5), ("a", 0.9)]]
     await store.record_reads(ACTOR, "read", reads, at(10))
-    expected = {"confidence": ["b", "c", "a"], "recency": ["b", "c", "a"], "recall_count": ["c", "a", "b"],
-                "priority": ["a", "c", "b"]}
+    await write(store, draft("other", "z", written_at=at(4), confidence=0.1, priority_score=0.0))
+    expected = {"confidence": ["b", "c", "a", "z"], "recency": ["z", "b", "c", "a"], "recall_count": ["c", "a", "z", "b"],
+                "priority": ["a", "c", "b", "z"], "path": ["z", "a", "b", "c"]}
     for sort_by, order in expected.items():
         assert keys(await store.find_current(EntryFilter(), at(10), sort_by, None)) == order, sort_by  # type: ignore[arg-type]
+        light = await store.find_current(EntryFilter(), at(10), sort_by, None, values=False)  # type: ignore[arg-type]
+        full = await store.find_current(EntryFilter(), at(10), sort_by, None)  # type: ignore[arg-type]
+        assert [e.value for e in light] == [None] * 4 and [e.value for e in full] == [{"note": k} for k in order]
+        assert [e.with_changes(value=None) for e in full] == light  # everything but the value, as read with it
         assert keys(await store.find_current(EntryFilter(), at(10), sort_by, 2)) == order[:2], sort_by  # type: ignore[arg-type]
         assert await store.find_current(EntryFilter(), at(10), sort_by, 0) == []  # type: ignore[arg-type]
         assert await store.find_current(EntryFilter(), at(10), sort_by, -1) == []  # type: ignore[arg-type]

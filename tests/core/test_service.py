@@ -238,6 +238,51 @@ async def test_search_filters_and_sorts(service: MemoryService, actor: Actor) ->
         await service.search(sort_by="alphabetical")  # type: ignore[arg-type]
 
 
+async def test_search_and_list_hold_only_the_values_they_return(store, actor: Actor) -> None:
+    """Ranking every match (priority, decayed confidence) reads them without values; only the kept ones come
+    back whole; a listing reads at most its limit. A small request must not cost memory in proportion to the
+    store (a red-team finding: amfs_list(limit=1) read every value)."""
+    service = MemoryService(store, ServiceConfig(decay_half_life_days=30))
+    await service.open()
+    for n in range(12):
+        await service.write(actor, WriteRequest(f"svc/{n % 3}", f"k{n:02d}", "x" * 1000 + str(n), confidence=n / 12))
+    loaded: list[int] = []
+    find_current, get_current = store.find_current, store.get_current
+
+    async def counting_find(*args, **kwargs):
+        found = await find_current(*args, **kwargs)
+        loaded.append(sum(e.value is not None for e in found))
+        return found
+
+    async def counting_get(*args, **kwargs):
+        entry = await get_current(*args, **kwargs)
+        loaded.append(int(entry is not None))
+        return entry
+
+    store.find_current, store.get_current = counting_find, counting_get
+    try:
+        for sort_by in ("priority", "confidence"):
+            loaded.clear()
+            found = await service.search(sort_by=sort_by, limit=2, min_confidence=0.1)
+            assert len(found) == 2 and all(e.value.startswith("x" * 1000) for e in found)
+            assert sum(loaded) == 2, (sort_by, loaded)
+        assert [e.key for e in await service.search(sort_by="confidence", limit=2)] == ["k11", "k10"]
+        loaded.clear()
+        listed = await service.list(limit=3)
+        assert [(e.entity_path, e.key) for e in listed] == [("svc/0", "k00"), ("svc/0", "k03"), ("svc/0", "k06")]
+        assert sum(loaded) == 3
+    finally:
+        del store.find_current, store.get_current
+
+
+async def test_history_one_by_one_yields_what_history_returns(service: MemoryService, actor: Actor) -> None:
+    for n in range(3):
+        await service.write(actor, WriteRequest("svc", "k", {"n": n}))
+    assert [e async for e in service.history_one_by_one("svc", "k")] == await service.history("svc", "k")
+    with pytest.raises(NotFoundError):
+        [e async for e in service.history_one_by_one("svc", "missing")]
+
+
 async def test_search_does_not_count_as_reading(service: MemoryService, actor: Actor) -> None:
     await service.write(actor, WriteRequest("svc", "k", "v"))
     await service.search()

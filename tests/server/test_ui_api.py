@@ -3,6 +3,7 @@ the standalone `amfs-server ui` app): keys, scopes, refusals, and that looking i
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -159,6 +160,25 @@ async def test_an_entry_shows_every_version_a_diff_and_its_outcomes(settings: Se
         assert changed == [("remove", '"retries": 3'), ("add", '"retries": 5')]
         assert (await get(http, "diff", path="team-a/payments", key="retry-policy", **{"from": 1, "to": 9})).status_code == 404
         assert (await get(http, "entry", path="team-a/payments", key="missing")).status_code == 404
+
+
+async def test_an_entry_page_shows_older_large_versions_cut_and_a_diff_reads_only_its_two(settings: Settings) -> None:
+    """A red-team finding: 40 versions of ~1 MiB made one 41 MiB response to a read-only key."""
+    big = [f"version {n} " + "x" * 200_000 for n in range(1, 7)]
+    async with mcp_http(settings) as (http, service):
+        for value in big:
+            await service.write(WRITER, WriteRequest("team-a/logs", "dump", value))
+        response = await get(http, "entry", READER, path="team-a/logs", key="dump")
+        data = response.json()
+        assert data["entry"]["value"] == big[-1]  # the current version whole
+        rows = data["versions"]
+        assert [r["version"] for r in rows] == [6, 5, 4, 3, 2, 1] and all(r["value_truncated"] for r in rows)
+        assert rows[1]["value"].startswith(json.dumps(big[4])[:100]) and len(rows[1]["value"]) < 2100
+        assert len(response.content) < 2 * 200_000 + 50_000  # the current value once in full, not six
+        diff = (await get(http, "diff", READER, path="team-a/logs", key="dump", **{"from": 2, "to": 5})).json()
+        changed = [line["op"] for line in diff["lines"] if line["op"] != "same"]
+        assert changed == ["remove", "add"]
+        assert (await get(http, "diff", READER, path="team-a/logs", key="dump", **{"from": 0, "to": 5})).status_code == 400
 
 
 async def test_search_runs_retrieval_with_explain_and_outcomes_list_newest_first(settings: Settings) -> None:

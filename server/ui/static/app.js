@@ -350,7 +350,7 @@
     const table = el("table", {}, el("thead", {}, el("tr", {}, ["version", "written", "by", "confidence", "value"].map((h) => el("th", { text: h })))),
       el("tbody", {}, versions.map((v) => el("tr", { "data-version": v.version },
         el("td", {}, "v" + v.version), el("td", {}, when(v.provenance.written_at)), el("td", {}, v.provenance.agent_id),
-        el("td", { class: "num" }, fmt(v.confidence)), el("td", {}, el("pre", {}, json(v.value)))))));
+        el("td", { class: "num" }, fmt(v.confidence)), el("td", {}, el("pre", {}, v.value_truncated ? v.value : json(v.value)))))));
     panel.appendChild(table);
     if (versions.length > 1) {
       const numbers = versions.map((v) => v.version);
