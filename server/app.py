@@ -129,8 +129,9 @@ def _warm_up_embedder(service: MemoryService) -> asyncio.Task[Any] | None:
 
 
 def http_options(host: str, allowed_origins: Sequence[str] = (), limits: ServerLimits | None = None) -> dict[str, Any]:
-    """Keyword arguments for FastMCP's http_app: our Origin/Host guard in place of FastMCP's own, and the
-    per-key session limits (after auth, which FastMCP puts first)."""
+    """Keyword arguments for FastMCP's http_app: our Origin/Host guard in place of FastMCP's own, the duplicate-key
+    check and the per-key session limits. FastMCP puts its authentication before these and its 401 after them (at
+    the route), so DuplicateKeyGuard leaves a request without a valid key unread (server/json_guard.py)."""
     return {
         "middleware": [
             Middleware(OriginGuard, allowed_origins=allowed_origins, loopback_bind=is_loopback(host)),
@@ -150,19 +151,29 @@ def serve_http(
     checkpointed)."""
     import uvicorn
 
+    raise_open_file_limit()
+    uvicorn.Server(uvicorn_config(app, transport, host, port, allowed_origins, limits, log_level)).run()
+
+
+def uvicorn_config(
+    app: FastMCP, transport: Literal["sse", "http"], host: str, port: int, allowed_origins: Sequence[str],
+    limits: ServerLimits, log_level: int | str = "info",
+) -> Any:
+    """The uvicorn.Config that `serve_http` runs (tests start it on port 0): our middleware, and the h11
+    protocol with the header and request-body deadlines (server/h11_guard.py)."""
+    import uvicorn
+
     from .h11_guard import GuardedH11Protocol
 
-    raise_open_file_limit()
     asgi = app.http_app(transport=transport, session_idle_timeout=limits.session_idle_expiry_s,
                         **http_options(host, allowed_origins, limits))
     protocol = type("H11", (GuardedH11Protocol,), {"header_timeout_s": limits.header_timeout_s})
-    config = uvicorn.Config(
+    return uvicorn.Config(
         asgi, host=host, port=port, http=protocol, log_config=uvicorn_log_config(), log_level=log_level, lifespan="on",
         timeout_keep_alive=int(limits.keep_alive_s), limit_concurrency=limits.max_connections,
         h11_max_incomplete_event_size=limits.max_header_bytes,
         timeout_graceful_shutdown=int(limits.graceful_shutdown_s),
     )
-    uvicorn.Server(config).run()
 
 
 def run_server(

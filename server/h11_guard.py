@@ -1,20 +1,30 @@
-"""`GuardedH11Protocol`, uvicorn's h11 protocol with a header deadline (see server/limits.py). A module of its
-own so that only HTTP and SSE serving imports uvicorn's protocol (and h11), not stdio or the CLI."""
+"""`GuardedH11Protocol`, uvicorn's h11 protocol with a header deadline (see server/limits.py) and a request-body
+deadline. A module of its own so that only HTTP and SSE serving imports uvicorn's protocol (and h11), not stdio
+or the CLI."""
 
 from __future__ import annotations
 
 import asyncio
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .limits import ServerLimits
 
+# A request's whole body must arrive within this long of its headers, keyed client or not: uvicorn times out
+# neither a body nor an app waiting for one, so a body sent a byte at a time (or never) held its connection
+# forever. 30 s still lets the largest accepted body (4 MiB, server/limits.py) through at about 140 KB/s.
+BODY_TIMEOUT_S = 30.0
+
 
 class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a header deadline: uvicorn times out idle keep-alive connections, but
-    not one that opens and then sends its headers a byte at a time (or never)."""
+    """uvicorn's h11 protocol with two deadlines: uvicorn times out idle keep-alive connections, but not one
+    that opens and then sends its headers (header deadline) or its body (body deadline: 408, then closed) a
+    byte at a time, or never. A response sent before the body is in (a 401, say) re-arms the header
+    deadline, which then closes the connection."""
 
     header_timeout_s = ServerLimits.header_timeout_s
+    body_timeout_s = BODY_TIMEOUT_S
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -24,19 +34,42 @@ class GuardedH11Protocol(H11Protocol):
         super().on_response_complete()
         self._arm_header_deadline()
 
+    def handle_events(self) -> None:
+        cycle = self.cycle
+        super().handle_events()
+        if self.cycle is not cycle and self.conn.their_state is h11.SEND_BODY:  # a new request, its body to come
+            self._cancel("_body_deadline")
+            self._body_deadline = self.loop.call_later(self.body_timeout_s, self._body_timeout, self.cycle)
+
     def connection_lost(self, exc: Exception | None) -> None:
-        deadline = getattr(self, "_header_deadline", None)
-        if deadline is not None:
-            deadline.cancel()
+        self._cancel("_header_deadline")
+        self._cancel("_body_deadline")
         super().connection_lost(exc)
 
+    def _cancel(self, name: str) -> None:
+        timer = getattr(self, name, None)
+        if timer is not None:
+            timer.cancel()
+
     def _arm_header_deadline(self) -> None:
-        previous = getattr(self, "_header_deadline", None)
-        if previous is not None:
-            previous.cancel()
+        self._cancel("_header_deadline")
         self._header_deadline = self.loop.call_later(self.header_timeout_s, self._header_timeout)
 
     def _header_timeout(self) -> None:
         waiting_for_headers = self.cycle is None or self.cycle.response_complete
         if waiting_for_headers and not self.transport.is_closing():
             self.transport.close()
+
+    def _body_timeout(self, cycle: object) -> None:
+        if cycle is not self.cycle or self.conn.their_state is not h11.SEND_BODY or self.transport.is_closing():
+            return  # that body arrived, or the connection is already going
+        self.cycle.disconnected = True  # the app now reads http.disconnect and its sends are dropped, not interleaved
+        self.cycle.message_event.set()
+        if not self.cycle.response_started:
+            body = b"Request body not received in time."
+            headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode()),
+                       (b"connection", b"close")]
+            self.transport.write(self.conn.send(h11.Response(status_code=408, headers=headers, reason=b"Request Timeout")))
+            self.transport.write(self.conn.send(h11.Data(data=body)))
+            self.transport.write(self.conn.send(h11.EndOfMessage()))
+        self.transport.close()

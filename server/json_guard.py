@@ -17,20 +17,24 @@ MAX_CHECKED_BYTES = 8 * 1024 * 1024  # larger bodies pass unchecked to the trans
 
 
 class DuplicateKeyGuard:
+    """Runs after FastMCP's authentication (which puts `scope["user"]` first) but before its 401 (at the route),
+    so it leaves the body of a request without a valid key unread: reading it first let a keyless client hold
+    a connection by sending a body slowly, and the route refuses that request anyway."""
+
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
+        if scope["type"] != "http" or scope["method"] != "POST" or _refused_by_auth(scope):
             await self.app(scope, receive, send)
             return
         messages: list[Message] = []
         body = b""
         while True:
             message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # gone before its body was in (or cut off at the body deadline): no one to answer
             messages.append(message)
-            if message["type"] != "http.request":
-                break
             body += message.get("body", b"")
             if not message.get("more_body", False) or len(body) > MAX_CHECKED_BYTES:
                 break
@@ -43,6 +47,12 @@ class DuplicateKeyGuard:
             return messages.pop(0) if messages else await receive()
 
         await self.app(scope, replay, send)
+
+
+def _refused_by_auth(scope: Scope) -> bool:
+    """A keyed server's authentication found no valid key (a server without keys sets no user)."""
+    user = scope.get("user")
+    return user is not None and not user.is_authenticated
 
 
 def _duplicate_key_problem(body: bytes) -> MessageProblem | None:

@@ -7,7 +7,8 @@
   `call_queue_wait_s`, then are refused with what to do.
 - `max_response_bytes`: a tool result larger than this is refused with how to ask for less.
 - `GuardedH11Protocol` (server/h11_guard.py): a connection must finish sending a request's headers within
-  `header_timeout_s` of opening (or of its last response), so slow connections cannot pile up.
+  `header_timeout_s` of opening (or of its last response), and a request's body within `BODY_TIMEOUT_S` of
+  its headers (408 otherwise), so slow connections cannot pile up. `serve` and `amfs-server ui` both run it.
 - `RepeatFilter`: a message repeated more than `REPEATS_PER_WINDOW` times per `REPEAT_WINDOW_S` is
   collapsed into a count, so a flood of failing connections cannot fill the disk with tracebacks.
 """
