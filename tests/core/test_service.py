@@ -72,10 +72,16 @@ async def test_expired_entries_are_invisible_and_can_be_purged(service: MemorySe
     assert [e.key for e in await service.list()] == ["keep"]
 
 
-async def test_an_expired_memory_is_gone_from_history_and_export_and_then_from_the_store(store, actor: Actor) -> None:
+async def clocked_service(store) -> tuple[MemoryService, list[datetime]]:
+    """An opened service whose clock is `now[0]` (move it to let TTLs pass)."""
     now = [datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)]
     service = MemoryService(store, ServiceConfig(), clock=lambda: now[0])
     await service.open()
+    return service, now
+
+
+async def test_an_expired_memory_is_gone_from_history_and_export_and_then_from_the_store(store, actor: Actor) -> None:
+    service, now = await clocked_service(store)
     await service.write(actor, WriteRequest("svc", "temp", "SECRET v1", ttl_seconds=60))
     await service.write(actor, WriteRequest("svc", "temp", "SECRET v2", ttl_seconds=60))
     await service.write(actor, WriteRequest("svc", "keep", "v"))
@@ -93,9 +99,7 @@ async def test_an_expired_memory_is_gone_from_history_and_export_and_then_from_t
 
 
 async def test_expiry_sweeps_and_opening_a_store_erase_expired_memories(store, actor: Actor) -> None:
-    now = [datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)]
-    service = MemoryService(store, ServiceConfig(), clock=lambda: now[0])
-    await service.open()
+    service, now = await clocked_service(store)
     await service.write(actor, WriteRequest("svc", "a", "v", ttl_seconds=60))
     await service.write(actor, WriteRequest("svc", "b", "v", ttl_seconds=600))
     service.start_expiry_sweeps(interval_s=0.02)
