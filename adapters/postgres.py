@@ -312,6 +312,8 @@ SELECT {columns}, top.score / (SELECT weight FROM reference) AS score FROM top J
 ORDER BY top.score DESC, top.written_at DESC, top.row_id DESC
 """
 
+# TRUNCATE gives the tables new, empty files and drops the old ones: no dead tuples to vacuum.
+_TRUNCATE_ALL = "TRUNCATE outcome_effects, outcomes, trace_events, entries, meta"
 # The planner's row count for `entries` (-1 before its first ANALYZE).
 _ROW_ESTIMATE_SQL = "SELECT reltuples FROM pg_class WHERE oid = 'entries'::regclass"
 TERM_STATS_TTL_S = 10.0
@@ -880,21 +882,19 @@ class PostgresStore(PostgresDatabase):
         await vacuum(self._require_pool(), self.where, *tables)
 
     async def clear(self) -> None:
-        async def delete(conn: Any) -> None:
-            # TRUNCATE gives the tables new, empty files and drops the old ones: no dead tuples to vacuum.
-            await conn.execute("TRUNCATE outcome_effects, outcomes, trace_events, entries, meta")
-
-        await self._tx(delete)
+        await self._tx(lambda conn: conn.execute(_TRUNCATE_ALL))
 
     async def export_snapshot(self) -> StoreSnapshot:
         return await self._tx(lambda conn: run_postgres(conn, export_store(POSTGRES)), readonly=True, isolation="repeatable_read")
 
-    async def import_snapshot(self, snapshot: StoreSnapshot) -> None:
+    async def import_snapshot(self, snapshot: StoreSnapshot, *, replace_all: bool = False) -> None:
         for entry in snapshot.entries:
             self._check_embedding(entry.embedding, f"Imported entry '{entry.entry_key}' v{entry.version}")
         latest = latest_versions(snapshot)
 
         async def write(conn: Any) -> None:
+            if replace_all:
+                await conn.execute(_TRUNCATE_ALL)  # transactional in PostgreSQL: undone if the import fails
             await self._lock_keys(conn, latest)
             await run_postgres(conn, import_store(snapshot, POSTGRES))
 

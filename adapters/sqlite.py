@@ -689,13 +689,17 @@ class SQLiteStore(SQLiteDatabase):
     async def clear(self) -> None:
         def delete() -> None:
             with self._transaction() as conn:
-                for table in ("entries_fts", "outcome_effects", "outcomes", "trace_events", "entries", "meta"):
-                    conn.execute(f"DELETE FROM {table}")
-                conn.execute("INSERT INTO entries_fts (entries_fts) VALUES ('optimize')")
+                self._delete_all_sync(conn)
             self._checkpoint(vacuum=True)
             self._vectors.wipe()
 
         await self._run(delete)
+
+    @staticmethod
+    def _delete_all_sync(conn: sqlite3.Connection) -> None:
+        for table in ("entries_fts", "outcome_effects", "outcomes", "trace_events", "entries", "meta"):
+            conn.execute(f"DELETE FROM {table}")
+        conn.execute("INSERT INTO entries_fts (entries_fts) VALUES ('optimize')")
 
     async def export_snapshot(self) -> StoreSnapshot:
         def fetch() -> StoreSnapshot:
@@ -708,9 +712,11 @@ class SQLiteStore(SQLiteDatabase):
 
         return await self._run(fetch)
 
-    async def import_snapshot(self, snapshot: StoreSnapshot) -> None:
+    async def import_snapshot(self, snapshot: StoreSnapshot, *, replace_all: bool = False) -> None:
         def write() -> None:
             with self._transaction() as conn:
+                if replace_all:
+                    self._delete_all_sync(conn)
                 top = conn.execute("SELECT COALESCE(MAX(row_id), 0) FROM entries").fetchone()[0]
                 run_sqlite(conn, import_store(snapshot, SQLITE))
                 # Row ids only grow (AUTOINCREMENT): the imported current versions are the current rows above `top`.
@@ -719,6 +725,9 @@ class SQLiteStore(SQLiteDatabase):
                     "WHERE row_id > ? AND is_current = 1",
                     (top,),
                 )
+            if replace_all:
+                self._checkpoint(vacuum=True)
+                self._vectors.wipe()  # its rows are gone; rebuilt from the table below
             self._vectors.dirty = True
 
         await self._run(write)

@@ -28,6 +28,8 @@ SECONDS_PER_DAY = 86_400.0
 
 def validate_multipliers(multipliers: Mapping[OutcomeType | str, float]) -> dict[OutcomeType, float]:
     """Every outcome type gets a finite positive multiplier; missing types keep their defaults."""
+    if not isinstance(multipliers, Mapping):
+        raise ValidationError(f"Multipliers must map outcome types to numbers, got {multipliers!r}.")
     resolved = dict(DEFAULT_MULTIPLIERS)
     for name, value in multipliers.items():
         try:

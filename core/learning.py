@@ -62,6 +62,7 @@ from .learning_records import (
 )
 from .ports import LearningStore
 from .redaction import REDACTED, contains_redaction, looks_secret, pseudonym, redact
+from .validation import INT64_MAX
 
 
 # The confidence curve (see preference_confidence).
@@ -229,11 +230,11 @@ class _PreferenceRecord(_Record):
     key: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
     value: Any
     confidence: float = Field(ge=0, le=1)
-    sample_size: int = Field(ge=0)
-    support: int = Field(ge=0)
+    sample_size: int = Field(ge=0, le=INT64_MAX)
+    support: int = Field(ge=0, le=INT64_MAX)
     source: PreferenceSource
     updated_at: datetime
-    sessions: int = Field(default=1, ge=1)
+    sessions: int = Field(default=1, ge=1, le=INT64_MAX)
 
 
 class _PatternRecord(_Record):
@@ -242,7 +243,7 @@ class _PatternRecord(_Record):
     pattern_type: str = Field(min_length=1, max_length=50)
     tool_name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
     data: dict[str, Any]
-    occurrences: int = Field(ge=0)
+    occurrences: int = Field(ge=0, le=INT64_MAX)
     frequency: float = Field(ge=0, le=1)
     confidence: float = Field(ge=0, le=1)
     discovered_at: datetime
@@ -254,8 +255,9 @@ def _aware(moment: datetime) -> datetime:
 
 
 def parse_sections(sections: Mapping[str, Any], anonymize: bool = False) -> LearningSnapshot:
-    """The learning sections of an export's `extra`, validated and run through redaction again (a
-    hand-edited file cannot plant a secret). Raises ValidationError naming the first bad record."""
+    """The learning sections of an export's `extra`, validated and run through redaction again, names by the
+    same rules as the tools that record them (a hand-edited file cannot plant a secret). Raises ValidationError
+    naming the first bad record."""
     snapshot = LearningSnapshot()
     for name, model in (("interactions", _InteractionRecord), ("preferences", _PreferenceRecord),
                         ("patterns", _PatternRecord)):
@@ -269,6 +271,14 @@ def parse_sections(sections: Mapping[str, Any], anonymize: bool = False) -> Lear
                 first = error.errors()[0]
                 where = ".".join(str(part) for part in first["loc"])
                 raise ValidationError(f"Invalid extra.{name}[{index}].{where}: {first['msg']}. Nothing was imported.") from None
+            try:
+                if isinstance(record, (_InteractionRecord, _PatternRecord)):
+                    validate_tool_name(record.tool_name)
+                else:
+                    validate_category(record.category)
+                    validate_preference_key(record.key)
+            except ValidationError as error:
+                raise ValidationError(f"Invalid extra.{name}[{index}]: {error} Nothing was imported.") from None
             if isinstance(record, _InteractionRecord):
                 snapshot.interactions.append(Interaction(
                     record.interaction_id, record.user_id, record.session_id, record.tool_name, record.source,
@@ -277,8 +287,10 @@ def parse_sections(sections: Mapping[str, Any], anonymize: bool = False) -> Lear
                     redact(record.result), record.execution_ms, _aware(record.at),
                 ))
             elif isinstance(record, _PreferenceRecord):
-                if contains_redaction(redact(record.value, max_string=MAX_PREFERENCE_VALUE_CHARS)):
-                    continue  # a preference whose value looks like a credential is dropped, not stored
+                # Dropped, not stored, as learning would have dropped it: a value that looks like a credential, or
+                # any value under a credential's name ('db.password').
+                if contains_redaction(redact({record.key: record.value}, max_string=MAX_PREFERENCE_VALUE_CHARS)):
+                    continue
                 snapshot.preferences.append(Preference(
                     record.user_id, record.category, record.key, record.value, record.confidence, record.sample_size,
                     record.support, record.source, _aware(record.updated_at), sessions=record.sessions,

@@ -209,8 +209,10 @@ class MemoryStore(Protocol):
 
     async def export_snapshot(self) -> StoreSnapshot: ...
 
-    async def import_snapshot(self, snapshot: StoreSnapshot) -> None:
-        """Write a snapshot back in one transaction; refuses (and writes nothing) if any entry version exists."""
+    async def import_snapshot(self, snapshot: StoreSnapshot, *, replace_all: bool = False) -> None:
+        """Write a snapshot back in one transaction; refuses (and writes nothing) if any entry version exists.
+        `replace_all`: first delete everything the store holds, in that same transaction (`reembed`): a crash leaves
+        the old store or the new one, never an empty one."""
         ...
 
     async def get_meta(self, name: str) -> Any | None: ...

@@ -5,11 +5,13 @@ Two rules, applied recursively over dicts and lists:
 * a value whose parameter (or nested key) name says it is a credential (`password`, `api_key`,
   `access_token`, `Authorization`, `cookie`, `client_secret`, `passcode`, `pin`, `db_pw`, ...) becomes
   `[REDACTED]`, whatever it is; so does the item after a flag with such a name in a list
-  (`["--token", X]`);
+  (`["--token", X]`), the item after `-u`/`--user` when it is `user:password` (`["curl", "-u", "a:pw"]`)
+  and a glued `-pPASS` item after a mysql-family program (`["mysql", "-phunter2"]`);
 * a string that looks like a credential on its own (provider key prefixes such as `sk-`, `ghp_`,
   `AKIA`, `xoxb-`; `Bearer ...`, `Basic <user:pass>`, `Authorization: ...`; JWTs; PEM private keys;
   URLs with a password, even with an empty user; `name=value` where the name is a secret's name, as in
-  `Password=` in connection strings, `?api_key=` in URLs or `--password=`; `mysql -pPASS`; `curl -u
+  `Password=` in connection strings, `?api_key=` in URLs or `--password=`, and quoted names as in a
+  JSON body or a Python dict literal passed as a string, `{"password": "x"}`; `mysql -pPASS`; `curl -u
   user:pass`; long high-entropy tokens) becomes `[REDACTED]` as a whole, wherever it appears. A dict
   key that looks like a credential is replaced too.
 
@@ -75,16 +77,25 @@ _SECRET_VALUE_ANY_CASE = re.compile(
     | -----BEGIN\ [A-Z0-9 ]*PRIVATE\ KEY-----       # PEM private keys
     | \b[a-z][a-z0-9+.-]{0,30}://[^\s/:@]*:[^\s/@]+@     # URLs carrying user:password@ (redis://:pw@host too)
     | \b(?:proxy-)?authorization\s*:\s*\S+         # an HTTP Authorization header, whatever its scheme
-    | \b(?:mysql|mysqldump|mysqladmin|mariadb)\b[^\n]{0,200}?\s-p(?![\s-])\S+  # mysql -pPASSWORD
-    | (?:^|\s)-u\s+[^\s:]+:\S+                      # curl -u user:password
+    | \b(?:mysql|mysqldump|mysqladmin|mariadb)\b[^\n]{0,200}?\s(?-i:-p)(?![\s-])\S+  # mysql -pPASS (-P is the port)
+    | (?:^|\s)(?-i:-u\s*|--user[\s=]\s*)(?!\d+:\d+(?!\S))[^\s:]+:\S+  # curl -u user:pass, not -u uid:gid
     """,
     re.IGNORECASE | re.VERBOSE,
 )
 # name=value (connection strings, query strings, command-line flags) and name:value: the name decides.
-# The name starts where a word starts and is bounded, so a long run of letters costs linear time.
-_NAMED_VALUE = re.compile(r"""(?<![A-Za-z0-9_.])([A-Za-z][A-Za-z0-9_.-]{0,63})(?:\s*=\s*|:(?!//)\s*)("[^"]+"|'[^']+'|[^\s;&,"']+)""")
+# The name starts where a word starts and is bounded, so a long run of letters costs linear time. It may be
+# quoted (JSON, a dict literal, JSON escaped once more: `"password": ...`, `\\"password\\": ...`); null and
+# booleans are no secret, and an empty value ("") never matches.
+_NAMED_VALUE = re.compile(
+    r"""(?<![A-Za-z0-9_.])([A-Za-z][A-Za-z0-9_.-]{0,63})(?:\\?["']\s*)?(?:\s*=\s*|:(?!//)\s*)"""
+    r"""(?!(?:null|None|true|false|True|False)\b)("[^"]+"|'[^']+'|[^\s;&,"']+)"""
+)
 _BASIC_CREDENTIALS = re.compile(r"\bbasic\s+([A-Za-z0-9+/]{4,}={0,2})", re.IGNORECASE)
 _FLAG = re.compile(r"--?[A-Za-z][A-Za-z0-9_-]*")
+# Programs whose `-pPASS` (glued) is the password; elsewhere -p means other things (mkdir -p, pytest -p).
+_GLUED_P_PROGRAM = re.compile(r"(?:.*[/\\])?(?:mysql[a-z]*|mariadb(?:-[a-z]+)?)(?:\.exe)?", re.IGNORECASE | re.DOTALL)
+_GLUED_P_PASSWORD = re.compile(r"-p[^\s-].*", re.DOTALL)  # -p alone prompts; -P (capital) is the port
+_USER_PASSWORD = re.compile(r"(?!\d+:\d+$)[^:\s]+:.+", re.DOTALL)  # user:password; 1000:1000 is uid:gid
 _TOKEN_RUN = re.compile(r"[A-Za-z0-9+/=_-]{32,}")
 _EMAIL = re.compile(r"\b[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9.-]{1,253}\.[A-Za-z]{2,63}\b")  # bounded: linear time
 _CAMEL = re.compile(r"([a-z0-9])([A-Z])")
@@ -173,9 +184,14 @@ def _redact(value: Any, anonymize: bool, max_string: int, depth: int) -> Any:
     if isinstance(value, list | tuple | set | frozenset):
         items = list(value)
         kept = []
+        after_glued_p_program = False  # argv: a mysql-family program seen earlier in this list
         for index, item in enumerate(items[:MAX_ITEMS]):
-            follows_secret_flag = index > 0 and _is_secret_flag(items[index - 1])
-            kept.append(REDACTED if follows_secret_flag else _redact(item, anonymize, max_string, depth + 1))
+            secret = index > 0 and _is_secret_argument(items[index - 1], item)
+            if after_glued_p_program and isinstance(item, str) and _GLUED_P_PASSWORD.fullmatch(item):
+                secret = True
+            kept.append(REDACTED if secret else _redact(item, anonymize, max_string, depth + 1))
+            if isinstance(item, str) and _GLUED_P_PROGRAM.fullmatch(item):
+                after_glued_p_program = True
         if len(items) > MAX_ITEMS:
             kept.append(f"[TRUNCATED: {len(items)} items]")
         return kept
@@ -187,6 +203,13 @@ def _redact(value: Any, anonymize: bool, max_string: int, depth: int) -> Any:
 def _is_secret_flag(item: Any) -> bool:
     """`--token`, `-password`, `--api-key`: the list item after it is the secret (argv style)."""
     return isinstance(item, str) and bool(_FLAG.fullmatch(item)) and is_secret_name(item.lstrip("-"))
+
+
+def _is_secret_argument(flag: Any, item: Any) -> bool:
+    """Whether argv item `item`, following `flag`, is a secret: `--token X`, or curl's `-u user:password`."""
+    if _is_secret_flag(flag):
+        return True
+    return flag in ("-u", "--user") and isinstance(item, str) and bool(_USER_PASSWORD.fullmatch(item))
 
 
 def contains_redaction(value: Any) -> bool:

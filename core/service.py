@@ -284,8 +284,9 @@ class MemoryService:
     async def reembed(self, before_clear: Any = None) -> int:
         """Replace every version's vector with the configured embedder's and record it; returns how many.
 
-        The store is exported, re-embedded in memory, cleared and imported in one transaction; `before_clear`
-        gets the original snapshot first (the CLI writes it to a backup file)."""
+        The store is exported, re-embedded in memory, then cleared and imported in one transaction (a crash
+        leaves the old store or the new one); `before_clear` gets the original snapshot first (the CLI writes it
+        to a backup file)."""
         if self.embedder is None:
             raise ValidationError("No embedder is configured (AMFS_EMBEDDER=none): there is nothing to re-embed with.")
         snapshot = await self.store.export_snapshot()
@@ -300,8 +301,7 @@ class MemoryService:
         meta = {**snapshot.meta, EMBEDDER_META: self.embedder.name, ENTRY_VECTORS_META: ENTRY_VECTORS}
         if before_clear is not None:
             before_clear(snapshot)
-        await self.store.clear()
-        await self.store.import_snapshot(replace(snapshot, entries=entries, meta=meta))
+        await self.store.import_snapshot(replace(snapshot, entries=entries, meta=meta), replace_all=True)
         return len(entries)
 
     def start_expiry_sweeps(self, interval_s: float = EXPIRY_SWEEP_S) -> None:
@@ -360,7 +360,12 @@ class MemoryService:
     async def refresh_calibrated_multipliers(self) -> dict[OutcomeType, float]:
         """Re-read the persisted multipliers: another process sharing the store may have applied or reverted them."""
         stored = await self.store.get_meta(MULTIPLIERS_META)
-        self._calibrated_multipliers = validate_multipliers(stored) if stored else None
+        try:
+            self._calibrated_multipliers = validate_multipliers(stored) if stored else None
+        except ValidationError as error:  # never lock a user out of their store: serve the defaults, say why
+            logger.error("Ignoring the store's calibrated multipliers (%s); the defaults apply until amfs_calibrate "
+                         "runs again.", error)
+            self._calibrated_multipliers = None
         return self.multipliers
 
     async def trace_events(self) -> list[TraceEvent]:
@@ -821,5 +826,35 @@ class MemoryService:
         return await self.store.export_snapshot()
 
     async def import_snapshot(self, snapshot: StoreSnapshot) -> None:
-        await self.store.import_snapshot(snapshot)
+        """Import a snapshot (`memory import`): refused, writing nothing, when a key or outcome ref exists, when
+        its meta is invalid, or when its vectors come from another embedder than the store's. Meta the store
+        holds is kept (an import adds, it never overwrites), but for the embedder's record of an empty store."""
+        meta = await self._importable_meta(snapshot)
+        await self.store.import_snapshot(replace(snapshot, meta=meta))
         await self.refresh_calibrated_multipliers()
+
+    async def _importable_meta(self, snapshot: StoreSnapshot) -> dict[str, Any]:
+        meta = snapshot.meta
+        if meta.get(MULTIPLIERS_META) is not None:
+            try:
+                validate_multipliers(meta[MULTIPLIERS_META])
+            except ValidationError as error:
+                raise ValidationError(f"meta.{MULTIPLIERS_META}: {error} Nothing was imported.") from None
+        for name in (EMBEDDER_META, ENTRY_VECTORS_META):
+            if name in meta and not isinstance(meta[name], str):
+                raise ValidationError(f"meta.{name} must be a string, got {meta[name]!r}. Nothing was imported.")
+        empty = not await self.store.find_current(EntryFilter(), self.now(), "recency", 1, values=False)
+        carries_vectors = any(entry.embedding is not None for entry in snapshot.entries)
+        kept: dict[str, Any] = {}
+        for name, value in meta.items():
+            held = await self.store.get_meta(name)
+            vectors_record = name in (EMBEDDER_META, ENTRY_VECTORS_META)
+            if held is None or (empty and vectors_record):
+                kept[name] = value
+            elif vectors_record and carries_vectors and held != value:
+                raise ValidationError(
+                    f"The file's vectors were made as {name}={value!r}, this store's as {held!r}; the two do not "
+                    "mix, so nothing was imported. Import into an empty store (then `amfs-server memory reembed` "
+                    "if needed), or re-embed one of them first."
+                )
+        return kept

@@ -21,7 +21,8 @@ DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 # tied to repeated failures ranks as a risk signal. 100 is reached from 1.0 after ~33 critical failures, past
 # any useful ranking difference, and keeps every derived number (decay, priority, JSON output) finite.
 MAX_CONFIDENCE = 100.0
-MAX_VERSION = 2**63 - 1  # both stores keep versions in signed 64-bit integers
+INT64_MAX = 2**63 - 1  # both stores keep counts and versions in signed 64-bit integers
+MAX_VERSION = INT64_MAX
 MAX_TTL_SECONDS = 100 * 365 * 86_400.0  # a century; beyond it a TTL means "never", so leave ttl unset
 _SEGMENT = re.compile(r"[A-Za-z0-9_.:@-]+")
 

@@ -10,6 +10,7 @@ elsewhere on the server.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path, PurePath
@@ -88,7 +89,9 @@ class MLService:
     def output_file(self, output_path: str, namespace: str | None = None) -> PurePath:
         """`output_path` as a path relative to export_dir (under `namespace`); absolute paths and `..` are refused."""
         relative = PurePath(output_path)
-        if not output_path.strip() or relative.is_absolute() or ".." in relative.parts or relative.name in ("", "."):
+        # Control characters: NUL cannot be in a file name at all, and a newline makes a name that breaks listings.
+        if not output_path.strip() or relative.is_absolute() or ".." in relative.parts or relative.name in ("", ".") \
+                or any(unicodedata.category(char) == "Cc" for char in output_path):
             raise ValidationError(
                 f"output_path {output_path!r} must be a relative file name such as 'sft/train.jsonl'; exports are "
                 f"written under {self.export_dir}."

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..core.ports import StoreSnapshot
-from ..core.validation import MAX_CONFIDENCE
+from ..core.validation import INT64_MAX, MAX_CONFIDENCE
 from ..core.models import MemoryEntry, MemoryType, OutcomeRecord, OutcomeType, TraceEvent
 
 EXPORT_FORMAT = "amfs-export"
@@ -35,11 +35,11 @@ class _Entry(BaseModel):
     entity_path: str
     key: str
     value: Any
-    version: int = Field(ge=1)
+    version: int = Field(ge=1, le=INT64_MAX)
     confidence: float = Field(ge=0, le=MAX_CONFIDENCE)
     provenance: _Provenance
-    outcome_count: int = Field(ge=0)
-    recall_count: int = Field(ge=0)
+    outcome_count: int = Field(ge=0, le=INT64_MAX)
+    recall_count: int = Field(ge=0, le=INT64_MAX)
     ttl_at: datetime | None
     memory_type: MemoryType
     tier: int = Field(ge=1, le=3)
@@ -58,8 +58,8 @@ class _Effect(BaseModel):
     model_config = ConfigDict(extra="ignore")
     entity_path: str
     key: str
-    version_read: int | None
-    version_updated: int
+    version_read: int | None = Field(ge=1, le=INT64_MAX)
+    version_updated: int = Field(ge=1, le=INT64_MAX)
     confidence_before: float
     confidence_after: float
 
@@ -82,7 +82,7 @@ class _Trace(BaseModel):
     kind: Literal["read", "retrieve", "write"]
     entity_path: str
     key: str
-    version: int
+    version: int = Field(ge=1, le=INT64_MAX)
     at: datetime
     detail: dict[str, Any] | None = None
 
@@ -151,6 +151,8 @@ def parse_export(text: str) -> StoreSnapshot:
         raw = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except json.JSONDecodeError as error:
         raise ExportFormatError(f"not JSON ({error})") from None
+    except RecursionError:
+        raise ExportFormatError("JSON nested too deeply to read; an export is a few levels deep") from None
     try:
         ExportFile.model_validate(raw)
     except ValidationError as error:
@@ -158,6 +160,7 @@ def parse_export(text: str) -> StoreSnapshot:
         location = ".".join(str(part) for part in first["loc"])
         raise ExportFormatError(f"invalid export at {location or 'top level'}: {first['msg']} ({error.error_count()} problems)") from None
     _check_versions(raw["entries"])
+    _check_references(raw["outcomes"], raw["traces"])
     return StoreSnapshot(
         entries=[_entry_from_document(entry, position) for position, entry in enumerate(raw["entries"])],
         outcomes=[OutcomeRecord.from_dict(record) for record in raw["outcomes"]],
@@ -202,3 +205,18 @@ def _check_versions(entries: list[dict[str, Any]]) -> None:
             raise ExportFormatError(
                 f"invalid export: versions of '{entity_path}/{key}' are {sorted(numbers)}, expected 1..{len(numbers)}"
             )
+
+
+def _check_references(outcomes: list[dict[str, Any]], traces: list[dict[str, Any]]) -> None:
+    """The paths and keys that outcome effects and traces name follow the write rules too."""
+    from ..core.errors import ValidationError as DomainValidationError
+    from ..core.validation import validate_entity_path, validate_key
+
+    named = [(f"outcomes.{i}.effects.{j}", effect) for i, record in enumerate(outcomes)
+             for j, effect in enumerate(record["effects"])] + [(f"traces.{i}", trace) for i, trace in enumerate(traces)]
+    for where, item in named:
+        try:
+            validate_entity_path(item["entity_path"])
+            validate_key(item["key"])
+        except DomainValidationError as error:
+            raise ExportFormatError(f"invalid export at {where}: {error}") from None

@@ -9,6 +9,7 @@ what only PostgreSQL has (migrations, index options, statistics, concurrency) is
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import math
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -869,6 +870,26 @@ async def test_import_refuses_an_outcome_ref_the_snapshot_repeats_and_writes_not
     with pytest.raises(ValidationError, match="INC-1"):
         await store.import_snapshot(repeated)
     assert await store.export_snapshot() == StoreSnapshot()
+
+
+async def test_a_replacing_import_is_all_or_nothing(store: MemoryStore) -> None:
+    """What `reembed` relies on: the store is emptied and refilled in one transaction, so a failure (or a crash)
+    midway leaves the old store, never an empty one."""
+    await write(store, draft("svc", "a", embedding=direction(1)), draft("svc", "b", embedding=direction(2)))
+    committed = await outcome(store, "INC-1", OutcomeType.FAILURE, 1.1, ACTOR, NOW, [OutcomeTarget("svc", "a", None)])
+    await store.set_meta("m", 1)
+    before = await store.export_snapshot()
+    failing = replace(before, outcomes=[committed, committed])  # refused only after the delete ran
+    with pytest.raises(ValidationError, match="INC-1"):
+        await store.import_snapshot(failing, replace_all=True)
+    assert await store.export_snapshot() == before
+    assert keys(await store.semantic_candidates(direction(2), EntryFilter(), NOW, 1)) == ["b"]
+    renamed = replace(before, entries=[e.with_changes(value={"new": e.key}) for e in before.entries], meta={"m": 2})
+    await store.import_snapshot(renamed, replace_all=True)  # the same keys and refs: no clash with what it replaces
+    after = await store.export_snapshot()
+    assert [e.value for e in after.entries] == [{"new": "a"}, {"new": "b"}] and after.meta == {"m": 2}
+    assert after.outcomes == before.outcomes
+    assert keys(await store.semantic_candidates(direction(2), EntryFilter(), NOW, 1)) == ["b"]
 
 
 async def test_export_orders_paths_and_keys_by_their_bytes(store: MemoryStore) -> None:

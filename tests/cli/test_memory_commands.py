@@ -192,3 +192,67 @@ def test_import_refuses_broken_sentence_embeddings_and_imports_nothing(embedded,
     result = CliRunner().invoke(cli, ["memory", "import", str(bad)])
     assert result.exit_code != 0 and reason in result.output and "entries.0.passage_embeddings" in result.output
     assert json.loads(CliRunner().invoke(cli, ["memory", "export"]).output)["entries"] == []
+
+
+def _import(tmp_path, document: dict, name: str = "hostile.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(document) if isinstance(document, dict) else document)
+    return CliRunner().invoke(cli, ["memory", "import", str(path)])
+
+
+def _export() -> dict:
+    return json.loads(CliRunner().invoke(cli, ["memory", "export"]).output)
+
+
+@pytest.mark.parametrize(
+    ("spoil", "reason"),
+    [
+        (lambda d: d["entries"][0].update(outcome_count=10**30), "entries.0.outcome_count"),  # was an OverflowError
+        (lambda d: d["traces"][0].update(version=2**70), "traces.0.version"),
+        (lambda d: d["traces"][0].update(entity_path="../../etc"), "relative segments"),
+        (lambda d: d["meta"].update(outcome_multipliers={"success": -5}), "outcome_multipliers"),  # bricked the store
+        (lambda d: d["meta"].update(outcome_multipliers="garbage"), "outcome_multipliers"),
+        (lambda d: d["extra"].setdefault("preferences", []).append({
+            "user_id": "u", "category": "code_formatting", "key": "style", "value": "black", "confidence": 0.5,
+            "sample_size": 10**30, "support": 1, "source": "learned", "updated_at": "2026-01-01T00:00:00Z"}),
+         "sample_size"),  # was an OverflowError after the entries had been written
+    ],
+)
+def test_a_hostile_import_is_refused_with_the_reason_and_leaves_the_store_usable(env, tmp_path, monkeypatch, spoil, reason):
+    document = _export()
+    spoil(document)
+    monkeypatch.setenv("AMFS_DATA_DIR", str(tmp_path / "target"))
+    result = _import(tmp_path, document)
+    assert result.exit_code == 1 and reason in result.output and "Traceback" not in result.output, result.output
+    after = _export()  # the store still opens, and holds nothing of the refused file
+    assert after["entries"] == [] and after["outcomes"] == [] and "outcome_multipliers" not in after["meta"]
+    assert CliRunner().invoke(cli, ["memory", "show"]).exit_code == 0
+
+
+def test_an_import_nested_too_deeply_is_refused_with_the_reason(env, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("AMFS_DATA_DIR", str(tmp_path / "target"))
+    result = _import(tmp_path, "[" * 100_000 + "]" * 100_000)
+    assert result.exit_code == 1 and "nested too deeply" in result.output and "Traceback" not in result.output
+
+
+def test_an_import_adds_to_a_store_but_never_overwrites_its_settings(env, tmp_path) -> None:
+    """A file with no entries and `meta.embedder` used to replace the store's record (and lock the server out)."""
+    from amfs_server.server.settings import load_settings
+    from amfs_server.server.composition import build_service
+    import asyncio
+
+    async def set_meta(name, value):
+        service = build_service(load_settings({}, data_dir=env["AMFS_DATA_DIR"], embedder="none"))
+        await service.open()
+        await service.store.set_meta(name, value)
+        await service.close()
+
+    asyncio.run(set_meta("embedder", "all-MiniLM-L6-v2-onnx-int8"))
+    before = _export()
+    document = {**before, "entries": [], "outcomes": [], "traces": [], "extra": {},
+                "meta": {"embedder": "evil-embedder", "ranker_models": {"x": 1}}}
+    result = _import(tmp_path, document)
+    assert result.exit_code == 0, result.output
+    after = _export()
+    assert after["meta"]["embedder"] == "all-MiniLM-L6-v2-onnx-int8"  # the store's own, kept
+    assert after["meta"]["ranker_models"] == {"x": 1}  # what the store did not hold is added

@@ -287,6 +287,38 @@ async def test_history_one_by_one_yields_what_history_returns(service: MemorySer
         [e async for e in service.history_one_by_one("svc", "missing")]
 
 
+async def test_an_import_never_mixes_vectors_of_two_embedders(store, actor: Actor) -> None:
+    from amfs_server.core.models import MemoryEntry, Provenance
+    from amfs_server.core.ports import StoreSnapshot
+
+    service = MemoryService(store, ServiceConfig())
+    await service.open()
+    await store.set_meta("embedder", "model-a")
+    vector = [1.0] + [0.0] * 383
+    entry = MemoryEntry(entity_path="svc", key="imported", value="v", version=1, confidence=1.0,
+                        provenance=Provenance("a", "s", datetime(2026, 1, 1, tzinfo=timezone.utc)),
+                        embedding=vector, amfs_version=AMFS_VERSION)
+    snapshot = StoreSnapshot(entries=[entry], meta={"embedder": "model-b"})
+    # An empty store takes the file's record with its vectors ...
+    await service.import_snapshot(snapshot)
+    assert await store.get_meta("embedder") == "model-b"
+    # ... a store that holds entries keeps its own, and refuses vectors made by another.
+    await service.write(actor, WriteRequest("svc", "mine", "v"))
+    await store.set_meta("embedder", "model-a")
+    other = StoreSnapshot(entries=[entry.with_changes(key="second")], meta={"embedder": "model-b"})
+    with pytest.raises(ValidationError, match="do not mix"):
+        await service.import_snapshot(other)
+    assert await store.get_current("svc", "second", datetime.now(timezone.utc)) is None
+    assert await store.get_meta("embedder") == "model-a"
+
+
+async def test_invalid_stored_multipliers_do_not_lock_the_store(store) -> None:
+    await store.set_meta("outcome_multipliers", {"success": -5})  # written by an older release's import
+    service = MemoryService(store, ServiceConfig())
+    await service.open()  # opens, serving the default multipliers
+    assert service.multipliers == MemoryService(store, ServiceConfig()).multipliers
+
+
 async def test_search_does_not_count_as_reading(service: MemoryService, actor: Actor) -> None:
     await service.write(actor, WriteRequest("svc", "k", "v"))
     await service.search()

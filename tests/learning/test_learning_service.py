@@ -339,6 +339,16 @@ async def test_import_redacts_planted_secrets_and_refuses_malformed_records(lear
         await learning.import_(broken)
     assert await learning.interactions() == []
 
+    # Names follow the tools' rules: a credential as a tool name is refused, one under a credential's name dropped.
+    planted_tool = {"interactions": [{**document["interactions"][0], "tool_name": "ghp_" + "a" * 36}]}
+    with pytest.raises(ValidationError, match=r"extra\.interactions\[0\].*credential"):
+        await learning.import_(planted_tool)
+    named_secret = {"preferences": [{**document["preferences"][0], "category": "db", "key": "password", "value": "hunter2"}]}
+    await learning.import_(named_secret)
+    assert await learning.get_preferences(None) == []
+    with pytest.raises(ValidationError, match=r"extra\.preferences\[0\]\.sample_size"):
+        await learning.import_({"preferences": [{**document["preferences"][0], "sample_size": 10**30}]})
+
 
 async def test_record_interaction_validates_its_input(learning, actor) -> None:
     with pytest.raises(ValidationError, match="tool_name"):

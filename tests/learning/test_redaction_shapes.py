@@ -50,6 +50,26 @@ CAUGHT = [
     ("sk- as dict key", {"sk-abcdef123456": "gpt-4"}, {f"{REDACTED}#0": REDACTED}),
     ("ghp_ as dict key", {"x": 1, "ghp_abcdef1234567890": True}, {"x": 1, f"{REDACTED}#1": REDACTED}),
     ("secret in a list item", ["ok", "redis://:pw@h"], ["ok", REDACTED]),
+    # quoted names: a JSON body or a Python dict literal passed as a string is dropped as a whole
+    ("json string, password", '{"user": "bob", "password": "hunter2"}', REDACTED),
+    ("json string, number pin", '{"pin": 1234}', REDACTED),
+    ("json string, space before colon", '{"password" : "hunter2"}', REDACTED),
+    ("json array string", '[{"id": 1}, {"access_token": "abc"}]', REDACTED),
+    ("json string escaped twice", '{"body": "{\\"password\\": \\"hunter2\\"}"}', REDACTED),
+    ("python dict literal", "{'api_key': 'hunter2'}", REDACTED),
+    ("json in a nested parameter", {"request": {"body": '{"secret": "s"}'}}, {"request": {"body": REDACTED}}),
+    # argv lists: mysql's glued -pPASS, curl's -u/--user user:password, --password=
+    ("argv mysql -pPASS", ["mysql", "-u", "root", "-phunter2", "prod"], ["mysql", "-u", "root", REDACTED, "prod"]),
+    ("argv mysqldump by path", ["/usr/bin/mysqldump", "-uroot", "-phunter2", "db"],
+     ["/usr/bin/mysqldump", "-uroot", REDACTED, "db"]),
+    ("argv mariadb after docker exec", ["docker", "exec", "db", "mariadb", "-phunter2"],
+     ["docker", "exec", "db", "mariadb", REDACTED]),
+    ("argv curl -u", ["curl", "-u", "admin:hunter2", "https://x"], ["curl", "-u", REDACTED, "https://x"]),
+    ("argv curl --user", ["curl", "--user", "admin:hunter2"], ["curl", "--user", REDACTED]),
+    ("argv curl --user=", ["curl", "--user=admin:hunter2"], ["curl", REDACTED]),
+    ("argv curl -u glued", ["curl", "-uadmin:hunter2"], ["curl", REDACTED]),
+    ("argv --password=", ["mysql", "--password=hunter2"], ["mysql", REDACTED]),
+    ("cli --user", "curl --user admin:hunter2 https://x", REDACTED),
 ]
 
 KEPT = [
@@ -76,6 +96,24 @@ KEPT = [
     ("max_tokens", {"max_tokens": 512}),
     ("argv without secrets", ["pytest", "-q", "--maxfail", "1"]),
     ("number", 42),
+    # near misses of the shapes above
+    ("json without secret names", '{"user": "bob", "max_tokens": 512, "author": "a"}'),
+    ("json, empty password", '{"user": "bob", "password": ""}'),
+    ("json, null password", '{"password": null}'),
+    ("dict literal without secret names", "{'limit': 10, 'sort': 'asc'}"),
+    ("argv mkdir -p", ["mkdir", "-p", "dir"]),
+    ("argv mkdir -pv", ["mkdir", "-pv", "dir"]),
+    ("argv pytest -p", ["python", "-m", "pytest", "-p", "no:cacheprovider"]),
+    ("pytest -p string", "python -m pytest -p no:cacheprovider"),
+    ("argv git log -p", ["git", "log", "-p"]),
+    ("argv ssh -p", ["ssh", "-p", "2222", "host"]),
+    ("argv mysql -p prompts", ["mysql", "-u", "root", "-p", "prod"]),
+    ("argv mysql -P port", ["mysql", "-P3306", "-h", "db"]),
+    ("mysql -P port string", "mysql -P3306 -h db app"),
+    ("argv curl -u without colon", ["curl", "-u", "alice", "https://x"]),
+    ("argv docker -u uid:gid", ["docker", "run", "-u", "1000:1000", "img"]),
+    ("docker -u uid:gid string", "docker run -u 1000:1000 img"),
+    ("pip -U", "pip install -U pkg:extra"),
 ]
 
 
@@ -97,7 +135,9 @@ def test_the_table_covers_at_least_forty_shapes() -> None:
 
 
 @pytest.mark.parametrize(
-    "filler", ["x", "x=", "a:", "x-", "x.", "1-", "a@b.", "mysql ", "-u a", "Basic ", "Bearer ", "redis://", "sk-", "ghp_", "--token "]
+    "filler",
+    ["x", "x=", "a:", "x-", "x.", "1-", "a@b.", "mysql ", "-u a", "Basic ", "Bearer ", "redis://", "sk-", "ghp_",
+     "--token ", '"a": ', '\\"a\\": ', "--user ", "-p"],
 )
 def test_redaction_of_a_long_string_takes_linear_time(filler: str) -> None:
     import time
@@ -106,3 +146,33 @@ def test_redaction_of_a_long_string_takes_linear_time(filler: str) -> None:
     started = time.perf_counter()
     redact(text, anonymize=True)
     assert time.perf_counter() - started < 5.0  # quadratic scanning took minutes on 200 KB (generous: shared box)
+
+
+async def test_the_record_tool_names_every_redacted_parameter_and_stores_none_of_them(tmp_path) -> None:
+    from fastmcp import Client, FastMCP
+
+    from amfs_server.adapters.sqlite_learning import SQLiteLearningStore
+    from amfs_server.core.learning import LearningConfig, LearningService
+    from amfs_server.tools import ActorResolver
+    from amfs_server.tools.learning_tools import register_learning_tools
+
+    learning = LearningService(SQLiteLearningStore(tmp_path / "learning.db"), LearningConfig())
+    mcp = FastMCP("redaction-test")
+    register_learning_tools(mcp, learning, ActorResolver("agent/test"))
+    parameters = {
+        "body": '{"user": "bob", "password": "hunter2-json"}',
+        "kwargs": "{'api_key': 'hunter2-pydict'}",
+        "argv": ["mysql", "-u", "root", "-phunter2-mysql", "prod"],
+        "curl": ["curl", "-u", "admin:hunter2-curl", "https://x"],
+        "plain": '{"limit": 10}',
+    }
+    async with Client(mcp) as client:
+        reported = (await client.call_tool(
+            "amfs_record_interaction", {"tool_name": "http_post", "parameters": parameters}
+        )).structured_content
+    (interaction,) = await learning.interactions()
+    await learning.close()
+    assert reported["redacted"] == ["body", "kwargs", "argv[3]", "curl[2]"]
+    assert interaction.parameters["plain"] == '{"limit": 10}'
+    stored = b"".join(path.read_bytes() for path in tmp_path.iterdir() if path.name.startswith("learning"))
+    assert b"hunter2" not in stored

@@ -142,6 +142,11 @@ async def test_export_over_mcp_returns_examples_or_streams_them_to_a_file_in_the
         "amfs_export_training_data", {"format": "sft", "output_path": "../../etc/passwd"}, raise_on_error=False
     )
     assert escape.is_error and "must be a relative file name" in escape.content[0].text
+    for odd in ("train\x00.jsonl", "train\n.jsonl"):  # NUL was an internal error; a newline made a file of that name
+        refused = await client.call_tool(
+            "amfs_export_training_data", {"format": "sft", "output_path": odd}, raise_on_error=False
+        )
+        assert refused.is_error and "must be a relative file name" in refused.content[0].text
 
 
 async def test_export_with_nothing_to_export_is_a_tool_error_naming_the_missing_data(
