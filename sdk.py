@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .core.errors import NotFoundError
+from .core.errors import AmfsError, NotFoundError, ValidationError
 from .core.models import Actor, MemoryEntry, MemoryType, OutcomeRecord, OutcomeType, SortBy
 from .core.retrieval import RetrievedEntry
 from .core.service import MemoryService, WriteRequest
@@ -31,6 +31,19 @@ class OutcomeEntries(list[MemoryEntry]):
         super().__init__(entries)
         self.outcome_ref = outcome_ref
         self.already_applied = already_applied
+
+
+def _write_request(request: WriteRequest | dict[str, Any], position: int) -> WriteRequest:
+    if isinstance(request, WriteRequest):
+        return request
+    if isinstance(request, dict):
+        try:
+            return WriteRequest(**request)
+        except TypeError as error:  # a missing or unknown field
+            raise ValidationError(f"write_many request {position}: {error}; fields are those of WriteRequest.") from None
+    raise ValidationError(
+        f"write_many request {position} is a {type(request).__name__}; pass WriteRequest objects or dicts of their fields."
+    )
 
 
 class AsyncAgentMemory:
@@ -102,9 +115,10 @@ class AsyncAgentMemory:
         )
         return await (await self._svc()).write(self.actor, request)
 
-    async def write_many(self, requests: list[WriteRequest]) -> list[MemoryEntry]:
-        """Bulk write in one transaction, embedding in batches."""
-        return await (await self._svc()).write_many(self.actor, requests)
+    async def write_many(self, requests: list[WriteRequest | dict[str, Any]]) -> list[MemoryEntry]:
+        """Bulk write in one transaction, embedding in batches. Each request is a `WriteRequest` or a dict of its
+        fields ({"entity_path": ..., "key": ..., "value": ...})."""
+        return await (await self._svc()).write_many(self.actor, [_write_request(r, n) for n, r in enumerate(requests)])
 
     async def read(
         self, entity_path: str, key: str, *, version: int | None = None, min_confidence: float | None = None
@@ -197,6 +211,9 @@ class AgentMemory:
         return AsyncAgentMemory(*args, **kwargs)
 
     def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if not self._loop.is_running():  # closed: its loop would never run the call, and the caller would wait forever
+            coroutine.close()
+            raise AmfsError("This AgentMemory is closed; create a new one (or keep using it inside its `with` block).")
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     @property
@@ -214,7 +231,7 @@ class AgentMemory:
     def write(self, entity_path: str, key: str, value: Any, **kwargs: Any) -> MemoryEntry:
         return self._call(self._async.write(entity_path, key, value, **kwargs))
 
-    def write_many(self, requests: list[WriteRequest]) -> list[MemoryEntry]:
+    def write_many(self, requests: list[WriteRequest | dict[str, Any]]) -> list[MemoryEntry]:
         return self._call(self._async.write_many(requests))
 
     def read(self, entity_path: str, key: str, **kwargs: Any) -> MemoryEntry | None:

@@ -60,7 +60,13 @@ class SQLiteDatabase:
         with self._lock:
             if self._conn is not None:
                 return
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError):
+                raise StoreError(
+                    f"The data directory {self.path.parent} (or a folder above it) is a file, not a folder; "
+                    "point AMFS_DATA_DIR (data_dir) at a folder."
+                ) from None
             existed = self.path.exists()
             if existed and self.path.stat().st_size == 0 and not _has_content(self.path.with_name(self.path.name + "-wal")):
                 # Opening writes the header at once, so an empty file that exists was cut short (disk

@@ -552,7 +552,7 @@ class MemoryService:
         memory_type: MemoryType | str | None = None,
         min_confidence: float | None = None,
         agent_id: str | None = None,
-        since: datetime | None = None,
+        since: datetime | str | None = None,
         sort_by: SortBy = "confidence",
         limit: int = 20,
         event_after: datetime | str | None = None,
@@ -565,6 +565,7 @@ class MemoryService:
         limit = v.validate_limit(limit)
         min_confidence = v.validate_min_confidence(min_confidence)
         event_after, event_before = v.validate_event_range(event_after, event_before)
+        since = v.validate_event_time(since, "since")
         flt = EntryFilter(
             entity_path=v.validate_entity_prefix(entity_path),
             memory_type=None if memory_type is None else v.validate_memory_type(memory_type),

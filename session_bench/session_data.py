@@ -41,6 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import ValidationError
+from ..core.validation import validate_entity_path, validate_key
+
 # Generated sessions' seeds are split once: knobs (key scale, top-k, templates) are chosen on tuning seeds,
 # and a report is run on reporting seeds only, so no number a report states was looked at while tuning.
 REPORTING_SEEDS = range(0, 100)
@@ -334,6 +337,11 @@ def parse_session(data: Any, source: str = "session") -> Session:
                     _field(raw, "text", str, where))
         if "/" in fact.key:
             raise SessionFileError(f"{where}: 'key' must not contain '/', got {fact.key!r} (put the path in entity_path)")
+        try:  # the write rules, checked here so a bad file is refused before any model loads
+            validate_entity_path(fact.entity_path)
+            validate_key(fact.key)
+        except ValidationError as error:
+            raise SessionFileError(f"{where}: {error}") from None
         if fact.path in seen:
             raise SessionFileError(f"{where}: duplicate key {fact.path!r} (also facts[{seen[fact.path]}]); "
                                    "each fact needs its own entity_path/key")
@@ -374,4 +382,6 @@ def load_session_file(path: str | Path) -> Session:
     except json.JSONDecodeError as error:
         raise SessionFileError(f"{path}: not valid JSON ({error.msg} at line {error.lineno}, "
                                f"column {error.colno})") from None
+    except RecursionError:
+        raise SessionFileError(f"{path}: JSON nested too deeply to read; a session file is a few levels deep") from None
     return parse_session(data, str(path))

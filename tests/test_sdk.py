@@ -52,3 +52,26 @@ def test_two_sdk_instances_share_the_store_but_not_the_session(tmp_path) -> None
 def test_decay_half_life_is_taken_from_the_constructor(tmp_path) -> None:
     with AgentMemory(agent_id="a", data_dir=tmp_path, decay_half_life_days=30.0, embedder="none") as mem:
         assert mem.service.config.decay_half_life_days == 30.0
+
+
+def test_misuse_gets_a_clear_error_and_changes_nothing(tmp_path) -> None:
+    from amfs_server.core.errors import AmfsError, ValidationError
+
+    with AgentMemory(agent_id="a", data_dir=tmp_path / "store", embedder="none") as mem:
+        mem.write("svc", "k", "v")
+        assert [e.key for e in mem.search(since="2020-01-01")] == ["k"]  # a date string, as event_after takes
+        with pytest.raises(ValidationError, match="since must be an ISO 8601"):
+            mem.search(since="yesterday")
+        assert [e.key for e in mem.write_many([{"entity_path": "svc", "key": "d", "value": 1}])] == ["d"]
+        with pytest.raises(ValidationError, match="write_many request 1"):
+            mem.write_many([{"entity_path": "svc", "key": "e", "value": 1}, {"entity_path": "svc", "key": "f"}])
+        with pytest.raises(ValidationError, match="is a str"):
+            mem.write_many(["svc/g"])  # type: ignore[list-item]
+        assert [e.key for e in mem.list("svc")] == ["d", "k"]
+    with pytest.raises(AmfsError, match="closed"):  # used to wait forever on the stopped loop
+        mem.read("svc", "k")
+    a_file = tmp_path / "not-a-folder"
+    a_file.write_text("x")
+    with AgentMemory(data_dir=a_file, embedder="none") as misplaced:
+        with pytest.raises(AmfsError, match="is a file, not a folder"):
+            misplaced.write("svc", "k", "v")

@@ -494,14 +494,17 @@ class GenerationMetrics:
 
 
 def _greedy(backbone: Backbone, input_ids: list[int], cache: DynamicCache, max_new_tokens: int,
-            started: float) -> tuple[list[int], float]:
-    """Prefill ``input_ids`` after ``cache``, then one forward per new token; greedy, stops at EOS/end-of-turn."""
+            started: float, cancel: threading.Event | None = None) -> tuple[list[int], float]:
+    """Prefill ``input_ids`` after ``cache``, then one forward per new token; greedy, stops at EOS/end-of-turn,
+    or before the next token once ``cancel`` is set (the caller gave up: the worker is free for the next call)."""
     model, stops = backbone.model, set(backbone.stop_token_ids)
     out: list[int] = []
     ttft_ms = 0.0
     with torch.inference_mode():
         step = torch.tensor([input_ids], device=backbone.device)
         for i in range(max_new_tokens):
+            if cancel is not None and cancel.is_set():
+                break
             logits = model(input_ids=step, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
             token = int(logits[0, -1].argmax())  # .item() also synchronises CUDA, so timings are real
             if i == 0:
@@ -541,7 +544,8 @@ def joint_tokens(backbone: Backbone, prefix: Prefix, suffix_text: str) -> tuple[
 
 
 def generate_with_prefix(backbone: Backbone, prefix: Prefix, question_text: str, max_new_tokens: int = 64,
-                         text_memories: Sequence[str] = ()) -> tuple[str, GenerationMetrics]:
+                         text_memories: Sequence[str] = (),
+                         cancel: threading.Event | None = None) -> tuple[str, GenerationMetrics]:
     """Answer ``question_text`` after a compiled prefix, prefilling only the suffix.
 
     ``text_memories`` are placed as ordinary note lines after the compiled ones
@@ -554,7 +558,7 @@ def generate_with_prefix(backbone: Backbone, prefix: Prefix, question_text: str,
     started = time.perf_counter() - prefix.build_ms / 1000
     keep, suffix_ids = joint_tokens(backbone, prefix, prefix.layout.suffix(question_text, text_memories))
     cache = prefix.to_cache(keep)
-    tokens, ttft_ms = _greedy(backbone, suffix_ids, cache, max_new_tokens, started)
+    tokens, ttft_ms = _greedy(backbone, suffix_ids, cache, max_new_tokens, started, cancel)
     total_ms = (time.perf_counter() - started) * 1000
     answer = backbone.tokenizer.decode(tokens, skip_special_tokens=True).strip()
     return answer, GenerationMetrics(input_tokens=len(suffix_ids), prefix_tokens=keep,
@@ -564,12 +568,12 @@ def generate_with_prefix(backbone: Backbone, prefix: Prefix, question_text: str,
 
 
 def generate_text(backbone: Backbone, prompt_messages: list[dict[str, str]],
-                  max_new_tokens: int = 64) -> tuple[str, GenerationMetrics]:
+                  max_new_tokens: int = 64, cancel: threading.Event | None = None) -> tuple[str, GenerationMetrics]:
     """Answer from a plain chat prompt (modes D and B), with the same decoding loop."""
     started = time.perf_counter()
     text = backbone.tokenizer.apply_chat_template(prompt_messages, tokenize=False, add_generation_prompt=True)
     ids = encode(backbone, text)
-    tokens, ttft_ms = _greedy(backbone, ids, DynamicCache(), max_new_tokens, started)
+    tokens, ttft_ms = _greedy(backbone, ids, DynamicCache(), max_new_tokens, started, cancel)
     total_ms = (time.perf_counter() - started) * 1000
     answer = backbone.tokenizer.decode(tokens, skip_special_tokens=True).strip()
     return answer, GenerationMetrics(input_tokens=len(ids), prefix_tokens=0, new_tokens=len(tokens),

@@ -77,7 +77,7 @@ class Generated:
 
 def answer_from_memories(backbone: Backbone, compiler: MemoryCompiler, question: str, mode: AnswerMode,
                          memories: Sequence[MemoryText], max_new_tokens: int, *,
-                         key_scale: float | None = None) -> Generated:
+                         key_scale: float | None = None, cancel: threading.Event | None = None) -> Generated:
     """Answer ``question`` from ``memories`` (best first) in ``mode``; runs forward passes, so call it off the loop.
 
     ``key_scale`` overrides the compiler's for the prefix modes (the benchmark reports both settings).
@@ -86,7 +86,7 @@ def answer_from_memories(backbone: Backbone, compiler: MemoryCompiler, question:
 
     texts = [m.text for m in memories]
     if mode in ("full", "text"):
-        answer, metrics = generate_text(backbone, compiler.layout.messages(texts, question), max_new_tokens)
+        answer, metrics = generate_text(backbone, compiler.layout.messages(texts, question), max_new_tokens, cancel)
         return Generated(answer, metrics)
     if mode not in ("prefix", "hybrid"):
         raise ValidationError(f"mode must be one of {list(ANSWER_MODES)}, got {mode!r}.")
@@ -99,7 +99,8 @@ def answer_from_memories(backbone: Backbone, compiler: MemoryCompiler, question:
     prefix = compiler.build_prefix(compiled, key_scale=key_scale)
     # Hybrid: the top memory also as text, closest to the question (where a weak reader looks first).
     as_text = texts[:1] if mode == "hybrid" else ()
-    answer, metrics = generate_with_prefix(backbone, prefix, question, max_new_tokens, text_memories=as_text)
+    answer, metrics = generate_with_prefix(backbone, prefix, question, max_new_tokens, text_memories=as_text,
+                                           cancel=cancel)
     return Generated(answer, metrics, compile_ms=compile_ms, compiled_now=compiled_now)
 
 
@@ -193,33 +194,39 @@ class LMWorker:
         return (time.perf_counter() - started) * 1000
 
     def _answer_in_thread(self, question: str, mode: AnswerMode, memories: list[MemoryText], max_new_tokens: int,
-                          submitted: float) -> tuple[Generated, float, float, str, int]:
+                          submitted: float, cancel: threading.Event) -> tuple[Generated, float, float, str, int]:
         queue_ms = (time.perf_counter() - submitted) * 1000
         load_ms = self._ensure_loaded()
         assert self._backbone is not None and self._compiler is not None
-        self._check_prompt_fits(mode, memories)  # compiled memories take the same positions as their text
-        generated = answer_from_memories(self._backbone, self._compiler, question, mode, memories, max_new_tokens)
+        # Compiled memories take the same positions as their text.
+        self._check_prompt_fits(mode, memories, question, max_new_tokens)
+        generated = answer_from_memories(self._backbone, self._compiler, question, mode, memories, max_new_tokens,
+                                         cancel=cancel)
         return generated, load_ms, queue_ms, self._backbone.name, len(self._compiler)
 
-    def _check_prompt_fits(self, mode: AnswerMode, memories: list[MemoryText]) -> None:
-        """Refuse a prompt longer than the backbone's context, with the next step (runs in the worker thread)."""
+    def _check_prompt_fits(self, mode: AnswerMode, memories: list[MemoryText], question: str, max_new_tokens: int) -> None:
+        """Refuse a prompt that, with the tokens it may generate, is longer than the backbone's context, with the
+        next step (runs in the worker thread)."""
         from .prefix_cache import encode
 
         assert self._backbone is not None and self._compiler is not None
         limit = getattr(self._backbone.config, "max_position_embeddings", None)
         if limit is None:
             return
-        prompt = self._compiler.layout.render([m.text for m in memories], "")
+        prompt = self._compiler.layout.render([m.text for m in memories], question)
         # A token covers at least one byte (a SentencePiece word-start marker at most one more): a prompt with fewer
         # bytes than positions fits without tokenizing, the usual case, and this runs before every answer.
-        if len(prompt.encode("utf-8")) < limit:
+        if len(prompt.encode("utf-8")) + max_new_tokens < limit:
             return
         n = len(encode(self._backbone, prompt))
-        if n > limit:
+        if n + max_new_tokens > limit:
             raise ValidationError(
-                f"mode={mode!r} needs {n} prompt tokens; {self._backbone.name} reads at most {limit}. "
-                + ("Narrow entity_path, or use mode='prefix' or 'text' (top memories only)." if mode == "full"
-                   else f"Ask for fewer memories (this call gave {len(memories)}).")
+                f"mode={mode!r} needs {n} prompt tokens and up to {max_new_tokens} new ones; {self._backbone.name} "
+                f"reads at most {limit}. "
+                + ("Narrow entity_path, shorten the question or lower max_new_tokens, or use mode='prefix' or 'text' "
+                   "(top memories only)." if mode == "full"
+                   else f"Ask for fewer memories (this call gave {len(memories)}), shorten the question or lower "
+                        "max_new_tokens.")
             )
 
     # -- on the event loop --------------------------------------------------------------------
@@ -271,8 +278,15 @@ class LMWorker:
                        await service.retrieve(actor, query, entity_path=entity_path, limit=memories)]
         retrieve_ms = (time.perf_counter() - started) * 1000
         texts = [MemoryText.of(entry) for entry in entries]
-        generated, load_ms, queue_ms, backbone_name, cached = await self._run(
-            self._answer_in_thread, query, mode, texts, max_new_tokens, time.perf_counter())
+        cancel = threading.Event()
+        try:
+            generated, load_ms, queue_ms, backbone_name, cached = await self._run(
+                self._answer_in_thread, query, mode, texts, max_new_tokens, time.perf_counter(), cancel)
+        except asyncio.CancelledError:
+            # The caller gave up: a queued call is dropped by the executor, a running one stops at its next token
+            # instead of holding the one worker (and every key's calls behind it) until max_new_tokens.
+            cancel.set()
+            raise
         return WorkerAnswer(
             answer=generated.answer, mode=mode, backbone=backbone_name, memories=entries,
             metrics=generated.metrics, retrieve_ms=retrieve_ms, compile_ms=generated.compile_ms,

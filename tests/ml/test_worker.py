@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -76,6 +77,14 @@ async def test_memories_that_do_not_fit_the_context_are_refused_in_every_mode_be
     assert worker.compiler is not None and len(worker.compiler) == 0
     fits = await worker.answer(service, ACTOR, "What do the notes say?", "prefix", "user/notes", 2, memories=2)
     assert len(fits.memories) == 2 and fits.compiled_now == 2
+    # The question and the tokens it may generate count too: the two notes that fit above (about 3,400 of the
+    # 4,096 positions with this byte tokenizer) plus a long question, or plus 1,000 new tokens, do not; both ran
+    # past the context unrefused.
+    long_question = "What do the notes say about " + " ".join(f"topic{j}" for j in range(200)) + "?"
+    with pytest.raises(ValidationError, match=r"new ones; .* reads at most 4096.*shorten the question"):
+        await worker.answer(service, ACTOR, long_question, "text", "user/notes", 2, memories=2)
+    with pytest.raises(ValidationError, match=r"up to 1000 new ones"):
+        await worker.answer(service, ACTOR, "What do the notes say?", "text", "user/notes", 1000, memories=2)
 
 
 async def test_answer_runs_in_one_worker_thread_while_the_event_loop_keeps_ticking(service, worker):
@@ -106,6 +115,37 @@ async def test_answer_runs_in_one_worker_thread_while_the_event_loop_keeps_ticki
     assert ticks >= 3 and waits and all(waits)
     assert forward_threads == {worker.thread_id} and loop_thread not in forward_threads
     assert result.metrics.new_tokens >= 1
+
+
+async def test_a_cancelled_answer_stops_generating_and_frees_the_worker(service, worker):
+    """A client that gives up (timeout, cancel) used to leave its generation running to max_new_tokens, and every
+    key's answers queued behind it."""
+    await worker.load()
+    worker.backbone.stop_token_ids = ()  # random weights: make sure only max_new_tokens or a cancel ends it
+    forwards: list[float] = []
+    started = threading.Event()
+
+    def count(module, args):
+        forwards.append(time.perf_counter())
+        if len(forwards) >= 3:
+            started.set()
+
+    handle = worker.backbone.model.register_forward_pre_hook(count)
+    try:
+        task = asyncio.ensure_future(worker.answer(service, ACTOR, "What is the user's code editor?", "text",
+                                                   max_new_tokens=1024))
+        while not started.is_set():
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        cancelled_at = len(forwards)
+        following = await worker.answer(service, ACTOR, "What is the user's dog named?", "text", max_new_tokens=2)
+    finally:
+        handle.remove()
+    assert following.metrics.new_tokens == 2
+    # The cancelled call ran at most a couple more forward passes (the one in progress), not a thousand.
+    assert len(forwards) - 2 <= cancelled_at + 2 < 1024
 
 
 async def test_unknown_backbone_is_a_domain_error_naming_the_fix(service, monkeypatch):

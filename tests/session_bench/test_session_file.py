@@ -51,6 +51,9 @@ MALFORMED = {
     "fact missing text": (_broken(lambda d: d["facts"][1].pop("text")), "facts[1]: missing field 'text'"),
     "fact key wrong type": (_broken(lambda d: d["facts"][2].update(key=7)), "facts[2]: 'key' must be a str"),
     "fact key with a slash": (_broken(lambda d: d["facts"][2].update(key="a/b")), "must not contain '/'"),
+    "entity path with ..": (_broken(lambda d: d["facts"][2].update(entity_path="services/../etc")),
+                            "facts[2]: entity_path 'services/../etc' contains '..'"),
+    "key with a space": (_broken(lambda d: d["facts"][2].update(key="a b")), "facts[2]: key 'a b' has an invalid"),
     "duplicate key": (_broken(lambda d: d["facts"].append(dict(d["facts"][0]))),
                       "facts[6]: duplicate key 'services/billing/database' (also facts[0])"),
     "query missing expected": (_broken(lambda d: d["queries"][0].pop("expected")),
@@ -85,6 +88,10 @@ def test_unreadable_and_invalid_json_files_are_clear_errors(tmp_path):
     bad.write_text('{"name": "x",')
     with pytest.raises(SessionFileError, match=r"not valid JSON .* line 1"):
         load_session_file(bad)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)  # valid JSON; json.loads used to die with a RecursionError
+    with pytest.raises(SessionFileError, match="nested too deeply"):
+        load_session_file(deep)
     assert isinstance(SessionFileError("x"), ValueError)
     with pytest.raises(SessionFileError):
         parse_session({"name": "x", "facts": [], "queries": []})
