@@ -858,12 +858,18 @@ class VectorSync:
         from the file, so a save never writes a forgotten vector back."""
         if self.index is None or not self.index.dirty:
             return
+        self.index.save_scrubbed(self._drop_dead(conn))
+        self._save_meta(conn)
+
+    def _drop_dead(self, conn: sqlite3.Connection) -> list[Any]:
+        """Remove the ids whose rows are no longer current (another process forgot, expired, cleared or
+        superseded them since this one synced); returns their vectors, for the file to be scrubbed of them."""
+        assert self.index is not None
         live = {row[0] for row in conn.execute("SELECT row_id FROM entries WHERE is_current = 1")}
         gone = [i for i in self.index.ids().tolist() if i not in live]
         vectors = [self.index.get(i) for i in gone]
         self.index.remove(gone)
-        self.index.save_scrubbed([v for v in vectors if v is not None])
-        self._save_meta(conn)
+        return [v for v in vectors if v is not None]
 
     def _save_meta(self, conn: sqlite3.Connection) -> None:
         """The sidecar (watermark, checksum, generation) and the same generation in the database's meta."""
@@ -909,7 +915,8 @@ class VectorSync:
         if self.index.load_error is not None:
             self.wipe()
             return
-        self.index.save_scrubbed(wanted)
+        # What other processes deleted since this one synced goes too: the file is rewritten from this index.
+        self.index.save_scrubbed(wanted + self._drop_dead(conn))
         self._save_meta(conn)
 
     def wipe(self) -> None:

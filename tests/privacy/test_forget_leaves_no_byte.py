@@ -250,6 +250,33 @@ async def test_a_process_that_still_holds_the_vector_does_not_write_it_back(tmp_
     assert any(name.endswith(".usearch") for name in raw_files(tmp_path))
 
 
+async def test_a_process_that_forgets_something_else_does_not_write_the_vector_back(tmp_path) -> None:
+    """The holder's own forget rewrote the file from its index, with the other process's forgotten vector still
+    in it (a red-team finding): its forget must drop what others deleted too, as its save does."""
+    from amfs_server.session_bench.erase_bench import HashEmbedder
+
+    embedder = HashEmbedder()
+    holder = MemoryService(SQLiteStore(tmp_path / "amfs.db"), embedder=embedder)
+    forgetter = MemoryService(SQLiteStore(tmp_path / "amfs.db"), embedder=embedder)
+    await holder.open()
+    await forgetter.open()
+    actor = Actor("agent/test", "s1")
+    try:
+        await holder.write(actor, WriteRequest(ENTITY, KEY, "to be forgotten"))
+        await holder.write(actor, WriteRequest("keep", "this", "a memory that stays"))
+        await holder.write(actor, WriteRequest("scratch", "note", "forgotten later, by the holder"))
+        await holder.retrieve(actor, "anything", limit=2)  # the holder's index now has the vector
+        vector = np.asarray(embedder.embed([_text(ENTITY, KEY, "to be forgotten")])[0], dtype=np.float32).tobytes()
+        await forgetter.forget(ENTITY, KEY)
+        assert files_holding(tmp_path, vector) == []
+        await holder.forget("scratch", "note")  # rewrites the file from the holder's index
+        assert files_holding(tmp_path, vector) == []
+    finally:
+        await holder.close()
+        await forgetter.close()
+    assert files_holding(tmp_path, vector) == []
+
+
 def _text(entity_path: str, key: str, value: str) -> str:
     from amfs_server.core.embedding import embedding_text
 
