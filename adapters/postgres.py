@@ -83,6 +83,7 @@ from .sql_common import (
     draft_params,
     effect_params,
     entry_from_row,
+    STORE_CHANGED,
     export_store,
     import_store,
     latest_versions,
@@ -887,13 +888,17 @@ class PostgresStore(PostgresDatabase):
     async def export_snapshot(self) -> StoreSnapshot:
         return await self._tx(lambda conn: run_postgres(conn, export_store(POSTGRES)), readonly=True, isolation="repeatable_read")
 
-    async def import_snapshot(self, snapshot: StoreSnapshot, *, replace_all: bool = False) -> None:
+    async def import_snapshot(self, snapshot: StoreSnapshot, *, replacing: StoreSnapshot | None = None) -> None:
         for entry in snapshot.entries:
             self._check_embedding(entry.embedding, f"Imported entry '{entry.entry_key}' v{entry.version}")
         latest = latest_versions(snapshot)
 
         async def write(conn: Any) -> None:
-            if replace_all:
+            if replacing is not None:
+                # Writers wait from here to the commit (readers do not); then the store must still be `replacing`.
+                await conn.execute("LOCK TABLE entries, outcomes, outcome_effects, trace_events, meta IN EXCLUSIVE MODE")
+                if await run_postgres(conn, export_store(POSTGRES)) != replacing:
+                    raise ConflictError(STORE_CHANGED)
                 await conn.execute(_TRUNCATE_ALL)  # transactional in PostgreSQL: undone if the import fails
             await self._lock_keys(conn, latest)
             await run_postgres(conn, import_store(snapshot, POSTGRES))

@@ -238,8 +238,10 @@ class PostgresDatabase:
                     f"PostgreSQL at {self.where} has no space left ({error}); nothing was written. Free space on "
                     "the database server's disk. Reads keep working meanwhile."
                 ) from error
-            except (OSError, asyncpg.PostgresConnectionError, asyncpg.ConnectionDoesNotExistError) as error:
-                raise StoreError(f"Lost the connection to PostgreSQL at {self.where}: {error}") from error
+            except Exception as error:
+                if _connection_lost(error):
+                    raise StoreError(f"Lost the connection to PostgreSQL at {self.where}: {error}") from error
+                raise
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _read(self, fn: Callable[[Any], Awaitable[T]]) -> T:
@@ -252,5 +254,23 @@ class PostgresDatabase:
                 return await fn(conn)
         except asyncpg.CharacterNotInRepertoireError as error:
             raise ValidationError(self.NUL_MESSAGE) from error
-        except (OSError, asyncpg.PostgresConnectionError, asyncpg.ConnectionDoesNotExistError) as error:
-            raise StoreError(f"Lost the connection to PostgreSQL at {self.where}: {error}") from error
+        except Exception as error:
+            if _connection_lost(error):
+                raise StoreError(f"Lost the connection to PostgreSQL at {self.where}: {error}") from error
+            raise
+
+
+def _connection_lost(error: BaseException) -> bool:
+    """Whether `error` means the server or the connection went away (a restart, a failover, a network cut):
+    reported as such, with the call to retry, rather than as an internal error."""
+    import asyncpg
+
+    if isinstance(error, (OSError, asyncpg.PostgresConnectionError, asyncpg.ConnectionDoesNotExistError,
+                          asyncpg.OperatorInterventionError)):  # 57P01 admin shutdown, 57P03 cannot connect now
+        return True
+    # The client's own errors after a connection died mid-call ("underlying connection is closed", "cannot switch
+    # to state 12"); other interface errors are bugs and stay internal.
+    text = str(error).lower()
+    return isinstance(error, (asyncpg.InterfaceError, asyncpg.InternalClientError)) and (
+        "connection" in text or "switch to state" in text
+    )

@@ -21,6 +21,7 @@ from pathlib import Path
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..core.errors import ConflictError
 from ..core.models import (
     Actor,
     EntryFilter,
@@ -49,6 +50,7 @@ from .sql_common import (
     draft_params,
     effect_params,
     entry_from_row,
+    STORE_CHANGED,
     export_store,
     import_store,
     outcome_params,
@@ -712,10 +714,12 @@ class SQLiteStore(SQLiteDatabase):
 
         return await self._run(fetch)
 
-    async def import_snapshot(self, snapshot: StoreSnapshot, *, replace_all: bool = False) -> None:
+    async def import_snapshot(self, snapshot: StoreSnapshot, *, replacing: StoreSnapshot | None = None) -> None:
         def write() -> None:
-            with self._transaction() as conn:
-                if replace_all:
+            with self._transaction() as conn:  # BEGIN IMMEDIATE: no other writer until it commits
+                if replacing is not None:
+                    if run_sqlite(conn, export_store(SQLITE, hidden_meta=(VECTOR_INDEX_META,))) != replacing:
+                        raise ConflictError(STORE_CHANGED)
                     self._delete_all_sync(conn)
                 top = conn.execute("SELECT COALESCE(MAX(row_id), 0) FROM entries").fetchone()[0]
                 run_sqlite(conn, import_store(snapshot, SQLITE))
@@ -725,7 +729,7 @@ class SQLiteStore(SQLiteDatabase):
                     "WHERE row_id > ? AND is_current = 1",
                     (top,),
                 )
-            if replace_all:
+            if replacing is not None:
                 self._checkpoint(vacuum=True)
                 self._vectors.wipe()  # its rows are gone; rebuilt from the table below
             self._vectors.dirty = True

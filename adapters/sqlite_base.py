@@ -8,6 +8,7 @@ import asyncio
 import errno
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +20,7 @@ from .sql_common import SQLITE
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 60_000
+FRESH_FILE_GRACE_S = 2.0  # see `_stays_empty`
 
 
 _ts = SQLITE.ts  # datetime -> epoch seconds, as the SQLite stores keep times
@@ -56,6 +58,17 @@ class SQLiteDatabase:
     async def open(self) -> None:
         await asyncio.to_thread(self._open_sync)
 
+    def _stays_empty(self) -> bool:
+        """Whether the database file is empty and stays so for FRESH_FILE_GRACE_S: another process that created it
+        an instant ago (two servers starting on a new data dir) writes its header within milliseconds."""
+        wal = self.path.with_name(self.path.name + "-wal")
+        deadline = time.monotonic() + FRESH_FILE_GRACE_S
+        while self.path.stat().st_size == 0 and not _has_content(wal):
+            if time.monotonic() >= deadline:
+                return True
+            time.sleep(0.05)
+        return False
+
     def _open_sync(self) -> None:
         with self._lock:
             if self._conn is not None:
@@ -68,8 +81,8 @@ class SQLiteDatabase:
                     "point AMFS_DATA_DIR (data_dir) at a folder."
                 ) from None
             existed = self.path.exists()
-            if existed and self.path.stat().st_size == 0 and not _has_content(self.path.with_name(self.path.name + "-wal")):
-                # Opening writes the header at once, so an empty file that exists was cut short (disk
+            if existed and self._stays_empty():
+                # Opening writes the header at once, so an empty file that stays empty was cut short (disk
                 # full, a failed copy); starting it empty would hide that every memory is gone.
                 raise StoreError(self._damaged("it is empty (0 bytes), yet it was not created by this start"))
             try:

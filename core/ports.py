@@ -209,10 +209,11 @@ class MemoryStore(Protocol):
 
     async def export_snapshot(self) -> StoreSnapshot: ...
 
-    async def import_snapshot(self, snapshot: StoreSnapshot, *, replace_all: bool = False) -> None:
+    async def import_snapshot(self, snapshot: StoreSnapshot, *, replacing: StoreSnapshot | None = None) -> None:
         """Write a snapshot back in one transaction; refuses (and writes nothing) if any entry version exists.
-        `replace_all`: first delete everything the store holds, in that same transaction (`reembed`): a crash leaves
-        the old store or the new one, never an empty one."""
+        `replacing`: the export this snapshot replaces (`reembed`). In that same transaction the store must still
+        be exactly it (else ConflictError and nothing changes: another process wrote meanwhile), is emptied, and
+        `snapshot` is written, so neither a crash nor a concurrent writer loses anything."""
         ...
 
     async def get_meta(self, name: str) -> Any | None: ...

@@ -31,7 +31,7 @@ from .embedding import (
     embedding_text,
     entry_similarity,
 )
-from .errors import NotFoundError, StorageFullError, StoreError, ValidationError
+from .errors import ConflictError, NotFoundError, StorageFullError, StoreError, ValidationError
 from .models import (
     Actor,
     EntryFilter,
@@ -301,7 +301,14 @@ class MemoryService:
         meta = {**snapshot.meta, EMBEDDER_META: self.embedder.name, ENTRY_VECTORS_META: ENTRY_VECTORS}
         if before_clear is not None:
             before_clear(snapshot)
-        await self.store.import_snapshot(replace(snapshot, entries=entries, meta=meta), replace_all=True)
+        try:
+            await self.store.import_snapshot(replace(snapshot, entries=entries, meta=meta), replacing=snapshot)
+        except ConflictError:
+            raise ConflictError(
+                "Another process wrote to the store while it was being re-embedded, so nothing was replaced and no "
+                "write was lost. Stop the servers that use this store (Claude Desktop, Cursor, other amfs-server "
+                "processes) and run `amfs-server memory reembed` again."
+            ) from None
         return len(entries)
 
     def start_expiry_sweeps(self, interval_s: float = EXPIRY_SWEEP_S) -> None:
@@ -565,7 +572,7 @@ class MemoryService:
         limit = v.validate_limit(limit)
         min_confidence = v.validate_min_confidence(min_confidence)
         event_after, event_before = v.validate_event_range(event_after, event_before)
-        since = v.validate_event_time(since, "since")
+        since = v.validate_moment(since, "since")
         flt = EntryFilter(
             entity_path=v.validate_entity_prefix(entity_path),
             memory_type=None if memory_type is None else v.validate_memory_type(memory_type),
@@ -818,9 +825,17 @@ class MemoryService:
         return await self.store.purge_expired(self.now())
 
     async def clear(self) -> None:
+        """Delete every memory, outcome and trace. The record of the embedder stays (or becomes this service's):
+        servers still running with it keep writing its vectors, and a server configured for another embedder must
+        keep being refused (after a clear it used to open the store and mix the two)."""
+        kept = {name: await self.store.get_meta(name) for name in (EMBEDDER_META, ENTRY_VECTORS_META)}
         await self.store.clear()
         if self.embedder is not None:
             await self._record_embedder()
+            return
+        for name, value in kept.items():
+            if value is not None:
+                await self.store.set_meta(name, value)
 
     async def export_snapshot(self) -> StoreSnapshot:
         await self.purge_expired()  # an export never carries a memory whose TTL passed

@@ -190,13 +190,37 @@ EVENT_AT_MIN_YEAR = 1800
 EVENT_AT_MAX_YEAR = 2200
 
 
+_MOMENT_EXAMPLE = "e.g. '2023-05-08' or '2023-05-08T14:30:00Z'"
+
+
 def validate_event_time(value: Any, what: str = "event_at") -> datetime | None:
-    """When the remembered event happened: an ISO 8601 date ("2023-05-08", that day at 00:00 UTC) or datetime
-    ("2023-05-08T14:30:00+02:00"; UTC when it names no zone), or a `datetime`/`date`. Returned in UTC."""
+    """When the remembered event happened: a moment (`validate_moment`) within EVENT_AT_MIN_YEAR..MAX_YEAR."""
     if value is None:
         return None
-    example = "e.g. '2023-05-08' or '2023-05-08T14:30:00Z'"
-    moment: datetime | None
+    moment = _parse_moment(value, what)
+    if moment is None or not EVENT_AT_MIN_YEAR <= moment.year <= EVENT_AT_MAX_YEAR:
+        raise ValidationError(
+            f"{what} {value!r} lies outside the supported years {EVENT_AT_MIN_YEAR}..{EVENT_AT_MAX_YEAR}; "
+            f"give the date the event happened ({_MOMENT_EXAMPLE})."
+        )
+    return moment
+
+
+def validate_moment(value: Any, what: str) -> datetime | None:
+    """An ISO 8601 date ("2023-05-08", that day at 00:00 UTC) or datetime ("2023-05-08T14:30:00+02:00"; UTC when
+    it names no zone), or a `datetime`/`date`. Returned in UTC."""
+    if value is None:
+        return None
+    moment = _parse_moment(value, what)
+    if moment is None:
+        raise ValidationError(f"{what} {value!r} is out of range once in UTC ({_MOMENT_EXAMPLE}).")
+    return moment
+
+
+def _parse_moment(value: Any, what: str) -> datetime | None:
+    """`value` in UTC; None when shifting it to UTC overflows (year 1 or 9999 with a zone offset)."""
+    example = _MOMENT_EXAMPLE
+    moment: datetime
     if isinstance(value, datetime):
         moment = value
     elif isinstance(value, date):
@@ -212,15 +236,9 @@ def validate_event_time(value: Any, what: str = "event_at") -> datetime | None:
     else:
         raise ValidationError(f"{what} must be an ISO 8601 date or datetime string ({example}), got {value!r}.")
     try:
-        moment = moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
-    except OverflowError:  # year 1 or 9999 shifted by its zone offset
-        moment = None
-    if moment is None or not EVENT_AT_MIN_YEAR <= moment.year <= EVENT_AT_MAX_YEAR:
-        raise ValidationError(
-            f"{what} {value!r} lies outside the supported years {EVENT_AT_MIN_YEAR}..{EVENT_AT_MAX_YEAR}; "
-            "give the date the event happened (" + example + ")."
-        )
-    return moment
+        return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+    except OverflowError:
+        return None
 
 
 def validate_event_range(after: Any, before: Any) -> tuple[datetime | None, datetime | None]:

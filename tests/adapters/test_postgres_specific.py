@@ -487,3 +487,26 @@ async def test_a_bulk_load_refreshes_the_planner_statistics(pg_store: PostgresSt
     assert pg_store._analyze_task is not None
     await pg_store._analyze_task
     assert await estimated_rows() == 1210
+
+
+@pytest.mark.parametrize(
+    ("make", "lost"),
+    [
+        # What calls met while PostgreSQL restarted (a red-team run): each was an "Internal error" before.
+        (lambda a: a.AdminShutdownError("terminating connection due to administrator command"), True),
+        (lambda a: a.CannotConnectNowError("the database system is shutting down"), True),
+        (lambda a: a.InterfaceError("underlying connection is closed"), True),
+        (lambda a: a.InternalClientError("cannot switch to state 12"), True),
+        (lambda a: a.ConnectionDoesNotExistError("connection was closed in the middle of operation"), True),
+        (lambda a: ConnectionResetError(), True),
+        # A bug stays a bug: reported as an internal error, not as a lost connection.
+        (lambda a: a.InterfaceError("the server expects 2 arguments for this query, 1 was passed"), False),
+        (lambda a: a.UndefinedColumnError('column "nope" does not exist'), False),
+    ],
+)
+def test_a_lost_connection_is_told_apart_from_a_bug(make: Any, lost: bool) -> None:
+    import asyncpg
+
+    from amfs_server.adapters.postgres_base import _connection_lost
+
+    assert _connection_lost(make(asyncpg)) is lost

@@ -3,6 +3,7 @@ rebuilt when they disagree; a damaged or truncated database is refused at start,
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 from pathlib import Path
@@ -140,3 +141,22 @@ async def test_an_empty_database_file_is_refused_but_a_missing_one_is_created(tm
     reopened = SQLiteStore(tmp_path / "new" / "amfs.db")
     await reopened.open()  # the file it created is not mistaken for a truncated one
     await reopened.close()
+
+
+async def test_stores_opened_together_on_a_new_data_dir_all_open(tmp_path: Path) -> None:
+    """Two servers starting at once on a fresh data dir: the second could find the file the first had just
+    created, still 0 bytes, and refuse it as damaged (a red-team finding, 28 of 60 trials with three)."""
+    path = tmp_path / "fresh" / "amfs.db"
+    path.parent.mkdir()
+    path.touch()  # the other process's file, before it has written its header
+
+    async def the_other_process_writes_its_header() -> None:
+        await asyncio.sleep(0.3)
+        first = SQLiteStore(path.with_name("other.db"))
+        await first.open()
+        await first.close()
+        path.write_bytes(path.with_name("other.db").read_bytes())
+
+    opener = SQLiteStore(path)
+    await asyncio.gather(opener.open(), the_other_process_writes_its_header())
+    await opener.close()

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from amfs_server.core.embedding import embedding_text
-from amfs_server.core.errors import NotFoundError, ValidationError
+from amfs_server.core.errors import ConflictError, NotFoundError, ValidationError
 from amfs_server.core.models import (
     AMFS_VERSION,
     Actor,
@@ -872,20 +872,25 @@ async def test_import_refuses_an_outcome_ref_the_snapshot_repeats_and_writes_not
     assert await store.export_snapshot() == StoreSnapshot()
 
 
-async def test_a_replacing_import_is_all_or_nothing(store: MemoryStore) -> None:
-    """What `reembed` relies on: the store is emptied and refilled in one transaction, so a failure (or a crash)
-    midway leaves the old store, never an empty one."""
+async def test_a_replacing_import_is_all_or_nothing_and_refuses_a_store_that_changed(store: MemoryStore) -> None:
+    """What `reembed` relies on: the store is checked, emptied and refilled in one transaction, so a failure or a
+    crash midway leaves the old store, and a write another process made after the snapshot is never lost."""
     await write(store, draft("svc", "a", embedding=direction(1)), draft("svc", "b", embedding=direction(2)))
     committed = await outcome(store, "INC-1", OutcomeType.FAILURE, 1.1, ACTOR, NOW, [OutcomeTarget("svc", "a", None)])
     await store.set_meta("m", 1)
     before = await store.export_snapshot()
     failing = replace(before, outcomes=[committed, committed])  # refused only after the delete ran
     with pytest.raises(ValidationError, match="INC-1"):
-        await store.import_snapshot(failing, replace_all=True)
+        await store.import_snapshot(failing, replacing=before)
     assert await store.export_snapshot() == before
     assert keys(await store.semantic_candidates(direction(2), EntryFilter(), NOW, 1)) == ["b"]
     renamed = replace(before, entries=[e.with_changes(value={"new": e.key}) for e in before.entries], meta={"m": 2})
-    await store.import_snapshot(renamed, replace_all=True)  # the same keys and refs: no clash with what it replaces
+    await write(store, draft("svc", "c", written_at=at(5)))  # another process writes after the snapshot
+    changed = await store.export_snapshot()
+    with pytest.raises(ConflictError):
+        await store.import_snapshot(renamed, replacing=before)
+    assert await store.export_snapshot() == changed
+    await store.import_snapshot(renamed, replacing=changed)  # the same keys and refs: no clash with what it replaces
     after = await store.export_snapshot()
     assert [e.value for e in after.entries] == [{"new": "a"}, {"new": "b"}] and after.meta == {"m": 2}
     assert after.outcomes == before.outcomes

@@ -319,6 +319,32 @@ async def test_invalid_stored_multipliers_do_not_lock_the_store(store) -> None:
     assert service.multipliers == MemoryService(store, ServiceConfig()).multipliers
 
 
+async def test_reembed_refuses_to_replace_a_store_another_process_wrote_to_meanwhile(store, actor: Actor) -> None:
+    """reembed exports, embeds for a while, then replaces the store: a write made in between (a running server)
+    was silently undone (a red-team finding); now the replacement is refused and nothing is lost."""
+    from amfs_server.core.errors import ConflictError
+    from amfs_server.session_bench.erase_bench import HashEmbedder
+
+    service = MemoryService(store, ServiceConfig(), embedder=HashEmbedder())
+    await service.open()
+    await service.write(actor, WriteRequest("svc", "a", "before the reembed"))
+    other = MemoryService(store, ServiceConfig(), embedder=HashEmbedder())  # another server on the same store
+    embed = service._entry_vectors
+
+    async def embed_while_another_writes(*args, **kwargs):
+        await other.write(Actor("agent/other", "s2"), WriteRequest("svc", "b", "written during the reembed"))
+        return await embed(*args, **kwargs)
+
+    service._entry_vectors = embed_while_another_writes  # type: ignore[method-assign]
+    with pytest.raises(ConflictError, match="nothing was replaced"):
+        await service.reembed()
+    now = datetime.now(timezone.utc)
+    assert (await store.get_current("svc", "b", now)).value == "written during the reembed"
+    assert (await store.get_current("svc", "a", now)).value == "before the reembed"
+    service._entry_vectors = embed  # type: ignore[method-assign]
+    assert await service.reembed() == 2  # nothing wrote meanwhile this time
+
+
 async def test_search_does_not_count_as_reading(service: MemoryService, actor: Actor) -> None:
     await service.write(actor, WriteRequest("svc", "k", "v"))
     await service.search()

@@ -123,6 +123,21 @@ async def test_clear_keeps_the_record_so_later_vectors_are_not_taken_for_unrecor
     await service.close()
 
 
+async def test_a_clear_without_an_embedder_keeps_the_record_so_another_embedder_is_still_refused(
+    make_store: StoreFactory,
+) -> None:
+    """`amfs-server memory clear` runs without an embedder; it deleted the record, and a server configured for
+    another embedder then opened the store beside one still writing the first's vectors (a red-team finding)."""
+    service = await open_service(make_store, MODEL_A)
+    await service.close()
+    cli_like = MemoryService(make_store(), embedder=None)
+    await cli_like.open()
+    await cli_like.clear()
+    await cli_like.close()
+    with pytest.raises(StoreError, match="model-a"):
+        await open_service(make_store, MODEL_B)
+
+
 async def test_reembed_replaces_every_version_vector_and_records_the_new_embedder(make_store: StoreFactory) -> None:
     await store_written_by(make_store, MODEL_A)
     service = await open_service(make_store, MODEL_B, check=False)
