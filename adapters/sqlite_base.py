@@ -21,6 +21,7 @@ T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 60_000
 FRESH_FILE_GRACE_S = 2.0  # see `_stays_empty`
+OPEN_LOCKED_RETRY_S = 10.0  # how long opening waits out another process's lock before saying so
 
 
 _ts = SQLITE.ts  # datetime -> epoch seconds, as the SQLite stores keep times
@@ -85,28 +86,48 @@ class SQLiteDatabase:
                 # Opening writes the header at once, so an empty file that stays empty was cut short (disk
                 # full, a failed copy); starting it empty would hide that every memory is gone.
                 raise StoreError(self._damaged("it is empty (0 bytes), yet it was not created by this start"))
-            try:
-                conn = sqlite3.connect(
-                    self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
-                )
-                conn.row_factory = sqlite3.Row
-                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-                conn.execute("PRAGMA journal_mode = WAL")
-                conn.execute("PRAGMA synchronous = NORMAL")
-                conn.execute("PRAGMA foreign_keys = ON")
-                # Deleted rows are overwritten with zeros instead of lingering in free space (forget, clear,
-                # retention); `_checkpoint` then takes the old pages out of the WAL.
-                conn.execute(f"PRAGMA secure_delete = {'ON' if self.secure_delete else 'OFF'}")
-                if existed:
-                    problems = [row[0] for row in conn.execute("PRAGMA quick_check(5)").fetchall()]
-                    if problems != ["ok"]:
-                        conn.close()
-                        raise StoreError(self._damaged(f"the integrity check failed: {'; '.join(problems)[:300]}"))
-                self._conn = conn
-                self._migrate()
-            except sqlite3.DatabaseError as error:
-                self._conn = None
-                raise StoreError(self._damaged(str(error))) from error
+            deadline = time.monotonic() + OPEN_LOCKED_RETRY_S
+            while True:
+                try:
+                    self._connect(existed)
+                    return
+                except sqlite3.OperationalError as error:
+                    self._close_quietly()
+                    if "locked" not in str(error) and "busy" not in str(error):
+                        raise StoreError(self._damaged(str(error))) from error
+                    if time.monotonic() >= deadline:  # not damage: another process holds it
+                        raise StoreError(
+                            f"The {self.DESCRIPTION} at {self.path} stayed locked by another process for "
+                            f"{OPEN_LOCKED_RETRY_S:.0f} s ({error}); nothing was changed. Try again, or stop the "
+                            "process that holds it."
+                        ) from error
+                    time.sleep(0.05)  # another process is switching it to WAL or migrating it: seconds at most
+                except sqlite3.DatabaseError as error:
+                    self._close_quietly()
+                    raise StoreError(self._damaged(str(error))) from error
+
+    def _connect(self, existed: bool) -> None:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
+        self._conn = conn
+        conn.row_factory = sqlite3.Row
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        # Deleted rows are overwritten with zeros instead of lingering in free space (forget, clear,
+        # retention); `_checkpoint` then takes the old pages out of the WAL.
+        conn.execute(f"PRAGMA secure_delete = {'ON' if self.secure_delete else 'OFF'}")
+        if existed:
+            problems = [row[0] for row in conn.execute("PRAGMA quick_check(5)").fetchall()]
+            if problems != ["ok"]:
+                self._close_quietly()
+                raise StoreError(self._damaged(f"the integrity check failed: {'; '.join(problems)[:300]}"))
+        self._migrate()
+
+    def _close_quietly(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
 
     def _damaged(self, reason: str) -> str:
         return (
