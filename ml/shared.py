@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..core.errors import StoreError
 from ..core.service import MemoryService
 
 logger = logging.getLogger("amfs_server.ml")
@@ -89,5 +90,8 @@ class SharedStateWatcher:
                 await self.check()
             except asyncio.CancelledError:
                 raise
+            except StoreError as error:  # the store is away (a database restart): one line, not a traceback a poll
+                logger.warning("Checking for newer ML models/multipliers failed (%s); retrying in %.0fs", error,
+                               self.interval)
             except Exception:  # a store hiccup must not end the watcher; the next look retries
                 logger.exception("Checking for newer ML models/multipliers failed; retrying in %.0fs", self.interval)
