@@ -66,12 +66,13 @@ def schema_from_dsn(dsn: str) -> str | None:
 
 
 def redact_dsn(dsn: str) -> str:
-    """The DSN without its password, for error messages."""
-    parts = urlsplit(dsn)
-    host = parts.hostname or "localhost"
-    port = f":{parts.port}" if parts.port else ""
-    user = f"{parts.username}@" if parts.username else ""
-    return f"{parts.scheme}://{user}{host}{port}{parts.path}"
+    """The DSN without its password or query (which may carry one), for messages. Split by hand at the last '@':
+    a password with an unencoded '/', '?' or '#' makes urlsplit take part of it for the host and port."""
+    scheme, _, rest = dsn.partition("://")
+    userinfo, at, location = rest.rpartition("@")
+    user = userinfo.split(":", 1)[0] if at else ""
+    location = location.split("?", 1)[0].split("#", 1)[0]
+    return f"{scheme}://{user + '@' if user else ''}{location or 'localhost'}"
 
 
 def rowcount(status: str) -> int:

@@ -51,6 +51,9 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 """The values of `amfs-server --log-level` / AMFS_LOG_LEVEL."""
 DEFAULT_CONFIG_PATH = Path("~/.amfs/config.yaml")
 
+MAX_RETENTION_DAYS = 100 * 365  # a century stands for "keep": a cut-off date is computed from it, so it must be finite
+MAX_CONFIG_NODES = 10_000
+
 ENV_VARS: dict[str, tuple[str, ...]] = {
     "AMFS_DATA_DIR": ("data_dir",),
     "AMFS_POSTGRES_DSN": ("postgres_dsn",),
@@ -94,7 +97,9 @@ class StorageSettings(_Section):
     type: Literal["auto", "sqlite", "postgresql"] = "auto"
     """auto: PostgreSQL when the server uses it (AMFS_POSTGRES_DSN), else SQLite."""
     path: Path | None = None
-    retention_days: float | None = Field(None, gt=0, description="The document's spelling of learning.retention_days.")
+    retention_days: float | None = Field(
+        None, gt=0, le=MAX_RETENTION_DAYS, description="The document's spelling of learning.retention_days."
+    )
 
     @field_validator("type", mode="before")
     @classmethod
@@ -133,7 +138,7 @@ class PatternSettings(_Section):
         try:
             ZoneInfo(name)
         except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"unknown time zone {name!r}; use an IANA name such as 'Europe/Berlin' or 'UTC'") from None
+            raise ValueError("unknown time zone; use an IANA name such as 'Europe/Berlin' or 'UTC'") from None
         return name
 
 
@@ -151,7 +156,7 @@ class IntelligenceSettings(_Section):
         if value in (None, "", "none", "off"):
             return "none"
         raise ValueError(
-            f"there is no built-in LLM provider ({value!r}); learning works without one. To add LLM analysis, "
+            "there is no built-in LLM provider; learning works without one. To add LLM analysis, "
             "set learning.intelligence.analyzer to 'package.module:factory' returning an InteractionAnalyzer"
         )
 
@@ -160,7 +165,7 @@ class LearningSettings(_Section):
     enabled: bool = True
     preference_learning: bool = True
     pattern_detection: bool = True
-    retention_days: float = Field(90, gt=0)
+    retention_days: float = Field(90, gt=0, le=MAX_RETENTION_DAYS)  # finite: a cut-off date is computed from it
     storage: StorageSettings = Field(default_factory=StorageSettings)
     confidence: ConfidenceSettings = Field(default_factory=ConfidenceSettings)
     privacy: PrivacySettings = Field(default_factory=PrivacySettings)
@@ -202,7 +207,7 @@ class Settings(BaseModel):
     postgres_dsn: str | None = None
     agent_id: str | None = None
     decay_half_life_days: float | None = None
-    max_value_bytes: int = 1024 * 1024
+    max_value_bytes: int = Field(1024 * 1024, ge=1)
     embedder: str | None = DEFAULT_EMBEDDER
     ml_model_dir: Path | None = None
     """Where ML exports go (models themselves live in the store); None: `<data_dir>/ml`, see `ml_dir`."""
@@ -212,7 +217,7 @@ class Settings(BaseModel):
     sessions_per_key: int = Field(32, ge=1)
     calls_per_key: int = Field(4, ge=1)
     max_response_bytes: int = Field(16 * 1024 * 1024, ge=1024)
-    header_timeout_s: float = Field(10.0, gt=0)
+    header_timeout_s: float = Field(10.0, gt=0, le=3600)
     learning: LearningSettings = Field(default_factory=LearningSettings)
     """The config file's `learning:` section, with its environment variables and flags."""
 
@@ -221,6 +226,11 @@ class Settings(BaseModel):
     def _dsn_scheme(cls, dsn: str | None) -> str | None:
         if dsn and not dsn.startswith(("postgresql://", "postgres://")):
             raise ValueError("AMFS_POSTGRES_DSN must be a postgresql:// URL, e.g. postgresql://user@host:5432/amfs")
+        userinfo = dsn.partition("://")[2].rpartition("@")[0]
+        if any(char in userinfo for char in "/?#"):  # parsers would take part of the password for the host
+            raise ValueError(
+                "AMFS_POSTGRES_DSN: the user or password holds '/', '?' or '#'; percent-encode them (%2F, %3F, %23)"
+            )
         return dsn or None
 
     @field_validator("embedder")
@@ -255,13 +265,21 @@ def config_path(environ: Mapping[str, str] | None = None) -> tuple[Path, bool]:
     return (Path(named).expanduser(), True) if named else (DEFAULT_CONFIG_PATH.expanduser(), False)
 
 
-def _expand(value: Any, environ: Mapping[str, str]) -> Any:
+def _expand(value: Any, environ: Mapping[str, str], budget: list[int] | None = None) -> Any:
+    """`${VAR}` expanded in every string. YAML aliases share nodes that this copies, so a few hundred bytes of
+    nested aliases would expand to billions of nodes: more than MAX_CONFIG_NODES is refused."""
+    budget = [MAX_CONFIG_NODES] if budget is None else budget
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ValidationError(
+            f"The config file's learning section has more than {MAX_CONFIG_NODES} values (nested YAML aliases?)."
+        )
     if isinstance(value, str):
         return _ENV_REFERENCE.sub(lambda m: environ.get(m.group(1), ""), value)
     if isinstance(value, dict):
-        return {k: _expand(v, environ) for k, v in value.items()}
+        return {k: _expand(v, environ, budget) for k, v in value.items()}
     if isinstance(value, list):
-        return [_expand(v, environ) for v in value]
+        return [_expand(v, environ, budget) for v in value]
     return value
 
 
@@ -275,8 +293,17 @@ def read_config_file(path: Path, required: bool, environ: Mapping[str, str]) -> 
         return {}
     try:
         document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as error:
-        raise ValidationError(f"Cannot read the config file {path}: {error}") from None
+    except yaml.YAMLError as error:
+        # Where, not what: the file may be shared with other tools, and the offending line may hold a secret.
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ValidationError(f"The config file {path} is not valid YAML{where}.") from None
+    except UnicodeDecodeError:
+        raise ValidationError(f"The config file {path} is not UTF-8 text.") from None
+    except RecursionError:
+        raise ValidationError(f"The config file {path} is nested too deeply to read.") from None
+    except OSError as error:
+        raise ValidationError(f"Cannot read the config file {path}: {error.strerror or error}") from None
     if not isinstance(document, dict):
         raise ValidationError(f"The config file {path} must be a YAML mapping (e.g. `learning: {{enabled: true}}`).")
     section = document.get("learning") or {}

@@ -98,3 +98,65 @@ def test_a_refused_setting_is_named_but_its_value_is_not_echoed(
     assert result.exit_code == 1 and "Invalid amfs-server settings" in result.output
     assert variable in result.output  # the user learns which variable to fix
     assert "hunter2" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("dsn", "shown"),
+    [  # a password with an unencoded '/' or '#' was taken for the host and port: printed, or a traceback
+        ("postgresql://amfs:hunter2/SECRET@db.internal:5432/amfs", None),
+        ("postgresql://amfs:4711#SECRET@db.internal:5432/amfs", None),
+        ("postgresql://amfs:hunter2SECRET@db.internal:5432/amfs?sslmode=require", "postgresql://amfs@db.internal:5432/amfs"),
+    ],
+)
+def test_a_dsn_password_is_never_shown_even_when_it_breaks_url_parsing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dsn: str, shown: str | None
+) -> None:
+    monkeypatch.setenv("AMFS_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("AMFS_POSTGRES_DSN", dsn)
+    result = CliRunner().invoke(cli, ["config", "show"])
+    assert "hunter2" not in result.output and "SECRET" not in result.output and "4711" not in result.output
+    assert "Traceback" not in result.output
+    if shown is None:
+        assert result.exit_code == 1 and "percent-encode" in result.output
+    else:
+        assert result.exit_code == 0 and shown in result.output
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        # 346 bytes of nested aliases expanded to billions of values: gigabytes of memory, never an error
+        ("a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+            f"{c}: &{c} [{', '.join('*' + p for _ in range(9))}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+         + "learning:\n  unknown: *i\n", "more than 10000 values"),
+        (b"learning:\n  enabled: \xff\xfe\n", "not UTF-8"),
+        ("learning:\n" + "  " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+        ("other_tool:\n  password: hunter2SECRET ]: [\nlearning: {}\n", "not valid YAML at line 2"),
+    ],
+)
+def test_a_bad_config_file_is_a_one_line_error_that_quotes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str | bytes, message: str
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    monkeypatch.setenv("AMFS_CONFIG", str(path))
+    monkeypatch.setenv("AMFS_DATA_DIR", str(tmp_path))
+    result = CliRunner().invoke(cli, ["config", "show"])
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert "Traceback" not in result.output and "hunter2" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("AMFS_RETENTION_DAYS", "inf"), ("AMFS_RETENTION_DAYS", "999999"), ("AMFS_MAX_VALUE_BYTES", "-5"),
+     ("AMFS_PATTERN_TIMEZONE", "hunter2SECRET")],
+)
+def test_out_of_range_settings_are_refused_at_start_without_their_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    """An infinite retention crashed the server after `config show` had accepted it; -5 bytes refused every write."""
+    monkeypatch.setenv("AMFS_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv(variable, value)
+    result = CliRunner().invoke(cli, ["config", "show"])
+    assert result.exit_code == 1 and variable in result.output and "Traceback" not in result.output
+    assert "hunter2" not in result.output
