@@ -178,7 +178,6 @@ ENTRY_BASE_COLUMNS = (
     "importance_dimensions, amfs_version, event_at"
 )
 ENTRY_COLUMNS = ENTRY_BASE_COLUMNS + ", embedding, passage_embeddings, context_key"
-STORE_CHANGED = "the store changed after the snapshot being replaced was taken"
 # The base columns with every value read as JSON null (`find_current(values=False)`).
 ENTRY_COLUMNS_WITHOUT_VALUES = ENTRY_BASE_COLUMNS.replace("value_json", "'null' AS value_json")
 ENTRY_INSERT_COLUMNS = (
@@ -455,6 +454,10 @@ def _repeated(keys: Iterable[tuple[str, ...]]) -> tuple[str, ...] | None:
             return key
         seen.add(key)
     return None
+
+
+# What a store raises (ConflictError) when `import_snapshot(replacing=...)` finds it no longer that snapshot.
+STORE_CHANGED = "the store changed after the snapshot being replaced was taken"
 
 
 def import_store(snapshot: StoreSnapshot, d: Dialect) -> Steps[None]:

@@ -828,11 +828,12 @@ class MemoryService:
         """Delete every memory, outcome and trace. The record of the embedder stays (or becomes this service's):
         servers still running with it keep writing its vectors, and a server configured for another embedder must
         keep being refused (after a clear it used to open the store and mix the two)."""
-        kept = {name: await self.store.get_meta(name) for name in (EMBEDDER_META, ENTRY_VECTORS_META)}
-        await self.store.clear()
         if self.embedder is not None:
+            await self.store.clear()
             await self._record_embedder()
             return
+        kept = {name: await self.store.get_meta(name) for name in (EMBEDDER_META, ENTRY_VECTORS_META)}
+        await self.store.clear()
         for name, value in kept.items():
             if value is not None:
                 await self.store.set_meta(name, value)

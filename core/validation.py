@@ -119,13 +119,18 @@ def validate_outcome_type(outcome_type: Any) -> OutcomeType:
         ) from None
 
 
+def has_control_characters(text: str) -> bool:
+    """Whether `text` holds a control character (Unicode Cc: NUL, newline, escape, ...)."""
+    return any(unicodedata.category(char) == "Cc" for char in text)
+
+
 def validate_outcome_ref(outcome_ref: Any) -> str:
     if not isinstance(outcome_ref, str) or not outcome_ref.strip():
         raise ValidationError("outcome_ref must be a non-empty string such as a ticket or deploy id ('INC-1042').")
     if len(outcome_ref) > MAX_OUTCOME_REF_LENGTH:
         raise ValidationError(f"outcome_ref is {len(outcome_ref)} characters; the limit is {MAX_OUTCOME_REF_LENGTH}.")
     stripped = outcome_ref.strip()
-    if any(unicodedata.category(char) == "Cc" for char in stripped):
+    if has_control_characters(stripped):
         # PostgreSQL text cannot hold NUL, and a newline or escape code would forge lines in logs and listings
         raise ValidationError(f"outcome_ref {outcome_ref!r} contains a control character; use printable text only.")
     return stripped

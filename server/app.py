@@ -163,16 +163,13 @@ def uvicorn_config(
     protocol with the header and request-body deadlines (server/h11_guard.py)."""
     import uvicorn
 
-    from .h11_guard import GuardedH11Protocol
+    from .h11_guard import guarded_uvicorn_options
 
     asgi = app.http_app(transport=transport, session_idle_timeout=limits.session_idle_expiry_s,
                         **http_options(host, allowed_origins, limits))
-    protocol = type("H11", (GuardedH11Protocol,), {"header_timeout_s": limits.header_timeout_s})
     return uvicorn.Config(
-        asgi, host=host, port=port, http=protocol, log_config=uvicorn_log_config(), log_level=log_level, lifespan="on",
-        timeout_keep_alive=int(limits.keep_alive_s), limit_concurrency=limits.max_connections,
-        h11_max_incomplete_event_size=limits.max_header_bytes,
-        timeout_graceful_shutdown=int(limits.graceful_shutdown_s),
+        asgi, host=host, port=port, log_config=uvicorn_log_config(), log_level=log_level, lifespan="on",
+        timeout_graceful_shutdown=int(limits.graceful_shutdown_s), **guarded_uvicorn_options(limits),
     )
 
 

@@ -5,6 +5,7 @@ or the CLI."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -73,3 +74,13 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.write(self.conn.send(h11.Data(data=body)))
             self.transport.write(self.conn.send(h11.EndOfMessage()))
         self.transport.close()
+
+
+def guarded_uvicorn_options(limits: ServerLimits) -> dict[str, Any]:
+    """uvicorn.Config arguments every HTTP front end runs with (`serve`, `amfs-server ui`): this protocol with the
+    configured header deadline, the keep-alive timeout, the connection cap and the header size limit."""
+    protocol = type("H11", (GuardedH11Protocol,), {"header_timeout_s": limits.header_timeout_s})
+    return {
+        "http": protocol, "timeout_keep_alive": int(limits.keep_alive_s), "limit_concurrency": limits.max_connections,
+        "h11_max_incomplete_event_size": limits.max_header_bytes,
+    }

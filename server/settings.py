@@ -224,14 +224,16 @@ class Settings(BaseModel):
     @field_validator("postgres_dsn")
     @classmethod
     def _dsn_scheme(cls, dsn: str | None) -> str | None:
-        if dsn and not dsn.startswith(("postgresql://", "postgres://")):
+        if not dsn:
+            return None
+        if not dsn.startswith(("postgresql://", "postgres://")):
             raise ValueError("AMFS_POSTGRES_DSN must be a postgresql:// URL, e.g. postgresql://user@host:5432/amfs")
         userinfo = dsn.partition("://")[2].rpartition("@")[0]
         if any(char in userinfo for char in "/?#"):  # parsers would take part of the password for the host
             raise ValueError(
                 "AMFS_POSTGRES_DSN: the user or password holds '/', '?' or '#'; percent-encode them (%2F, %3F, %23)"
             )
-        return dsn or None
+        return dsn
 
     @field_validator("embedder")
     @classmethod

@@ -523,12 +523,7 @@ def run_ui(settings: Any, host: str = "127.0.0.1", port: int = 8765) -> None:
     app = create_ui_app(ui, keys, host=host, allowed_origins=origins)
     shown = f"[{host}]" if ":" in host else host
     print(f"amfs memory browser: http://{shown}:{port}{UI_PATH}/", file=sys.stderr, flush=True)
-    from ..h11_guard import GuardedH11Protocol
+    from ..h11_guard import guarded_uvicorn_options
 
-    limits = settings.limits  # the same connection limits and header / body deadlines as `serve`
-    protocol = type("H11", (GuardedH11Protocol,), {"header_timeout_s": limits.header_timeout_s})
-    uvicorn.run(
-        app, host=host, port=port, http=protocol, log_config=uvicorn_log_config(),
-        timeout_keep_alive=int(limits.keep_alive_s), limit_concurrency=limits.max_connections,
-        h11_max_incomplete_event_size=limits.max_header_bytes,
-    )
+    # The same connection limits and header / body deadlines as `serve`.
+    uvicorn.run(app, host=host, port=port, log_config=uvicorn_log_config(), **guarded_uvicorn_options(settings.limits))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from amfs_server.server.settings import load_settings
 
 
 ENTITY, KEY = "people/ada", "home-address"
+ACTOR = Actor("agent/test", "s1")
 
 
 def new_marker() -> str:
@@ -224,9 +227,10 @@ async def test_forget_and_clear_leave_the_memory_in_no_table_of_the_schema(servi
     assert await tables_holding(service.store, "a memory that stays") == []
 
 
-async def test_a_process_that_still_holds_the_vector_does_not_write_it_back(tmp_path) -> None:
-    """Another process (here: a second store on the same file) has the index loaded with the vector;
-    after this one forgets, that one writes, and its save on close must not restore the vector."""
+@asynccontextmanager
+async def two_processes(tmp_path: Path, *also: tuple[str, str, str]) -> AsyncIterator[tuple[MemoryService, MemoryService, bytes]]:
+    """A holder whose vector index holds ENTITY/KEY (and `also`, written after it) and a forgetter: two services on
+    one SQLite file, as two server processes would be. Yields (holder, forgetter, the forgotten vector's bytes)."""
     from amfs_server.session_bench.erase_bench import HashEmbedder
 
     embedder = HashEmbedder()
@@ -234,18 +238,24 @@ async def test_a_process_that_still_holds_the_vector_does_not_write_it_back(tmp_
     forgetter = MemoryService(SQLiteStore(tmp_path / "amfs.db"), embedder=embedder)
     await holder.open()
     await forgetter.open()
-    actor = Actor("agent/test", "s1")
     try:
-        await holder.write(actor, WriteRequest(ENTITY, KEY, "to be forgotten"))
-        await holder.write(actor, WriteRequest("keep", "this", "a memory that stays"))
-        await holder.retrieve(actor, "anything", limit=2)  # the holder's index now has the vector
-        vector = np.asarray(embedder.embed([_text(ENTITY, KEY, "to be forgotten")])[0], dtype=np.float32).tobytes()
-        await forgetter.forget(ENTITY, KEY)
-        await holder.write(actor, WriteRequest("keep", "that", "another memory"))
-        await holder.retrieve(actor, "anything", limit=2)  # syncs: the holder's index is dirty again
+        for entity_path, key, value in [(ENTITY, KEY, "to be forgotten"), ("keep", "this", "a memory that stays"), *also]:
+            await holder.write(ACTOR, WriteRequest(entity_path, key, value))
+        await holder.retrieve(ACTOR, "anything", limit=2)  # the holder's index now has the vector
+        yield holder, forgetter, np.asarray(
+            embedder.embed([_text(ENTITY, KEY, "to be forgotten")])[0], dtype=np.float32).tobytes()
     finally:
         await holder.close()
         await forgetter.close()
+
+
+async def test_a_process_that_still_holds_the_vector_does_not_write_it_back(tmp_path) -> None:
+    """Another process (here: a second store on the same file) has the index loaded with the vector;
+    after this one forgets, that one writes, and its save on close must not restore the vector."""
+    async with two_processes(tmp_path) as (holder, forgetter, vector):
+        await forgetter.forget(ENTITY, KEY)
+        await holder.write(ACTOR, WriteRequest("keep", "that", "another memory"))
+        await holder.retrieve(ACTOR, "anything", limit=2)  # syncs: the holder's index is dirty again
     assert files_holding(tmp_path, vector) == []
     assert any(name.endswith(".usearch") for name in raw_files(tmp_path))
 
@@ -253,27 +263,13 @@ async def test_a_process_that_still_holds_the_vector_does_not_write_it_back(tmp_
 async def test_a_process_that_forgets_something_else_does_not_write_the_vector_back(tmp_path) -> None:
     """The holder's own forget rewrote the file from its index, with the other process's forgotten vector still
     in it (a red-team finding): its forget must drop what others deleted too, as its save does."""
-    from amfs_server.session_bench.erase_bench import HashEmbedder
-
-    embedder = HashEmbedder()
-    holder = MemoryService(SQLiteStore(tmp_path / "amfs.db"), embedder=embedder)
-    forgetter = MemoryService(SQLiteStore(tmp_path / "amfs.db"), embedder=embedder)
-    await holder.open()
-    await forgetter.open()
-    actor = Actor("agent/test", "s1")
-    try:
-        await holder.write(actor, WriteRequest(ENTITY, KEY, "to be forgotten"))
-        await holder.write(actor, WriteRequest("keep", "this", "a memory that stays"))
-        await holder.write(actor, WriteRequest("scratch", "note", "forgotten later, by the holder"))
-        await holder.retrieve(actor, "anything", limit=2)  # the holder's index now has the vector
-        vector = np.asarray(embedder.embed([_text(ENTITY, KEY, "to be forgotten")])[0], dtype=np.float32).tobytes()
+    async with two_processes(tmp_path, ("scratch", "note", "forgotten later, by the holder")) as (
+        holder, forgetter, vector,
+    ):
         await forgetter.forget(ENTITY, KEY)
         assert files_holding(tmp_path, vector) == []
         await holder.forget("scratch", "note")  # rewrites the file from the holder's index
         assert files_holding(tmp_path, vector) == []
-    finally:
-        await holder.close()
-        await forgetter.close()
     assert files_holding(tmp_path, vector) == []
 
 
