@@ -210,6 +210,10 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE entries ADD COLUMN context_key text COLLATE "C";
     """,
+    # 8: superseded versions whose own TTL passed, found by the expiry sweep without reading every row.
+    """
+    CREATE INDEX entries_superseded_ttl ON entries (ttl_at) WHERE NOT is_current AND ttl_at IS NOT NULL;
+    """,
 ]
 
 _HNSW_INDEX = (
@@ -829,18 +833,28 @@ class PostgresStore(PostgresDatabase):
     async def purge_expired(self, now: datetime) -> int:
         async def delete(conn: Any) -> int:
             expired = await conn.fetch(
-                "SELECT entity_path, key FROM entries WHERE is_current AND ttl_at IS NOT NULL AND ttl_at <= $1", now
+                "SELECT DISTINCT entity_path, key FROM entries WHERE ttl_at IS NOT NULL AND ttl_at <= $1", now
             )
             if not expired:
                 return 0
             await self._lock_keys(conn, ((r["entity_path"], r["key"]) for r in expired))
             # Re-check under the locks: a key rewritten meanwhile has a new, live current version.
-            return await self._erase_keys(
+            removed = await self._erase_keys(
                 conn,
                 "(entity_path, key) IN (SELECT entity_path, key FROM entries "
                 "WHERE is_current AND ttl_at IS NOT NULL AND ttl_at <= $1)",
                 now,
             )
+            # A superseded version whose own TTL passed goes alone; the key's other versions stay. The passages
+            # the key lent may hold its text, so they go as on a forget.
+            gone = await conn.fetch(
+                "DELETE FROM entries WHERE NOT is_current AND ttl_at IS NOT NULL AND ttl_at <= $1 "
+                "RETURNING entity_path, key", now,
+            )
+            if gone:
+                pairs = sorted({(r["entity_path"], r["key"]) for r in gone})
+                await self._strip_lent_passages(conn, [p for p, _ in pairs], [k for _, k in pairs])
+            return removed + len(gone)
 
         removed = await self._tx(delete)
         if removed:
@@ -864,8 +878,16 @@ class PostgresStore(PostgresDatabase):
                 f"DELETE FROM {table} WHERE (entity_path, key) IN (SELECT * FROM unnest($1::text[], $2::text[]))",
                 paths, keys,
             )
-        # Passages made with these keys' text (the next turns' context passages, the last row) go too; their
-        # own stay, none when one row would be left (a one-passage entry keeps none).
+        await PostgresStore._strip_lent_passages(conn, paths, keys)
+        await conn.execute(
+            "DELETE FROM outcomes o WHERE NOT EXISTS (SELECT 1 FROM outcome_effects e WHERE e.outcome_ref = o.outcome_ref)"
+        )
+        return removed
+
+    @staticmethod
+    async def _strip_lent_passages(conn: Any, paths: list[str], keys: list[str]) -> None:
+        """Passages made with these keys' text (the next turns' context passages, the last row) go; their own
+        stay, none when one row would be left (a one-passage entry keeps none)."""
         await conn.execute(
             "UPDATE entries e SET context_key = NULL, passage_embeddings = CASE "
             "WHEN length(e.passage_embeddings) <= 8 * vector_dims(e.embedding) THEN NULL "
@@ -874,10 +896,6 @@ class PostgresStore(PostgresDatabase):
             "WHERE e.entity_path = gone.entity_path AND e.context_key = gone.key",
             paths, keys,
         )
-        await conn.execute(
-            "DELETE FROM outcomes o WHERE NOT EXISTS (SELECT 1 FROM outcome_effects e WHERE e.outcome_ref = o.outcome_ref)"
-        )
-        return removed
 
     async def _vacuum(self, *tables: str) -> None:
         await vacuum(self._require_pool(), self.where, *tables)

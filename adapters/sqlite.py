@@ -140,6 +140,8 @@ MIGRATIONS: list[str] = [
     "ALTER TABLE entries ADD COLUMN passage_embeddings BLOB;",
     # 5: the key whose turn made an entry's context passage (MemoryEntry.context_key); forgetting it strips the row.
     "ALTER TABLE entries ADD COLUMN context_key TEXT;",
+    # 6: superseded versions whose own TTL passed, found by the expiry sweep without reading every row.
+    "CREATE INDEX entries_superseded_ttl ON entries (ttl_at) WHERE is_current = 0 AND ttl_at IS NOT NULL;",
 ]
 
 _BASE_COLUMNS = ENTRY_BASE_COLUMNS
@@ -641,6 +643,13 @@ class SQLiteStore(SQLiteDatabase):
                     (_ts(now),),
                 ).fetchall()
                 removed, erased = self._erase_keys_sync(conn, [(row[0], row[1]) for row in expired])
+                superseded = conn.execute(
+                    "SELECT row_id, embedding, entity_path, key FROM entries "
+                    "WHERE is_current = 0 AND ttl_at IS NOT NULL AND ttl_at <= ?",
+                    (_ts(now),),
+                ).fetchall()
+                removed += self._erase_versions_sync(conn, superseded)
+                erased += [(row[0], row[1]) for row in superseded]
             self._after_erase(removed, erased)
             return removed
 
@@ -667,18 +676,38 @@ class SQLiteStore(SQLiteDatabase):
             conn.execute(f"DELETE FROM trace_events WHERE {where}", pair)
             conn.execute(f"DELETE FROM outcome_effects WHERE {where}", pair)
             erased += [(row[0], row[1]) for row in rows]
-            # Passages made with this key's text (the next turns' context passages, the last row) go too; their
-            # own stay, none when one row would be left (a one-passage entry keeps none). As PostgreSQL's.
-            conn.execute(
-                "UPDATE entries SET context_key = NULL, passage_embeddings = CASE "
-                "WHEN length(passage_embeddings) <= 2 * length(embedding) THEN NULL "
-                "ELSE substr(passage_embeddings, 1, length(passage_embeddings) - length(embedding)) END "
-                "WHERE entity_path = ? AND context_key = ?", pair,
-            )
+            SQLiteStore._strip_lent_passages_sync(conn, entity_path, key)
         if removed:
             conn.execute("DELETE FROM outcomes WHERE outcome_ref NOT IN (SELECT outcome_ref FROM outcome_effects)")
             conn.execute("INSERT INTO entries_fts (entries_fts) VALUES ('optimize')")
         return removed, erased
+
+    @staticmethod
+    def _erase_versions_sync(conn: sqlite3.Connection, rows: list[sqlite3.Row]) -> int:
+        """Delete single superseded versions (row_id, embedding, entity_path, key) whose own TTL passed; the key's
+        other versions, traces and outcome effects stay. The context passages the key lent may hold the erased
+        version's text, so they go as on a forget."""
+        if not rows:
+            return 0
+        ids = [row[0] for row in rows]
+        marks = ",".join("?" * len(ids))
+        conn.execute(f"DELETE FROM entries_fts WHERE rowid IN ({marks})", ids)
+        removed: int = conn.execute(f"DELETE FROM entries WHERE row_id IN ({marks})", ids).rowcount
+        for entity_path, key in {(row[2], row[3]) for row in rows}:
+            SQLiteStore._strip_lent_passages_sync(conn, entity_path, key)
+        conn.execute("INSERT INTO entries_fts (entries_fts) VALUES ('optimize')")
+        return removed
+
+    @staticmethod
+    def _strip_lent_passages_sync(conn: sqlite3.Connection, entity_path: str, key: str) -> None:
+        """Passages made with this key's text (the next turns' context passages, the last row) go; their own stay,
+        none when one row would be left (a one-passage entry keeps none). As PostgreSQL's."""
+        conn.execute(
+            "UPDATE entries SET context_key = NULL, passage_embeddings = CASE "
+            "WHEN length(passage_embeddings) <= 2 * length(embedding) THEN NULL "
+            "ELSE substr(passage_embeddings, 1, length(passage_embeddings) - length(embedding)) END "
+            "WHERE entity_path = ? AND context_key = ?", (entity_path, key),
+        )
 
     def _after_erase(self, removed: int, erased: list[tuple[int, bytes | None]]) -> None:
         if not removed:

@@ -382,8 +382,12 @@ class MemoryService:
         """Every stored version of an entry, oldest first; [] once forgotten or expired (unlike `history`, which
         raises). `values=False`: without values (None) or vectors."""
         versions = await self.store.history(entity_path, key, values=values)
-        # A key whose current version's TTL passed is gone, though the next sweep has not erased it yet.
-        return [] if versions and versions[-1].is_expired(self.now()) else versions
+        now = self.now()
+        # A key whose current version's TTL passed is gone, and so is a superseded version whose own TTL passed,
+        # though the next sweep has not erased them yet.
+        if versions and versions[-1].is_expired(now):
+            return []
+        return [version for version in versions if not version.is_expired(now)]
 
     async def current_entries(self, entity_path: str | None = None) -> list[MemoryEntry]:
         """Every current entry under `entity_path` (all when None), unsorted and without a limit."""
@@ -462,10 +466,10 @@ class MemoryService:
         entry = current
         if version is not None and version != current.version:
             found = await self.store.get_version(entity_path, key, version)
-            if found is None:
+            if found is None or found.is_expired(now):
                 raise NotFoundError(
-                    f"'{entity_path}/{key}' has no version {version}; versions run 1..{current.version}. "
-                    "Call amfs_history to list them."
+                    f"'{entity_path}/{key}' has no version {version} (versions are numbered up to {current.version}; "
+                    "forgotten or expired ones are gone). Call amfs_history to list them."
                 )
             entry = found
         if min_confidence is not None and self.effective_confidence(entry, now) < min_confidence:
@@ -497,8 +501,11 @@ class MemoryService:
         if number is None:
             raise ValidationError("version is required, e.g. 1.")
         found = current if number == current.version else await self.store.get_version(current.entity_path, key, number)
-        if found is None:
-            raise NotFoundError(f"'{entity_path}/{key}' has no version {version}; versions run 1..{current.version}.")
+        if found is None or found.is_expired(self.now()):
+            raise NotFoundError(
+                f"'{entity_path}/{key}' has no version {version} (versions are numbered up to {current.version}; "
+                "expired ones are gone)."
+            )
         return found
 
     async def _track(
@@ -550,7 +557,7 @@ class MemoryService:
         a page) holds one value at a time, not every version's."""
         for version in await self.history(entity_path, key, values=False):
             entry = await self.store.get_version(version.entity_path, version.key, version.version)
-            if entry is not None:  # None: forgotten meanwhile
+            if entry is not None and not entry.is_expired(self.now()):  # None: forgotten meanwhile
                 yield entry
 
     async def search(

@@ -718,16 +718,23 @@ async def test_forget_deletes_every_version_of_one_key(store: MemoryStore) -> No
     assert again.version == 1  # a forgotten key starts over
 
 
-async def test_purge_expired_deletes_every_version_of_keys_whose_current_version_expired(store: MemoryStore) -> None:
+async def test_purge_expired_deletes_keys_whose_current_version_expired_and_superseded_versions_that_did(
+    store: MemoryStore,
+) -> None:
     await write(store, draft("svc", "gone", ttl_at=at(100)), draft("svc", "boundary", ttl_at=at(50)), draft("svc", "live"))
     await write(store, draft("svc", "gone", ttl_at=at(10), written_at=at(1)))  # its current version expires first
     await write(store, draft("svc", "renewed", ttl_at=at(5)))
     await write(store, draft("svc", "renewed", written_at=at(2)))  # the old version expired, the current one lives
-    assert await store.purge_expired(at(49)) == 2  # both versions of gone
+    await write(store, draft("svc", "later", ttl_at=at(500)))
+    await write(store, draft("svc", "later", written_at=at(3)))  # a superseded version whose TTL has not passed
+    assert await store.purge_expired(at(49)) == 3  # both versions of gone, renewed's first version
     assert await store.purge_expired(at(50)) == 1  # expiry at exactly `now` counts
     assert await store.purge_expired(at(50)) == 0
-    assert sorted(keys(await store.find_current(EntryFilter(), at(1000), "recency", None))) == ["live", "renewed"]
-    assert [e.version for e in await store.history("svc", "renewed")] == [1, 2]
+    assert sorted(keys(await store.find_current(EntryFilter(), at(1000), "recency", None))) == ["later", "live", "renewed"]
+    assert [e.version for e in await store.history("svc", "renewed")] == [2]
+    assert [e.version for e in await store.history("svc", "later")] == [1, 2]
+    assert await store.purge_expired(at(500)) == 1
+    assert [e.version for e in await store.history("svc", "later")] == [2]
     assert await store.history("svc", "gone") == []
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import inspect
 from datetime import datetime, timedelta, timezone
 
@@ -57,7 +58,7 @@ async def test_read_of_a_missing_key_says_how_to_search(service: MemoryService, 
 
 async def test_read_of_a_missing_version_names_the_range(service: MemoryService, actor: Actor) -> None:
     await service.write(actor, WriteRequest("svc", "k", "v"))
-    with pytest.raises(NotFoundError, match=r"versions run 1..1"):
+    with pytest.raises(NotFoundError, match=r"no version 5 \(versions are numbered up to 1"):
         await service.read(actor, "svc", "k", version=5)
 
 
@@ -96,6 +97,32 @@ async def test_an_expired_memory_is_gone_from_history_and_export_and_then_from_t
     snapshot = await service.export_snapshot()
     assert [e.key for e in snapshot.entries] == ["keep"]
     assert await store.history("svc", "temp") == []
+
+
+async def test_a_superseded_version_whose_ttl_passed_is_hidden_and_then_erased(store, actor: Actor) -> None:
+    service, now = await clocked_service(store)
+    # A: a TTL'd version overwritten by a lasting one. B: an expired key written again before any sweep.
+    await service.write(actor, WriteRequest("svc", "a", "SECRET-A v1", ttl_seconds=60))
+    await service.write(actor, WriteRequest("svc", "a", "lasting v2"))
+    await service.write(actor, WriteRequest("svc", "b", "SECRET-B v1", ttl_seconds=30))
+    now[0] += timedelta(seconds=31)
+    with pytest.raises(NotFoundError):
+        await service.read(actor, "svc", "b")
+    await service.write(actor, WriteRequest("svc", "b", "new v2"))
+    now[0] += timedelta(seconds=30)
+    for key in ("a", "b"):
+        assert [e.version for e in await service.history("svc", key)] == [2]
+        with pytest.raises(NotFoundError, match="no version 1"):
+            await service.read(actor, "svc", key, version=1)
+        with pytest.raises(NotFoundError, match="no version 1"):
+            await service.peek_version("svc", key, 1)
+        assert [e.version async for e in service.history_one_by_one("svc", key)] == [2]
+    assert len(await store.history("svc", "a")) == 2  # hidden, not yet erased
+    assert await store.purge_expired(now[0]) == 2
+    for key, value in (("a", "lasting v2"), ("b", "new v2")):
+        assert [(e.version, e.value) for e in await store.history("svc", key)] == [(2, value)]
+    snapshot = await service.export_snapshot()
+    assert "SECRET" not in json.dumps([e.value for e in snapshot.entries])
 
 
 async def test_expiry_sweeps_and_opening_a_store_erase_expired_memories(store, actor: Actor) -> None:

@@ -17,6 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 from fastmcp import Client
 
@@ -144,7 +145,9 @@ async def test_memory_clear_leaves_no_byte_in_any_file_or_the_export(tmp_path, m
     assert files_holding(data_dir, b"exponential backoff") == []
 
 
-async def test_ttl_expiry_leaves_no_byte_of_the_expired_memory(tmp_path) -> None:
+@pytest.mark.parametrize("superseded", [False, True], ids=["current", "superseded"])
+async def test_ttl_expiry_leaves_no_byte_of_the_expired_memory(tmp_path, superseded: bool) -> None:
+    """The expired version goes whether it is still current (the key goes) or was overwritten (only it goes)."""
     marker = new_marker()
     store = SQLiteStore(tmp_path / "amfs.db")
     service = MemoryService(store)
@@ -152,12 +155,16 @@ async def test_ttl_expiry_leaves_no_byte_of_the_expired_memory(tmp_path) -> None
     try:
         actor = Actor("agent/test", "s1")
         await service.write(actor, WriteRequest(ENTITY, KEY, f"temporary {marker}", ttl_seconds=60))
+        if superseded:
+            await service.write(actor, WriteRequest(ENTITY, KEY, "the lasting version"))
         await service.write(actor, WriteRequest("keep", "this", "a memory that stays"))
         await store.close()
         await store.open()
         assert files_holding(tmp_path, marker.encode())
         assert await store.purge_expired(utcnow() + timedelta(minutes=2)) == 1
         assert files_holding(tmp_path, marker.encode()) == []
+        left = [e.value for e in await store.history(ENTITY, KEY)]
+        assert left == (["the lasting version"] if superseded else [])
     finally:
         await service.close()
     assert files_holding(tmp_path, marker.encode()) == []
