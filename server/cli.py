@@ -226,22 +226,70 @@ async def _learned_lines(learning: LearningService, limit: int) -> list[str]:
     return lines
 
 
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _store_files(settings: Settings) -> set[Path]:
+    """The files an embedded store and the learning store live in (with their journal, shared memory and index)."""
+    from .composition import learning_storage
+
+    bases = [settings.sqlite_path]
+    kind, where = learning_storage(settings)
+    if kind == "sqlite":
+        bases.append(Path(where))
+    files = set()
+    for base in bases:
+        base = base.expanduser().resolve()
+        files |= {base, Path(f"{base}-wal"), Path(f"{base}-shm"), Path(f"{base}-journal"), base.with_suffix(".vectors.usearch")}
+    return files
+
+
+def _check_export_target(path: Path, settings: Settings, nothing_done: str) -> None:
+    """Refuse, before any work, a target whose folder is missing or that is a store's own file or a database:
+    an export written over the live store would leave JSON where the store was."""
+    target = path.expanduser().resolve()
+    if not target.parent.is_dir():
+        raise click.ClickException(f"The folder {path.parent} does not exist; create it or choose another path. {nothing_done}")
+    in_use = target in _store_files(settings)
+    if not in_use and target.is_file():
+        with target.open("rb") as existing:
+            in_use = existing.read(len(_SQLITE_HEADER)) == _SQLITE_HEADER
+    if in_use:
+        raise click.ClickException(
+            f"{path} is a store's database file; writing JSON over it would destroy the store. Choose another path. "
+            f"{nothing_done}"
+        )
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """The whole file or none of it: written beside the target, then renamed over it."""
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        temporary.replace(path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
 @memory.command("export")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write to this file instead of stdout.")
 def memory_export(output: Path | None) -> None:
     """Export every version, outcome record and trace, and learned interactions, preferences and patterns, as JSON."""
+    settings, _ = _settings()
+    if output is not None:
+        _check_export_target(output, settings, "Nothing was exported.")
 
     async def export(services: Services) -> str:
         snapshot = await services.memory.export_snapshot()
         snapshot.extra.update(await _learning(services).export())
         return dump_export(snapshot)
 
-    text = _run(export, learning=True)
+    text = _run(export, learning=True, settings=settings)
     if output is None:
         sys.stdout.write(text + "\n")
     else:
-        output.write_text(text + "\n", encoding="utf-8")
+        _write_atomically(output, text + "\n")
         click.echo(f"Exported to {output}", err=True)
 
 
@@ -280,11 +328,13 @@ def memory_reembed(backup: Path | None) -> None:
     settings, _ = _settings()
     from datetime import datetime, timezone
 
-    backup = backup or settings.data_dir / f"before-reembed-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}.json"
+    if backup is None:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        backup = settings.data_dir / f"before-reembed-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}.json"
+    _check_export_target(backup, settings, "Nothing was re-embedded.")
 
     def write_backup(snapshot: Any) -> None:
-        backup.parent.mkdir(parents=True, exist_ok=True)
-        backup.write_text(dump_export(snapshot) + "\n", encoding="utf-8")
+        _write_atomically(backup, dump_export(snapshot) + "\n")
 
     async def reembed(services: Services) -> int:
         return await services.memory.reembed(before_clear=write_backup)

@@ -56,6 +56,31 @@ def test_export_to_a_file(env, tmp_path) -> None:
     assert json.loads(target.read_text())["format"] == "amfs-export"
 
 
+@pytest.mark.parametrize("name", ["amfs.db", "amfs.db-wal", "amfs.vectors.usearch", "learning.db", "elsewhere.db"])
+def test_export_and_reembed_refuse_to_write_over_a_store_file(env, tmp_path, name: str) -> None:
+    store_dir = tmp_path / "store"
+    target = store_dir / name if name != "elsewhere.db" else tmp_path / name
+    if name == "elsewhere.db":  # another store's database, anywhere
+        import sqlite3
+
+        sqlite3.connect(target).execute("CREATE TABLE t (x)").connection.close()
+    before = target.read_bytes() if target.exists() else None
+    for command in (["memory", "export", "-o", str(target)], ["memory", "reembed", "--backup", str(target)]):
+        result = CliRunner().invoke(cli, command)
+        assert result.exit_code != 0
+        assert "would destroy the store" in result.output and "Traceback" not in result.output
+        assert (target.read_bytes() if target.exists() else None) == before
+    shown = CliRunner().invoke(cli, ["memory", "show"])
+    assert shown.exit_code == 0 and "checkout-service/retry-pattern v2" in shown.output
+
+
+def test_export_into_a_missing_folder_is_one_clear_line(env, tmp_path) -> None:
+    result = CliRunner().invoke(cli, ["memory", "export", "-o", str(tmp_path / "no" / "such" / "x.json")])
+    assert result.exit_code != 0
+    assert "does not exist; create it or choose another path. Nothing was exported." in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "no").exists()
+
+
 @pytest.mark.parametrize(
     ("content", "reason"),
     [
