@@ -119,21 +119,26 @@ def validate_outcome_type(outcome_type: Any) -> OutcomeType:
         ) from None
 
 
-def has_control_characters(text: str) -> bool:
-    """Whether `text` holds a control character (Unicode Cc: NUL, newline, escape, ...)."""
-    return any(unicodedata.category(char) == "Cc" for char in text)
+def has_hidden_characters(text: str) -> bool:
+    """Whether `text` holds a control or format character (Unicode Cc, Cf: NUL, newline, escape, zero-width space,
+    bidirectional overrides), which print as nothing or rearrange what is around them."""
+    return any(unicodedata.category(char) in ("Cc", "Cf") for char in text)
 
 
 def validate_outcome_ref(outcome_ref: Any) -> str:
+    """The ref, stripped and in Unicode NFC: one incident is one ref however its accents were typed."""
     if not isinstance(outcome_ref, str) or not outcome_ref.strip():
         raise ValidationError("outcome_ref must be a non-empty string such as a ticket or deploy id ('INC-1042').")
     if len(outcome_ref) > MAX_OUTCOME_REF_LENGTH:
         raise ValidationError(f"outcome_ref is {len(outcome_ref)} characters; the limit is {MAX_OUTCOME_REF_LENGTH}.")
     stripped = outcome_ref.strip()
-    if has_control_characters(stripped):
-        # PostgreSQL text cannot hold NUL, and a newline or escape code would forge lines in logs and listings
-        raise ValidationError(f"outcome_ref {outcome_ref!r} contains a control character; use printable text only.")
-    return stripped
+    if has_hidden_characters(stripped):
+        # PostgreSQL text cannot hold NUL; a newline, escape code, zero-width or bidi character would forge lines
+        # in logs and listings or make two refs that print alike count as two incidents
+        raise ValidationError(
+            f"outcome_ref {outcome_ref!r} contains a control or invisible formatting character; use printable text only."
+        )
+    return unicodedata.normalize("NFC", stripped)
 
 
 def resolve_ttl(now: datetime, ttl_seconds: Any = None, ttl_at: datetime | None = None) -> datetime | None:

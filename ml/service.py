@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path, PurePath
 
 from ..core.errors import ValidationError
-from ..core.validation import has_control_characters
+from ..core.validation import has_hidden_characters
 from ..core.service import MemoryService
 from ._common import Progress
 from .calibrator import CalibrationReport, ConfidenceCalibrator
@@ -91,7 +91,7 @@ class MLService:
         relative = PurePath(output_path)
         # Control characters: NUL cannot be in a file name at all, and a newline makes a name that breaks listings.
         if not output_path.strip() or relative.is_absolute() or ".." in relative.parts or relative.name in ("", ".") \
-                or has_control_characters(output_path):
+                or has_hidden_characters(output_path):
             raise ValidationError(
                 f"output_path {output_path!r} must be a relative file name such as 'sft/train.jsonl'; exports are "
                 f"written under {self.export_dir}."

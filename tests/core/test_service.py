@@ -219,13 +219,26 @@ async def test_bad_outcome_input_is_refused(service: MemoryService, actor: Actor
         await service.commit_outcome(actor, "INC-1", "disaster", ["svc/a"])
     with pytest.raises(ValidationError, match="outcome_ref"):
         await service.commit_outcome(actor, "  ", "failure", ["svc/a"])
-    for ref in ("\x00", "INC-1\n2026-01-01 forged log line", "INC\x1b[2J"):
-        with pytest.raises(ValidationError, match="control character"):
+    for ref in ("\x00", "INC-1\n2026-01-01 forged log line", "INC\x1b[2J", "INC-1042\u200b", "\u200b",
+                "\u202dINC-1042", "INC-1042\u2060", "INC-10\u00ad42", "\ufeffINC-1042"):
+        with pytest.raises(ValidationError, match="control or invisible formatting character"):
             await service.commit_outcome(actor, ref, "failure", ["svc/a"])
     with pytest.raises(ValidationError, match="entity_path/key"):
         await service.commit_outcome(actor, "INC-1", "failure", ["no-slash"])
     with pytest.raises(ValidationError, match="is empty"):
         await service.commit_outcome(actor, "INC-1", "failure", [])
+
+
+async def test_an_outcome_ref_typed_with_composed_or_decomposed_accents_is_one_incident(
+    service: MemoryService, actor: Actor
+) -> None:
+    await service.write(actor, WriteRequest("svc", "a", "v", confidence=0.5))
+    await service.read(actor, "svc", "a")
+    first = await service.commit_outcome(actor, "Caf\u00e9-1", "failure", ["svc/a"])
+    again = await service.commit_outcome(actor, "Cafe\u0301-1", "failure", ["svc/a"])
+    assert first.outcome_ref == again.outcome_ref == "Caf\u00e9-1"
+    assert [r.outcome_ref for r in await service.outcome_records()] == ["Caf\u00e9-1"]
+    assert (await service.peek("svc", "a")).confidence == pytest.approx(0.55)
 
 
 async def test_calibrated_multipliers_are_used_persisted_and_reversible(service: MemoryService, actor: Actor) -> None:
