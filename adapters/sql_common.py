@@ -37,6 +37,7 @@ from ..core.models import (
     TraceEvent,
 )
 from ..core.ports import StoreSnapshot
+from ..core.retrieval import search_form
 
 T = TypeVar("T")
 
@@ -76,7 +77,7 @@ class Dialect:
         raise NotImplementedError
 
     def search_text(self, text: str) -> str:
-        return text
+        return search_form(text)
 
     def passages_param(self, passages: list[list[float]] | None, embedding: list[float] | None) -> bytes | None:
         """Passage embeddings as one float32 blob, rows one after another (both stores): each row as long as the
@@ -158,7 +159,7 @@ class PostgresDialect(Dialect):
 
     def search_text(self, text: str) -> str:
         """PostgreSQL text cannot hold NUL; search text is only for matching, so NUL becomes a space."""
-        return text.replace("\x00", " ")
+        return search_form(text).replace("\x00", " ")
 
 
 SQLITE = SQLiteDialect()

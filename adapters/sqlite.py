@@ -228,7 +228,7 @@ class SQLiteStore(SQLiteDatabase):
                     conn.execute("UPDATE entries SET is_current = 0 WHERE row_id = ?", (previous["row_id"],))
                     conn.execute("DELETE FROM entries_fts WHERE rowid = ?", (previous["row_id"],))
                 row_id = conn.execute(_INSERT_ENTRY, draft_params(draft, version, SQLITE)).lastrowid
-                conn.execute("INSERT INTO entries_fts (rowid, search_text) VALUES (?, ?)", (row_id, draft.search_text))
+                conn.execute("INSERT INTO entries_fts (rowid, search_text) VALUES (?, ?)", (row_id, SQLITE.search_text(draft.search_text)))
                 conn.execute(
                     _INSERT_TRACE,
                     trace_params(actor.session_id, actor.agent_id, "write", draft.entity_path, draft.key, version,

@@ -19,6 +19,7 @@ attributed to someone the question names (a transcript turn "Caroline: ..."; see
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -55,10 +56,17 @@ _STOPWORDS = frozenset(
 _WORD = re.compile(r"[\w]+", re.UNICODE)
 
 
+def search_form(text: str) -> str:
+    """Text as keyword search indexes and queries it: Unicode NFC ("Cafe\u0301" and "Caf\u00e9" are one word)."""
+    return unicodedata.normalize("NFC", text)
+
+
 def keyword_terms(query: str) -> list[str]:
-    """The words of a natural-language query worth matching: lower-cased, no stop words, deduplicated."""
+    """The words of a natural-language query worth matching: lower-cased, no stop words, deduplicated. In Unicode
+    NFC, as stored search text is (`search_form`): a decomposed accent is not a word character and would split
+    the word."""
     terms: list[str] = []
-    for word in _WORD.findall(query.lower()):
+    for word in _WORD.findall(search_form(query).lower()):
         if word not in _STOPWORDS and word not in terms and (len(word) > 1 or word.isdigit()):
             terms.append(word)
     return terms[:MAX_QUERY_TERMS]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 import math
+import unicodedata
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -33,6 +34,7 @@ from amfs_server.core.models import (
     TraceEvent,
 )
 from amfs_server.core.ports import MemoryStore, OutcomeTarget, StoreSnapshot, TierUpdate
+from amfs_server.core.retrieval import keyword_terms
 
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
 DIM = 384  # the [postgres] fixture's embedding dimension
@@ -544,6 +546,17 @@ async def test_keyword_candidates_match_any_term_best_first(store: MemoryStore) 
     assert len(await store.keyword_candidates(["svc"], EntryFilter(), NOW, 2)) == 2
     assert await store.keyword_candidates(["svc"], EntryFilter(), NOW, 0) == []
     assert await store.keyword_candidates(["svc"], EntryFilter(), NOW, -1) == []
+
+
+async def test_keyword_search_finds_text_stored_with_decomposed_accents(store: MemoryStore) -> None:
+    """macOS input often arrives in NFD ("e" + combining acute); the query words come in NFC (`keyword_terms`)."""
+    await write(
+        store,
+        draft("menu", "nfc", search_text="The Zo\u00eb caf\u00e9 serves cr\u00e8me br\u00fbl\u00e9e"),
+        draft("menu", "nfd", search_text=unicodedata.normalize("NFD", "The Zo\u00eb caf\u00e9 serves cr\u00e8me br\u00fbl\u00e9e")),
+    )
+    for query in ("caf\u00e9", "Cafe\u0301", "zo\u00eb"):
+        assert sorted(keys(await store.keyword_candidates(keyword_terms(query), EntryFilter(), NOW, 10))) == ["nfc", "nfd"]
 
 
 async def test_keyword_candidates_rank_a_rare_word_above_a_common_one(store: MemoryStore) -> None:
