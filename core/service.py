@@ -800,8 +800,12 @@ class MemoryService:
                 )
             targets = []
             for text in causal_entry_keys:
-                entity_path, key = split_entry_key(text)
-                target = OutcomeTarget(v.validate_entity_path(entity_path), v.validate_key(key), None)
+                try:
+                    entity_path, key = split_entry_key(text)
+                    target = OutcomeTarget(v.validate_entity_path(entity_path), v.validate_key(key), None)
+                except ValidationError as error:
+                    several = " (several entries are several list items, e.g. ['svc/a', 'svc/b'])" if "," in text else ""
+                    raise ValidationError(f"causal_entry_keys item {text!r}{several}: {error}") from None
                 if target not in targets:
                     targets.append(target)
         # One store call: existence (TTL honoured), the confidences and the new tiers share one transaction.

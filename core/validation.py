@@ -86,19 +86,19 @@ def serialize_value(value: Any, max_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> str
     return text
 
 
-def validate_confidence(confidence: Any) -> float:
+def validate_confidence(confidence: Any, name: str = "confidence") -> float:
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)):
-        raise ValidationError(f"confidence must be a number between 0 and {MAX_CONFIDENCE:g}, got {confidence!r}.")
+        raise ValidationError(f"{name} must be a number between 0 and {MAX_CONFIDENCE:g}, got {confidence!r}.")
     if not math.isfinite(confidence) or not 0 <= confidence <= MAX_CONFIDENCE:
         raise ValidationError(
-            f"confidence must be between 0 and {MAX_CONFIDENCE:g} (1.0 = verified; values above 1 mark a risk "
+            f"{name} must be between 0 and {MAX_CONFIDENCE:g} (1.0 = verified; values above 1 mark a risk "
             f"signal that failures raise), got {confidence!r}."
         )
     return float(confidence)
 
 
 def validate_min_confidence(min_confidence: Any) -> float | None:
-    return None if min_confidence is None else validate_confidence(min_confidence)
+    return None if min_confidence is None else validate_confidence(min_confidence, "min_confidence")
 
 
 def validate_memory_type(memory_type: Any) -> MemoryType:

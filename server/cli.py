@@ -118,7 +118,7 @@ def memory() -> None:
 
 @memory.command("show")
 @click.option("--entity-path", default=None, help="Only entries under this entity path.")
-@click.option("--limit", default=50, show_default=True, type=int)
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1))
 @click.option("--json", "as_json", is_flag=True, help="One JSON document (whole values) instead of the table.")
 def memory_show(entity_path: str | None, limit: int, as_json: bool = False) -> None:
     """List current entries with their confidence, version and tier, then learned preferences and patterns."""

@@ -206,7 +206,7 @@ class Settings(BaseModel):
     data_dir: Path = Field(default_factory=lambda: Path.home() / ".amfs")
     postgres_dsn: str | None = None
     agent_id: str | None = None
-    decay_half_life_days: float | None = None
+    decay_half_life_days: float | None = Field(None, gt=0, allow_inf_nan=False)
     max_value_bytes: int = Field(1024 * 1024, ge=1)
     embedder: str | None = DEFAULT_EMBEDDER
     ml_model_dir: Path | None = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Annotated, Literal
 
 from fastmcp import Context
@@ -69,7 +68,9 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
         min_confidence: MinConfidence = None,
         agent_id: Annotated[str | None, Field(min_length=1, description="Only entries this agent wrote.")] = None,
         since: Annotated[
-            datetime | None, Field(description="Only entries written at or after (ISO 8601; UTC if no zone).")
+            str | None,
+            Field(max_length=64, description="Only entries written at or after this ISO 8601 date/datetime, e.g. "
+                                             "'2023-05-01' (UTC if no zone)."),
         ] = None,
         sort_by: Literal["confidence", "recency", "recall_count", "priority"] = "confidence",
         limit: Annotated[int, Field(ge=1, le=100)] = 20,
@@ -79,8 +80,6 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
     ) -> EntryList:
         """Filter current memories by entity, type, confidence, author or age (no query text), sorted.
         Does not count as reading them. To search by meaning use amfs_retrieve."""
-        if since is not None and since.tzinfo is None:
-            since = since.replace(tzinfo=timezone.utc)
         entries = await service.search(
             entity_path=entity_path, memory_type=memory_type, min_confidence=min_confidence, agent_id=agent_id,
             since=since, sort_by=sort_by, limit=limit, event_after=event_after, event_before=event_before,

@@ -32,6 +32,12 @@ def test_memory_show_lists_current_entries(env) -> None:
     assert "payments/risk-double-charge v1" in result.output
 
 
+@pytest.mark.parametrize("limit", ["0", "-5"])
+def test_memory_show_refuses_a_limit_below_one(env, limit: str) -> None:
+    result = CliRunner().invoke(cli, ["memory", "show", "--limit", limit])
+    assert result.exit_code == 2 and "--limit" in result.output and "Traceback" not in result.output
+
+
 def test_export_then_import_into_an_empty_store_round_trips_exactly(env, tmp_path, monkeypatch) -> None:
     runner = CliRunner()
     exported = runner.invoke(cli, ["memory", "export"])

@@ -225,6 +225,10 @@ async def test_bad_outcome_input_is_refused(service: MemoryService, actor: Actor
             await service.commit_outcome(actor, ref, "failure", ["svc/a"])
     with pytest.raises(ValidationError, match="entity_path/key"):
         await service.commit_outcome(actor, "INC-1", "failure", ["no-slash"])
+    with pytest.raises(ValidationError, match=r"causal_entry_keys item 'svc//e': .*empty segment"):
+        await service.commit_outcome(actor, "INC-1", "failure", ["svc//e"])
+    with pytest.raises(ValidationError, match=r"item 'svc/d,svc/e' \(several entries are several list items"):
+        await service.commit_outcome(actor, "INC-1", "failure", ["svc/d,svc/e"])
     with pytest.raises(ValidationError, match="is empty"):
         await service.commit_outcome(actor, "INC-1", "failure", [])
 

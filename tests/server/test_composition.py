@@ -93,6 +93,10 @@ def test_the_cli_reports_bad_settings_the_same_way_in_every_command(
         ("AMFS_RETENTION_DAYS", "inf"),
         ("AMFS_RETENTION_DAYS", "999999"),
         ("AMFS_MAX_VALUE_BYTES", "-5"),
+        # refused only at start before, without the variable's name
+        ("AMFS_DECAY_HALF_LIFE_DAYS", "0"),
+        ("AMFS_DECAY_HALF_LIFE_DAYS", "-1"),
+        ("AMFS_DECAY_HALF_LIFE_DAYS", "nan"),
     ],
 )
 def test_a_refused_setting_is_named_but_its_value_is_not_echoed(

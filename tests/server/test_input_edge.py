@@ -54,6 +54,8 @@ async def test_write_refuses_numbers_of_the_wrong_type_or_out_of_range_as_a_vali
         ("amfs_calibrate", {"revert": "true"}, "valid boolean"),
         ("amfs_search", {"limit": True}, "valid integer"),
         ("amfs_search", {"min_confidence": "0.1"}, "valid number"),
+        ("amfs_search", {"min_confidence": 101}, "min_confidence must be between 0 and 100"),
+        ("amfs_read", {"entity_path": "svc", "key": "k", "min_confidence": 101}, "min_confidence must be between"),
     ],
 )
 async def test_reads_refuse_strings_and_floats_where_integers_and_booleans_are_declared(

@@ -186,6 +186,10 @@ async def test_search_by_agent_and_since(client: Client) -> None:
     assert mine["count"] == 1
     future = (await client.call_tool("amfs_search", {"since": "2999-01-01T00:00:00"})).structured_content
     assert future["count"] == 0
+    assert (await client.call_tool("amfs_search", {"since": "2000-01-01"})).structured_content["count"] == 1
+    assert (await client.call_tool("amfs_search", {"since": "2999-01-01"})).structured_content["count"] == 0
+    refused = await client.call_tool("amfs_search", {"since": "yesterday"}, raise_on_error=False)
+    assert refused.is_error and "since" in refused.content[0].text and "2023-05-08" in refused.content[0].text
 
 
 async def test_list_shows_previews_and_says_when_the_limit_cut_it(client: Client) -> None:
