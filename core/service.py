@@ -154,6 +154,7 @@ class MemoryService:
         self._calibrated_multipliers: dict[OutcomeType, float] | None = None
         self._expiry_sweeps: asyncio.Task[None] | None = None
         self.learned_scorer: LearnedScorer | None = None
+        self._learned_covers: Callable[[str | None], bool] | None = None
         if self.config.fusion not in FUSIONS:
             raise ValidationError(f"Unknown fusion {self.config.fusion!r}; use one of {list(FUSIONS)}.")
         resolve_weights(self.config.retrieval_weights, learned_available=False)  # fail fast on bad weights
@@ -360,9 +361,14 @@ class MemoryService:
 
     # -- ML hooks: what `ml/` needs, so it never reaches the store or assigns attributes ----------
 
-    def install_learned_scorer(self, scorer: LearnedScorer | None) -> None:
-        """Serve `scorer` as the `learned` retrieval strategy (30% of the fusion); None turns it off."""
+    def install_learned_scorer(
+        self, scorer: LearnedScorer | None, covers: Callable[[str | None], bool] | None = None
+    ) -> None:
+        """Serve `scorer` as the `learned` retrieval strategy (30% of the fusion); None turns it off. `covers` says
+        for which retrievals (by their entity_path filter, None: the whole store) it takes part; omitted: all. A
+        model trained for one entity must not move the weights of anyone else's retrievals."""
         self.learned_scorer = scorer
+        self._learned_covers = covers
 
     async def refresh_calibrated_multipliers(self) -> dict[OutcomeType, float]:
         """Re-read the persisted multipliers: another process sharing the store may have applied or reverted them."""
@@ -632,9 +638,16 @@ class MemoryService:
 
     # -- retrieval ----------------------------------------------------------------------------
 
-    def retrieval_weights(self) -> dict[str, float]:
+    def learned_applies(self, entity_path: str | None = None) -> bool:
+        """Whether the learned strategy takes part in a retrieval filtered to `entity_path` (None: unfiltered)."""
+        if self.learned_scorer is None:
+            return False
+        return self._learned_covers is None or self._learned_covers(entity_path)
+
+    def retrieval_weights(self, entity_path: str | None = None) -> dict[str, float]:
+        """The configured weights as a retrieval filtered to `entity_path` gets them."""
         return resolve_weights(
-            self.config.retrieval_weights, learned_available=self.learned_scorer is not None, fusion=self.config.fusion
+            self.config.retrieval_weights, learned_available=self.learned_applies(entity_path), fusion=self.config.fusion
         )
 
     async def retrieve(
@@ -680,9 +693,10 @@ class MemoryService:
             event_after=event_after,
             event_before=event_before,
         )
+        learned = self.learned_applies(flt.entity_path)
         active = (
-            resolve_weights(weights, learned_available=self.learned_scorer is not None, fusion=fusion)
-            if weights is not None or fusion != self.config.fusion else self.retrieval_weights()
+            resolve_weights(weights, learned_available=learned, fusion=fusion)
+            if weights is not None or fusion != self.config.fusion else self.retrieval_weights(flt.entity_path)
         )
         now = self.now()
         # One pool for every limit up to candidate_pool / 2, so a larger limit extends the ranking of a smaller one
@@ -707,7 +721,7 @@ class MemoryService:
         admitted = {key: entry for key, entry in admitted.items() if int(entry.tier) <= depth}
         # The speaker rule (off by default) is only worked out when it weighs something.
         speaker_query = query if active.get("speaker", 0.0) > 0 else None
-        rankings = self._rankings(speaker_query, admitted, semantic, keyword, now)
+        rankings = self._rankings(speaker_query, admitted, semantic, keyword, now, learned)
         if fusion == "hybrid":
             fused = fuse_hybrid(rankings, active, self.config.candidate_pool)[:limit]
         else:
@@ -759,6 +773,7 @@ class MemoryService:
         semantic: builtins.list[tuple[MemoryEntry, float]],
         keyword: builtins.list[tuple[MemoryEntry, float]],
         now: datetime,
+        learned: bool,
     ) -> builtins.list[RankedList]:
         relevant = {e.entry_key for e, _ in semantic[: self.config.rerank_pool]} | {
             e.entry_key for e, _ in keyword[: self.config.rerank_pool]
@@ -772,7 +787,7 @@ class MemoryService:
         ]
         if speaker_query is not None:
             rankings.append(RankedList.from_scored("speaker", speaker_matches(speaker_query, entries)))
-        if self.learned_scorer is not None and entries:
+        if learned and self.learned_scorer is not None and entries:
             ranks = {ranking.strategy: dict(zip(ranking.keys, range(1, len(ranking.keys) + 1))) for ranking in rankings}
             per_entry = {e.entry_key: {name: ranks[name].get(e.entry_key, 0) for name in ranks} for e in entries}
             scores = self.learned_scorer(entries, per_entry)

@@ -179,8 +179,17 @@ class LearnedRanker:
         target = service or (self.service if self._owns_service else None)
         if target is None:
             raise ValueError("install() needs a MemoryService: this ranker was built on a bare store.")
-        target.install_learned_scorer(self.score if self._models else None)
+        target.install_learned_scorer(self.score if self._models else None, self.covers)
         return bool(self._models)
+
+    def covers(self, entity_path: str | None) -> bool:
+        """Whether a retrieval filtered to `entity_path` (None: the whole store) is one a model was trained for: a
+        whole-store model covers every retrieval, an entity's model those at or under its entity. Elsewhere the
+        learned strategy stays out, so training for one team never shifts another's ranking."""
+        models = self._models
+        return None in models or (
+            entity_path is not None and any(scope is not None and under(entity_path, scope) for scope in models)
+        )
 
     def score(self, entries: Sequence[MemoryEntry], ranks: Mapping[str, Mapping[str, int]]) -> list[float]:
         """P(useful) per entry, from the most specific model covering its entity (the `LearnedScorer`)."""

@@ -91,13 +91,14 @@ def register_ml_tools(mcp: FastMCP, ml: MLService, actors: ActorResolver) -> Non
     async def amfs_retrain(ctx: Context, entity_path: EntityFilter = None) -> RetrainResult:
         """Train the learned retrieval ranker on outcome history (entries read before clean outcomes vs
         incidents); it then takes 30% of amfs_retrieve's fusion. Needs 20+ outcome-linked reads; says
-        what is missing otherwise. entity_path trains a model just for that entity."""
+        what is missing otherwise. entity_path trains a model just for that entity, used only by retrievals
+        at or under it."""
         progress = ThreadProgress(ctx)
         try:
             metrics = await ml.retrain(entity_path, progress=progress)
         finally:
             await progress.drain()
-        return RetrainResult(**metrics.to_dict(), learned_weight=ml.service.retrieval_weights()["learned"])
+        return RetrainResult(**metrics.to_dict(), learned_weight=ml.service.retrieval_weights(entity_path)["learned"])
 
     @tools.tool(writes("Calibrate confidence"))
     async def amfs_calibrate(

@@ -106,6 +106,27 @@ async def test_a_per_entity_model_is_saved_beside_the_global_one_and_scores_its_
     assert any(s != 0.5 for k, s in scores.items() if k.startswith("svc-0/"))
 
 
+async def test_a_per_entity_model_changes_only_the_retrievals_of_its_entity(sim_sqlite: MemoryService) -> None:
+    """A key limited to svc-0 may train svc-0's model; nobody else's ranking (or weights) may move for it."""
+    query = "payments retry cache eviction"
+    before = {scope: await sim_sqlite.retrieve(ACTOR, query, entity_path=scope, limit=10, count_as_read=False)
+              for scope in (None, "svc-1")}
+    ranker = LearnedRanker(sim_sqlite)
+    await ranker.train(entity_path="svc-0")
+    for scope in (None, "svc-1", "svc-01"):
+        assert not sim_sqlite.learned_applies(scope) and sim_sqlite.retrieval_weights(scope)["learned"] == 0.0
+    for scope in ("svc-0", "svc-0/sub"):
+        assert sim_sqlite.learned_applies(scope)
+        assert sim_sqlite.retrieval_weights(scope)["learned"] == pytest.approx(LEARNED_WEIGHT)
+    for scope, results in before.items():
+        after = await sim_sqlite.retrieve(ACTOR, query, entity_path=scope, limit=10, count_as_read=False)
+        assert [(r.entry.entry_key, r.score) for r in after] == [(r.entry.entry_key, r.score) for r in results]
+    mine = await sim_sqlite.retrieve(ACTOR, query, entity_path="svc-0", limit=10, explain=True, count_as_read=False)
+    assert all("learned" in (r.strategies or {}) for r in mine)
+    await ranker.train()  # a whole-store model covers every retrieval
+    assert sim_sqlite.learned_applies(None) and sim_sqlite.learned_applies("svc-1")
+
+
 async def test_models_trained_on_other_features_are_not_loaded(sim_sqlite: MemoryService) -> None:
     await LearnedRanker(sim_sqlite).train()
     state = await sim_sqlite.get_shared_state(RANKER_MODELS)
