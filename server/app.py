@@ -37,7 +37,7 @@ from .auth import (
 from .composition import Services, build_services
 from .limits import CallLimiter, ServerLimits, SessionGuard, raise_open_file_limit
 from .logs import configure_logging, log_level_number, uvicorn_log_config
-from .json_guard import DuplicateKeyGuard
+from .json_guard import JsonRpcGuard
 from .settings import Settings
 
 logger = logging.getLogger("amfs_server.server")
@@ -129,13 +129,14 @@ def _warm_up_embedder(service: MemoryService) -> asyncio.Task[Any] | None:
 
 
 def http_options(host: str, allowed_origins: Sequence[str] = (), limits: ServerLimits | None = None) -> dict[str, Any]:
-    """Keyword arguments for FastMCP's http_app: our Origin/Host guard in place of FastMCP's own, the duplicate-key
-    check and the per-key session limits. FastMCP puts its authentication before these and its 401 after them (at
-    the route), so DuplicateKeyGuard leaves a request without a valid key unread (server/json_guard.py)."""
+    """Keyword arguments for FastMCP's http_app: our Origin/Host guard in place of FastMCP's own, the JSON-RPC
+    checks (duplicate keys, ids reused in flight) and the per-key session limits. FastMCP puts its
+    authentication before these and its 401 after them (at the route), so JsonRpcGuard leaves a request
+    without a valid key unread (server/json_guard.py)."""
     return {
         "middleware": [
             Middleware(OriginGuard, allowed_origins=allowed_origins, loopback_bind=is_loopback(host)),
-            Middleware(DuplicateKeyGuard),
+            Middleware(JsonRpcGuard),
             Middleware(SessionGuard, limits=limits or ServerLimits()),
         ],
         "host_origin_protection": False,  # OriginGuard does this, with AMFS_ALLOWED_ORIGINS

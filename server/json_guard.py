@@ -1,7 +1,11 @@
-"""HTTP: a JSON-RPC body with a duplicate key in one object is refused (400), not read as its last value.
+"""HTTP: checks on a JSON-RPC body before the transport sees it.
 
-JSON parsers differ on which duplicate wins, so a proxy or audit log and this server could see two
-different requests in one body. The stdio transport refuses them the same way (server/stdio.py).
+* A body with a duplicate key in one object is refused (400), not read as its last value: JSON parsers differ on
+  which duplicate wins, so a proxy or audit log and this server could see two different requests in one body. The
+  stdio transport refuses them the same way (server/stdio.py).
+* A request whose id is already in progress in the same session is refused (400): the MCP SDK answers only one of
+  two requests that share an id and leaves the other's connection open for good, so a client reusing ids (a bug,
+  or on purpose) would hold connections until the connection cap locked everyone out.
 """
 
 from __future__ import annotations
@@ -14,15 +18,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .stdio import MessageProblem, _no_duplicate_keys, top_level_id
 
 MAX_CHECKED_BYTES = 8 * 1024 * 1024  # larger bodies pass unchecked to the transport, which has its own limits
+INVALID_REQUEST = -32600
 
 
-class DuplicateKeyGuard:
+class JsonRpcGuard:
     """Runs after FastMCP's authentication (which puts `scope["user"]` first) but before its 401 (at the route),
     so it leaves the body of a request without a valid key unread: reading it first let a keyless client hold
     a connection by sending a body slowly, and the route refuses that request anyway."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self._in_progress: set[tuple[str, str]] = set()  # (session, the id's JSON text) of requests being answered
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or _refused_by_auth(scope):
@@ -38,15 +44,37 @@ class DuplicateKeyGuard:
             body += message.get("body", b"")
             if not message.get("more_body", False) or len(body) > MAX_CHECKED_BYTES:
                 break
-        problem = _duplicate_key_problem(body) if len(body) <= MAX_CHECKED_BYTES else None
+        parsed, problem = _parse(body) if len(body) <= MAX_CHECKED_BYTES else (None, None)
         if problem is not None:
-            await _refuse(send, body, problem)
+            await _refuse(send, top_level_id(body.decode("utf-8", errors="replace")), problem.code, str(problem))
+            return
+        request = _request_in_session(scope, parsed)
+        if request in self._in_progress:
+            await _refuse(send, parsed["id"], INVALID_REQUEST,  # type: ignore[index]
+                          f"A request with id {request[1]} is already in progress in this session; give every "
+                          "request its own id.")
             return
 
         async def replay() -> Message:
             return messages.pop(0) if messages else await receive()
 
-        await self.app(scope, replay, send)
+        if request is None:
+            await self.app(scope, replay, send)
+            return
+        self._in_progress.add(request)
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            self._in_progress.discard(request)
+
+
+def _request_in_session(scope: Scope, parsed: Any) -> tuple[str, str] | None:
+    """(session id, id as JSON text) for a request sent in an open session; None for anything else (a session's
+    opening request, a notification or response, a batch, a body that is not JSON)."""
+    session = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"mcp-session-id"), None)
+    if session is None or not isinstance(parsed, dict) or "method" not in parsed or parsed.get("id") is None:
+        return None
+    return session, json.dumps(parsed["id"], sort_keys=True)
 
 
 def _refused_by_auth(scope: Scope) -> bool:
@@ -55,21 +83,18 @@ def _refused_by_auth(scope: Scope) -> bool:
     return user is not None and not user.is_authenticated
 
 
-def _duplicate_key_problem(body: bytes) -> MessageProblem | None:
+def _parse(body: bytes) -> tuple[Any, MessageProblem | None]:
+    """The body's JSON (None when it is not JSON: the transport answers that itself), or its duplicate key."""
     try:
-        json.loads(body, object_pairs_hook=_no_duplicate_keys)
+        return json.loads(body, object_pairs_hook=_no_duplicate_keys), None
     except MessageProblem as problem:
-        return problem
+        return None, problem
     except (ValueError, RecursionError):
-        return None  # not JSON: the transport answers that itself
-    return None
+        return None, None
 
 
-async def _refuse(send: Send, body: bytes, problem: MessageProblem) -> None:
-    request_id: Any = top_level_id(body.decode("utf-8", errors="replace"))
-    payload = json.dumps(
-        {"jsonrpc": "2.0", "id": request_id, "error": {"code": problem.code, "message": str(problem)}}
-    ).encode()
+async def _refuse(send: Send, request_id: Any, code: int, message: str) -> None:
+    payload = json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}).encode()
     await send({
         "type": "http.response.start", "status": 400,
         "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
