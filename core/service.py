@@ -66,6 +66,7 @@ from .tiers import priority_score, tier_for
 logger = logging.getLogger("amfs_server.core.service")
 
 MAX_QUERY_CHARS = 2000
+MAX_HISTORY_PAGE = 1000  # versions per amfs_history call: a long history is read in pages, never whole
 
 MULTIPLIERS_META = "outcome_multipliers"
 
@@ -558,10 +559,25 @@ class MemoryService:
             raise NotFoundError(f"No memory at '{entity_path}/{key}'. Call amfs_list(entity_path=...) to see what exists.")
         return versions
 
+    async def history_page(
+        self, entity_path: str, key: str, limit: int, before_version: int | None = None
+    ) -> tuple[AsyncIterator[MemoryEntry], int]:
+        """The newest `limit` versions (of those numbered below `before_version`, when given), oldest first, each
+        read whole as it is needed, so a caller that keeps a preview of each holds one value at a time; and how
+        many older versions the page leaves out (0: it reaches the first)."""
+        limit = v.validate_limit(limit, maximum=MAX_HISTORY_PAGE)
+        before = v.validate_version(before_version)
+        versions = [x for x in await self.history(entity_path, key, values=False) if before is None or x.version < before]
+        page = versions[-limit:]
+        return self._read_whole(page), len(versions) - len(page)
+
     async def history_one_by_one(self, entity_path: str, key: str) -> AsyncIterator[MemoryEntry]:
-        """`history`, each version read whole as it is needed: a caller that keeps a preview of each (a listing,
-        a page) holds one value at a time, not every version's."""
-        for version in await self.history(entity_path, key, values=False):
+        """`history`, each version read whole as it is needed (see `history_page`)."""
+        async for entry in self._read_whole(await self.history(entity_path, key, values=False)):
+            yield entry
+
+    async def _read_whole(self, versions: builtins.list[MemoryEntry]) -> AsyncIterator[MemoryEntry]:
+        for version in versions:
             entry = await self.store.get_version(version.entity_path, version.key, version.version)
             if entry is not None and not entry.is_expired(self.now()):  # None: forgotten meanwhile
                 yield entry

@@ -133,19 +133,29 @@ class ToolErrorMiddleware(Middleware):
     async def on_call_tool(
         self, context: MiddlewareContext[Any], call_next: CallNext[Any, ToolResult]
     ) -> ToolResult:
+        name = context.message.name
+        server = context.fastmcp_context.fastmcp if context.fastmcp_context is not None else None
+        if server is not None and await server.get_tool(name) is None:
+            # A client's mistake, answered before anything runs or is recorded; the name is the caller's text,
+            # so it is shown escaped and cut (a newline in it must not start a line of its own in any log).
+            raise ToolError(f"Unknown tool {shown_name(name)}; call tools/list for this server's tools.",
+                            log_level=logging.DEBUG)
         try:
             return await call_next(context)
         except Exception as error:
             cause = error.__cause__ if isinstance(error, ToolError) and error.__cause__ is not None else error
             if isinstance(cause, AmfsError):
-                logger.debug("%s refused: %s", context.message.name, cause)
+                logger.debug("%s refused: %s", name, cause)
                 raise ToolError(str(cause), log_level=logging.DEBUG) from None
             if isinstance(cause, FastMCPError):
                 raise
-            logger.error("Unexpected error in %s", context.message.name, exc_info=cause)
-            raise ToolError(
-                f"Internal error in {context.message.name}; see the server log.", log_level=logging.DEBUG
-            ) from None
+            logger.error("Unexpected error in %s", name, exc_info=cause)
+            raise ToolError(f"Internal error in {name}; see the server log.", log_level=logging.DEBUG) from None
+
+
+def shown_name(name: str, limit: int = 80) -> str:
+    """A caller-given name as it may appear in a message or log line: quoted, escaped, at most `limit` characters."""
+    return repr(name if len(name) <= limit else name[:limit] + "...")
 
 
 def _is_fastmcp_tool_error_report(record: logging.LogRecord) -> bool:

@@ -159,6 +159,7 @@ class History(BaseModel):
     entity_path: str
     key: str
     versions: list[EntryView] = Field(description="Oldest first.")
+    older_versions: int = Field(0, description="Versions older than the first shown (before_version pages to them).")
 
 
 class StrategyHitView(BaseModel):

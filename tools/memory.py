@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastmcp import Context
 from pydantic import Field
 
-from ..core.service import MemoryService, WriteRequest
+from ..core.service import MAX_HISTORY_PAGE, MemoryService, WriteRequest
 from ._params import Confidence, EntityPath, Key, MinConfidence, TtlSeconds, Version
 from ._registry import ToolRegistry, read_only, writes
 from ._views import EntryView, ForgetResult, History, MemoryTypeName, WriteResult
@@ -67,12 +67,21 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
         return EntryView.of(entry, budget=None)
 
     @tools.tool(read_only("Memory history"))
-    async def amfs_history(entity_path: EntityPath, key: Key) -> History:
-        """Every version of one memory, oldest first, with who wrote it and its confidence. Long values
+    async def amfs_history(
+        entity_path: EntityPath,
+        key: Key,
+        limit: Annotated[int, Field(ge=1, le=MAX_HISTORY_PAGE, description="The newest this many versions.")] = 50,
+        before_version: Annotated[
+            Version, Field(description="Only versions numbered below this one (the next page back).")
+        ] = None,
+    ) -> History:
+        """Versions of one memory, oldest first, with who wrote it and its confidence: the newest `limit`
+        (50), and how many older ones remain (pass before_version=<oldest shown> for them). Long values
         are truncated; amfs_read with version= returns one in full."""
+        page, older = await service.history_page(entity_path, key, limit, before_version)
         # One whole value at a time, each cut to its preview before the next is read.
-        versions = [EntryView.of(entry, pin_version=True) async for entry in service.history_one_by_one(entity_path, key)]
-        return History(entity_path=entity_path, key=key, versions=versions)
+        versions = [EntryView.of(entry, pin_version=True) async for entry in page]
+        return History(entity_path=entity_path, key=key, versions=versions, older_versions=older)
 
     @tools.tool(writes("Forget memory", destructive=True, idempotent=True))
     async def amfs_forget(entity_path: EntityPath, key: Key) -> ForgetResult:

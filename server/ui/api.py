@@ -44,6 +44,7 @@ MAX_PAGE = 200
 # An entry page shows each older version's value up to this many characters of its JSON (the current one whole),
 # so a key with many large versions cannot make one response as large as all of them together.
 VERSION_VALUE_CHARS = 2000
+ENTRY_PAGE_VERSIONS = 200  # the newest versions an entry page shows; it says how many older ones it leaves out
 MAX_TREE_CHILDREN = 500
 
 # No inline script or style, no eval, nothing from another origin; the SVG chart is built with DOM calls.
@@ -289,7 +290,8 @@ def _handlers(ui: UiServices) -> dict[str, Handler]:
         key = v.validate_key(_required(request, "key"))
         now = utcnow()
         current = await service.peek(path, key)
-        versions = [_version_row(version, service, now) async for version in service.history_one_by_one(path, key)]
+        page, older = await service.history_page(path, key, ENTRY_PAGE_VERSIONS)
+        versions = [_version_row(version, service, now) async for version in page]
         records = await service.outcome_records(path)
         outcomes = []
         for record in records:
@@ -306,6 +308,7 @@ def _handlers(ui: UiServices) -> dict[str, Handler]:
         return {
             "entry": _detail(current, service, now),
             "versions": versions[::-1],
+            "older_versions": older,
             "outcomes": outcomes,
             "decay_half_life_days": service.config.decay_half_life_days,
             "now": to_iso(now),

@@ -212,6 +212,23 @@ async def test_history_lists_every_version_oldest_first(client: Client) -> None:
     assert "amfs_list" in await error_text(client, "amfs_history", {"entity_path": "svc", "key": "none"})
 
 
+async def test_a_long_history_comes_in_pages_newest_first_each_oldest_first(client: Client) -> None:
+    for n in range(1, 6):
+        await write(client, "svc", "k", f"v{n}")
+
+    async def page(**arguments: object) -> tuple[list[int], int]:
+        history = (await client.call_tool("amfs_history", {"entity_path": "svc", "key": "k", **arguments})).structured_content
+        return [v["version"] for v in history["versions"]], history["older_versions"]
+
+    assert await page() == ([1, 2, 3, 4, 5], 0)
+    assert await page(limit=2) == ([4, 5], 3)
+    assert await page(limit=2, before_version=4) == ([2, 3], 1)
+    assert await page(limit=2, before_version=2) == ([1], 0)
+    for refused in ({"limit": 0}, {"limit": 1001}, {"before_version": 0}):
+        text = await error_text(client, "amfs_history", {"entity_path": "svc", "key": "k", **refused})
+        assert "Internal error" not in text
+
+
 # -- forget -------------------------------------------------------------------------------------
 
 
@@ -345,3 +362,16 @@ async def test_long_operations_can_send_progress_notifications_from_a_worker_thr
     async with Client(app, progress_handler=on_progress) as client:
         await client.call_tool("amfs_slow", {})
     assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
+
+
+async def test_an_unknown_tool_is_a_clear_refusal_that_logs_nothing(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    name = "amfs_nope\n2026-01-01 00:00:00,000 CRITICAL amfs_server.auth: FORGED" + "x" * 3000
+    with caplog.at_level(logging.DEBUG):
+        result = await client.call_tool(name, {}, raise_on_error=False)
+    assert result.is_error
+    text = result.content[0].text
+    assert text.startswith("Unknown tool 'amfs_nope\\n2026") and "call tools/list" in text and len(text) < 200
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [r for r in caplog.records if "FORGED" in r.getMessage()]

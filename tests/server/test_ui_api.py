@@ -21,6 +21,7 @@ from amfs_server.server.auth import parse_api_keys
 from amfs_server.server.composition import build_service
 from amfs_server.server.settings import Settings, load_settings
 from amfs_server.server.ui import UiServices, create_ui_app
+from amfs_server.server.ui import api as api_module
 from amfs_server.server.ui.api import CONTENT_SECURITY_POLICY
 
 ADMIN = "admin-key-0000000000000001"
@@ -179,6 +180,19 @@ async def test_an_entry_page_shows_older_large_versions_cut_and_a_diff_reads_onl
         changed = [line["op"] for line in diff["lines"] if line["op"] != "same"]
         assert changed == ["remove", "add"]
         assert (await get(http, "diff", READER, path="team-a/logs", key="dump", **{"from": 0, "to": 5})).status_code == 400
+        assert data["older_versions"] == 0
+
+
+async def test_an_entry_page_shows_the_newest_versions_and_counts_the_older_ones(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A red-team finding: thousands of versions made amfs_history hold 12 times its reply in memory."""
+    monkeypatch.setattr(api_module, "ENTRY_PAGE_VERSIONS", 3)
+    async with mcp_http(settings) as (http, service):
+        for n in range(1, 6):
+            await service.write(WRITER, WriteRequest("team-a/logs", "many", f"version {n}"))
+        data = (await get(http, "entry", READER, path="team-a/logs", key="many")).json()
+        assert [r["version"] for r in data["versions"]] == [5, 4, 3] and data["older_versions"] == 2
 
 
 async def test_search_runs_retrieval_with_explain_and_outcomes_list_newest_first(settings: Settings) -> None:

@@ -245,7 +245,7 @@
     const box = clear(main());
     const facts = el("dl", { class: "facts" });
     const fact = (name, value) => facts.append(el("dt", { text: name }), el("dd", { "data-fact": name }, value));
-    fact("version", "v" + e.version + " of " + data.versions.length);
+    fact("version", "v" + e.version + " of " + (data.versions.length + (data.older_versions || 0)));
     fact("stored confidence", fmt(e.confidence));
     fact("effective confidence", fmt(e.effective_confidence) + (data.decay_half_life_days ? " (decay half-life " + data.decay_half_life_days + " days)" : " (no decay configured)"));
     fact("tier", e.tier_name + " (priority " + fmt(e.priority_score) + ")");
@@ -269,7 +269,7 @@
     box.appendChild(chartPanel);
 
     box.appendChild(el("div", { class: "panel" }, el("h3", { text: "Outcomes on this entry" }), outcomeTable(data.outcomes)));
-    box.appendChild(versionsPanel(e, data.versions));
+    box.appendChild(versionsPanel(e, data.versions, data.older_versions || 0));
   }
 
   function confidenceChart(data, detail) {
@@ -345,8 +345,9 @@
     return el("td", { class: "num " + (d >= 0 ? "delta-up" : "delta-down") }, (d >= 0 ? "+" : "") + d.toFixed(3));
   }
 
-  function versionsPanel(e, versions) {
+  function versionsPanel(e, versions, older) {
     const panel = el("div", { class: "panel", id: "versions" }, el("h3", { text: "Versions" }));
+    if (older) panel.appendChild(el("p", { class: "note" }, "The newest " + versions.length + " versions; " + older + " older ones are not shown (amfs_history pages to them)."));
     const table = el("table", {}, el("thead", {}, el("tr", {}, ["version", "written", "by", "confidence", "value"].map((h) => el("th", { text: h })))),
       el("tbody", {}, versions.map((v) => el("tr", { "data-version": v.version },
         el("td", {}, "v" + v.version), el("td", {}, when(v.provenance.written_at)), el("td", {}, v.provenance.agent_id),
