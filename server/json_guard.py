@@ -1,8 +1,9 @@
 """HTTP: checks on a JSON-RPC body before the transport sees it.
 
 * A body with a duplicate key in one object is refused (400), not read as its last value: JSON parsers differ on
-  which duplicate wins, so a proxy or audit log and this server could see two different requests in one body. The
-  stdio transport refuses them the same way (server/stdio.py).
+  which duplicate wins, so a proxy or audit log and this server could see two different requests in one body. So
+  are a batch and a request whose id is neither a string nor an integer, which the SDK would read as something
+  else (answered 202 and dropped, or a page of validation errors). stdio refuses them the same way (server/stdio.py).
 * A request whose id is already in progress in the same session is refused (400): the MCP SDK answers only one of
   two requests that share an id and leaves the other's connection open for good, so a client reusing ids (a bug,
   or on purpose) would hold connections until the connection cap locked everyone out.
@@ -15,7 +16,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .stdio import MessageProblem, _no_duplicate_keys, top_level_id
+from .stdio import MessageProblem, _no_duplicate_keys, shape_problem, top_level_id
 
 MAX_CHECKED_BYTES = 8 * 1024 * 1024  # larger bodies pass unchecked to the transport, which has its own limits
 INVALID_REQUEST = -32600
@@ -45,6 +46,7 @@ class JsonRpcGuard:
             if not message.get("more_body", False) or len(body) > MAX_CHECKED_BYTES:
                 break
         parsed, problem = _parse(body) if len(body) <= MAX_CHECKED_BYTES else (None, None)
+        problem = problem or shape_problem(parsed)
         if problem is not None:
             await _refuse(send, top_level_id(body.decode("utf-8", errors="replace")), problem.code, str(problem))
             return

@@ -25,7 +25,7 @@ from mcp.shared.message import SessionMessage
 
 logger = logging.getLogger("amfs_server.server.stdio")
 
-_ID_VALUE = re.compile(r'\s*:\s*(-?\d{1,18}|"(?:[^"\\]|\\.){0,200}")')
+_ID_VALUE = re.compile(r'\s*:\s*(-?\d{1,18}(?![\d.eE])|"(?:[^"\\]|\\.){0,200}")')  # 1.5 and 1e3 are not ids
 
 
 class MessageProblem(Exception):
@@ -43,14 +43,29 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
+def shape_problem(message: Any) -> MessageProblem | None:
+    """What the SDK would read as something else: a batch (answered by nobody) or a request whose id is not a
+    string or an integer (read as a notification: run unanswered, or dropped)."""
+    if isinstance(message, list):
+        return MessageProblem(types.INVALID_REQUEST, "Invalid request: batches are not supported; send one message at a time")
+    if isinstance(message, dict) and "method" in message and "id" in message:
+        request_id = message["id"]
+        if isinstance(request_id, bool) or not isinstance(request_id, (int, str)):
+            return MessageProblem(types.INVALID_REQUEST, "Invalid request: id must be a string or an integer")
+    return None
+
+
 def check_line(line: str) -> None:
     """Raise MessageProblem when `line` is not one valid JSON-RPC message the SDK will accept."""
     try:
-        json.loads(line, object_pairs_hook=_no_duplicate_keys)
+        message = json.loads(line, object_pairs_hook=_no_duplicate_keys)
     except RecursionError:
         raise MessageProblem(types.PARSE_ERROR, "Parse error: JSON nested too deeply") from None
     except ValueError as error:
         raise MessageProblem(types.PARSE_ERROR, f"Parse error: {str(error)[:200]}") from None
+    problem = shape_problem(message)
+    if problem is not None:
+        raise problem
     try:
         types.jsonrpc_message_adapter.validate_json(line, by_name=False)
     except Exception as error:  # the SDK's own parse: surrogates, missing fields, wrong shapes
@@ -120,9 +135,10 @@ class CheckedLines:
 
     async def _answer(self, line: str, problem: MessageProblem) -> None:
         request_id = top_level_id(line)
-        if request_id is None:
+        if request_id is None and problem.code != types.INVALID_REQUEST:
             logger.warning("Ignored a stdin line with no request id (%s): %.120r", problem, line)
             return
+        # An invalid request whose id cannot be read is answered with id null, as JSON-RPC 2.0 says.
         logger.warning("Refused request %r: %s", request_id, problem)
         await self._attached.wait()
         error = types.JSONRPCError(

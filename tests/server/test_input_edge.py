@@ -145,17 +145,20 @@ async def test_a_refused_input_is_not_logged_as_a_crash(client: Client, caplog: 
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
-async def test_http_refuses_a_body_with_a_duplicate_key(tmp_path, launch_server) -> None:
+async def test_http_refuses_a_body_with_a_duplicate_key_a_batch_or_an_id_of_another_type(tmp_path, launch_server) -> None:
     import httpx2
 
     server = launch_server("http", tmp_path / "http-data")
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
     try:
         body = '{"jsonrpc":"2.0","id":5,"method":"ping","method":"tools/list"}'
         async with httpx2.AsyncClient(timeout=10) as http:
-            refused = await http.post(
-                f"{server.base_url}/mcp", content=body,
-                headers={"Content-Type": "application/json", "Accept": "application/json, text/event-stream"},
-            )
+            refused = await http.post(f"{server.base_url}/mcp", content=body, headers=headers)
+            shapes = [
+                await http.post(f"{server.base_url}/mcp", content=shape, headers=headers)
+                for shape in ('[{"jsonrpc":"2.0","id":1,"method":"ping"}]', '{"jsonrpc":"2.0","id":true,"method":"ping"}',
+                              '{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}')
+            ]
             accepted = await http.post(
                 f"{server.base_url}/mcp", content='{"jsonrpc":"2.0","id":6,"method":"ping"}',
                 headers={"Content-Type": "application/json", "Accept": "application/json, text/event-stream"},
@@ -167,3 +170,5 @@ async def test_http_refuses_a_body_with_a_duplicate_key(tmp_path, launch_server)
         "jsonrpc": "2.0", "id": 5, "error": {"code": -32600, "message": "Invalid request: duplicate key 'method' in one object"}
     }
     assert "duplicate key" not in accepted.text  # the transport answers it (here: no session yet)
+    assert [(r.status_code, r.json()["id"], r.json()["error"]["code"]) for r in shapes] == [(400, None, -32600)] * 3
+    assert "batches are not supported" in shapes[0].text and "string or an integer" in shapes[1].text

@@ -30,6 +30,12 @@ DEEP = '{"jsonrpc":"2.0","id":11,"method":"tools/call","params":' + "[" * 100_00
         ('{"jsonrpc":"2.0","id":8,"id":9,"method":"tools/list"}', -32600, 8),
         ('{"jsonrpc":"2.0","id":10}', -32600, 10),
         ('{"jsonrpc":"2.0","method":"tools/list","params":{"id":3}', -32700, None),  # a nested id is not the id
+        # ids the SDK would read as a notification (run unanswered or dropped), and a batch: refused, id null
+        ('{"jsonrpc":"2.0","id":true,"method":"tools/list"}', -32600, None),
+        ('{"jsonrpc":"2.0","id":1.5,"method":"tools/list"}', -32600, None),
+        ('{"jsonrpc":"2.0","id":1e3,"method":"tools/list"}', -32600, None),
+        ('{"jsonrpc":"2.0","id":null,"method":"tools/list"}', -32600, None),
+        ('[{"jsonrpc":"2.0","id":4,"method":"tools/list"}]', -32600, None),
     ],
 )
 def test_bad_lines_are_classified_and_their_top_level_id_found(line: str, code: int, expected_id: object) -> None:
@@ -65,6 +71,8 @@ def test_stdio_server_answers_every_bad_request_and_keeps_serving(tmp_path: Path
         '{"jsonrpc":"2.0","id":12,"method":"tools/call","params":{"name":"amfs_read","arguments":'
         '{"entity_path":"svc","key":"\\ud800"}}}',
         '{"jsonrpc":"2.0","id":13,"id":14,"method":"tools/list"}',
+        '{"jsonrpc":"2.0","id":1.5,"method":"tools/call","params":{"name":"amfs_write","arguments":'
+        '{"entity_path":"svc","key":"k","value":1}}}',
         json.dumps({"jsonrpc": "2.0", "id": 20, "method": "tools/list"}),
     ]
     process.stdin.write("".join(line + "\n" for line in sent))
@@ -72,9 +80,9 @@ def test_stdio_server_answers_every_bad_request_and_keeps_serving(tmp_path: Path
     replies: dict[Any, dict[str, Any]] = {}
     deadline = time.monotonic() + 90
     try:
-        while not {1, 7, 11, 12, 13, 20} <= set(replies):
+        while not {1, 7, 11, 12, 13, None, 20} <= set(replies):
             remaining = deadline - time.monotonic()
-            assert remaining > 0, f"no reply for {sorted({1, 7, 11, 12, 13, 20} - set(replies))}"
+            assert remaining > 0, f"no reply for {({1, 7, 11, 12, 13, None, 20} - set(replies))}"
             try:
                 reply = json.loads(lines.get(timeout=remaining))
             except queue.Empty:
@@ -87,6 +95,7 @@ def test_stdio_server_answers_every_bad_request_and_keeps_serving(tmp_path: Path
     assert replies[11]["error"]["code"] == -32700 and "deeply" in replies[11]["error"]["message"]
     assert replies[12]["error"]["code"] == -32700
     assert replies[13]["error"]["code"] == -32600 and "duplicate key 'id'" in replies[13]["error"]["message"]
+    assert replies[None]["error"]["code"] == -32600 and "string or an integer" in replies[None]["error"]["message"]
     assert "result" in replies[20] and replies[20]["result"]["tools"]
     stderr = process.stderr.read() if process.stderr else ""
     assert "no request id" in stderr
