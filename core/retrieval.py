@@ -61,6 +61,21 @@ def search_form(text: str) -> str:
     return unicodedata.normalize("NFC", text)
 
 
+# An entry with more distinct words (stop words aside) than this holds more of any question's words by its length
+# alone: a pasted dump, or a memory stuffed with common question words to surface for every query (one of 1,500
+# such words among a conversation's turns ranked first for half its questions). Above it the keyword score shrinks
+# with the square of the excess. 80 is above the longest entry of both data sets (turns up to 46 distinct words,
+# agent memories 51), so neither set's ranking moves; 40 held stuffing back further but cost the agent-memory set's
+# tuning half 0.010 MRR (README, Retrieval: Long and stuffed memories).
+KEYWORD_LENGTH_PIVOT = 80
+
+
+def keyword_length_factor(search_text: str) -> float:
+    """1 for an entry of up to KEYWORD_LENGTH_PIVOT distinct words (stop words aside), (pivot / n)^2 for one of n more."""
+    words = {word for word in _WORD.findall(search_form(search_text).lower()) if word not in _STOPWORDS}
+    return min(1.0, (KEYWORD_LENGTH_PIVOT / len(words)) ** 2) if words else 1.0
+
+
 def keyword_terms(query: str) -> list[str]:
     """The words of a natural-language query worth matching: lower-cased, no stop words, deduplicated. In Unicode
     NFC, as stored search text is (`search_form`): a decomposed accent is not a word character and would split

@@ -57,6 +57,7 @@ from .retrieval import (
     RetrievedEntry,
     fuse,
     fuse_hybrid,
+    keyword_length_factor,
     keyword_terms,
     recency_bucket,
     resolve_weights,
@@ -765,7 +766,13 @@ class MemoryService:
             return []
         common = await self.store.common_terms(terms, self.config.keyword_max_term_matches)
         distinctive = [term for term in terms if term not in common]
-        return await self.store.keyword_candidates(distinctive, flt, now, pool_size) if distinctive else []
+        if not distinctive:
+            return []
+        found = await self.store.keyword_candidates(distinctive, flt, now, pool_size)
+        scaled = [(entry, score * keyword_length_factor(embedding_text(entry.entity_path, entry.key, entry.value,
+                                                                       entry.event_at)))
+                  for entry, score in found]
+        return sorted(scaled, key=lambda pair: -pair[1])  # stable: equal scores keep the store's order
 
     async def _semantic_candidates(
         self, query: str, flt: EntryFilter, now: datetime, pool_size: int

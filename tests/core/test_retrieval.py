@@ -8,7 +8,9 @@ import pytest
 
 from amfs_server.core.errors import ValidationError
 from amfs_server.core.models import Actor, EntryFilter, utcnow
-from amfs_server.core.retrieval import RankedList, fuse, fuse_hybrid, keyword_terms, normalised, resolve_weights
+from amfs_server.core.retrieval import (
+    KEYWORD_LENGTH_PIVOT, RankedList, fuse, fuse_hybrid, keyword_length_factor, keyword_terms, normalised, resolve_weights,
+)
 from amfs_server.core.service import MemoryService, ServiceConfig, WriteRequest
 
 NOTES = [
@@ -406,3 +408,25 @@ async def test_a_reply_is_found_through_the_turn_it_answers(store, actor: Actor)
     assert after[0].strategies is not None and after[0].strategies["semantic"].raw_score < 0.1
     t2 = await svc.store.get_current("chat", "t2", utcnow())
     assert t2 is not None and t2.passage_embeddings is None and t2.context_key is None
+
+
+def test_the_keyword_length_factor_leaves_ordinary_entries_alone_and_shrinks_long_ones() -> None:
+    words = [f"topic{n}" for n in range(320)]
+    assert keyword_length_factor("svc retry: " + " ".join(words[:KEYWORD_LENGTH_PIVOT - 2])) == 1.0
+    assert keyword_length_factor(" ".join(words[:2 * KEYWORD_LENGTH_PIVOT])) == pytest.approx(0.25)
+    assert keyword_length_factor(" ".join(words[:KEYWORD_LENGTH_PIVOT] * 5 + ["the", "a", "of"] * 50)) == 1.0
+    assert keyword_length_factor("") == 1.0
+
+
+async def test_a_memory_stuffed_with_many_words_does_not_outrank_the_one_that_answers(
+    rsvc: MemoryService, actor: Actor
+) -> None:
+    """Red-team style: one memory holding hundreds of common question words ranked first for half of a
+    conversation's questions before the length factor."""
+    await _seed(rsvc, actor)
+    filler = [f"word{n}" for n in range(300)]
+    stuffed = " ".join(["payment", "retries", "backoff", "gateway", "timeout", "deploy", "cache", "rotate"] + filler)
+    await rsvc.write(actor, WriteRequest("svc/spam", "everything", stuffed))
+    hits = {h.entry.entry_key: h.score for h in await rsvc.retrieve(actor, "how do payment retries back off?", limit=5)}
+    assert max(hits, key=hits.__getitem__) == "payments/retry-pattern"
+    assert hits.get("svc/spam/everything", 0.0) < 0.5 * hits["payments/retry-pattern"], hits
