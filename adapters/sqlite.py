@@ -680,6 +680,7 @@ class SQLiteStore(SQLiteDatabase):
         if removed:
             conn.execute("DELETE FROM outcomes WHERE outcome_ref NOT IN (SELECT outcome_ref FROM outcome_effects)")
             conn.execute("INSERT INTO entries_fts (entries_fts) VALUES ('optimize')")
+            conn.execute(_UPSERT_META, (VECTOR_SCRUB_META, "true"))
         return removed, erased
 
     @staticmethod
@@ -696,6 +697,7 @@ class SQLiteStore(SQLiteDatabase):
         for entity_path, key in {(row[2], row[3]) for row in rows}:
             SQLiteStore._strip_lent_passages_sync(conn, entity_path, key)
         conn.execute("INSERT INTO entries_fts (entries_fts) VALUES ('optimize')")
+        conn.execute(_UPSERT_META, (VECTOR_SCRUB_META, "true"))
         return removed
 
     @staticmethod
@@ -713,16 +715,32 @@ class SQLiteStore(SQLiteDatabase):
         if not removed:
             return
         self._checkpoint()
-        self._vectors.forget(
-            self._connection(), [row_id for row_id, _ in erased], [SQLITE.embedding_value(blob) for _, blob in erased]
-        )
+        conn = self._connection()
+        self._vectors.forget(conn, [row_id for row_id, _ in erased], [SQLITE.embedding_value(blob) for _, blob in erased])
+        conn.execute("DELETE FROM meta WHERE name = ?", (VECTOR_SCRUB_META,))
+
+    async def open(self) -> None:
+        await super().open()
+        await self._run(self._finish_interrupted_scrub)
+
+    def _finish_interrupted_scrub(self) -> None:
+        """A process stopped between deleting rows and scrubbing their vectors from the index file: scrub now."""
+        conn = self._connection()
+        if conn.execute("SELECT 1 FROM meta WHERE name = ?", (VECTOR_SCRUB_META,)).fetchone() is None:
+            return
+        log.warning("Scrubbing vectors of deleted memories from %s (a process stopped before it did)", self._vectors.path)
+        self._vectors.scrub_dead(conn)
+        self._checkpoint()
+        conn.execute("DELETE FROM meta WHERE name = ?", (VECTOR_SCRUB_META,))
 
     async def clear(self) -> None:
         def delete() -> None:
             with self._transaction() as conn:
                 self._delete_all_sync(conn)
+                conn.execute(_UPSERT_META, (VECTOR_SCRUB_META, "true"))
             self._checkpoint(vacuum=True)
             self._vectors.wipe()
+            self._connection().execute("DELETE FROM meta WHERE name = ?", (VECTOR_SCRUB_META,))
 
         await self._run(delete)
 
@@ -737,7 +755,7 @@ class SQLiteStore(SQLiteDatabase):
             conn = self._connection()
             conn.execute("BEGIN")  # one consistent read snapshot across tables
             try:
-                return run_sqlite(conn, export_store(SQLITE, hidden_meta=(VECTOR_INDEX_META,)))
+                return run_sqlite(conn, export_store(SQLITE, hidden_meta=(VECTOR_INDEX_META, VECTOR_SCRUB_META)))
             finally:
                 conn.execute("COMMIT")
 
@@ -747,7 +765,7 @@ class SQLiteStore(SQLiteDatabase):
         def write() -> None:
             with self._transaction() as conn:  # BEGIN IMMEDIATE: no other writer until it commits
                 if replacing is not None:
-                    if run_sqlite(conn, export_store(SQLITE, hidden_meta=(VECTOR_INDEX_META,))) != replacing:
+                    if run_sqlite(conn, export_store(SQLITE, hidden_meta=(VECTOR_INDEX_META, VECTOR_SCRUB_META))) != replacing:
                         raise ConflictError(STORE_CHANGED)
                     self._delete_all_sync(conn)
                 top = conn.execute("SELECT COALESCE(MAX(row_id), 0) FROM entries").fetchone()[0]
@@ -784,6 +802,10 @@ class SQLiteStore(SQLiteDatabase):
 
 
 VECTOR_INDEX_META = "vector_index"
+# Set in the transaction that deletes rows with vectors, cleared once the index file is scrubbed of them: a crash
+# in between leaves it set, and the next open scrubs the file (the file's checksum still matches, so nothing else
+# would notice the forgotten vectors in it).
+VECTOR_SCRUB_META = "vector_scrub_pending"
 """Meta row naming the generation of the index files last saved with this database (not exported)."""
 
 
@@ -950,6 +972,21 @@ class VectorSync:
             return
         # What other processes deleted since this one synced goes too: the file is rewritten from this index.
         self.index.save_scrubbed(wanted + self._drop_dead(conn))
+        self._save_meta(conn)
+
+    def scrub_dead(self, conn: sqlite3.Connection) -> None:
+        """Rewrite the index file without the vectors of rows that are no longer current (or delete it when it
+        cannot be read), as a forget does."""
+        dimension = self._saved_dimension()
+        if dimension is None:
+            self.wipe()
+            return
+        self._load(conn, dimension)
+        assert self.index is not None
+        if self.index.load_error is not None:
+            self.wipe()
+            return
+        self.index.save_scrubbed(self._drop_dead(conn))
         self._save_meta(conn)
 
     def wipe(self) -> None:

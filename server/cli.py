@@ -305,19 +305,37 @@ def memory_import(path: Path) -> None:
     async def load(services: Services) -> str:
         learning = _learning(services)
         await learning.check_import(snapshot.extra)  # refuse before anything is written
-        await services.memory.import_snapshot(snapshot)
+        # Resumable only when there is a learned part to finish: the same file again into the store it came from
+        # (or into one it was imported into whole) is refused as before.
+        resumed = any(snapshot.extra.get(name) for name in SECTIONS) and await _holds_already(services, snapshot)
+        if not resumed:
+            await services.memory.import_snapshot(snapshot)
         learned = await learning.import_({name: snapshot.extra.get(name, []) for name in SECTIONS})
-        return (
-            f"Imported {len(learned.interactions)} interactions, {len(learned.preferences)} preferences, "
+        memories = (
+            "The memories were already in: an earlier import of this file stopped after them." if resumed else
+            f"Imported {len(snapshot.entries)} entry versions, {len(snapshot.outcomes)} outcomes, "
+            f"{len(snapshot.traces)} trace events."
+        )
+        return memories + (
+            f"\nImported {len(learned.interactions)} interactions, {len(learned.preferences)} preferences, "
             f"{len(learned.patterns)} patterns."
         )
 
-    learned_line = _run(load, learning=True)
-    click.echo(
-        f"Imported {len(snapshot.entries)} entry versions, {len(snapshot.outcomes)} outcomes, "
-        f"{len(snapshot.traces)} trace events."
-    )
-    click.echo(learned_line)
+    click.echo(_run(load, learning=True))
+
+
+async def _holds_already(services: Services, snapshot: Any) -> bool:
+    """Whether the store already holds every entry version, outcome and trace of `snapshot` exactly: the memories
+    and the learned records go to two databases, so an import stopped between the two is finished by running it
+    again rather than refused for the memories it already wrote."""
+    if not snapshot.entries:
+        return False
+    held = await services.memory.export_snapshot()
+    versions = {(e.entity_path, e.key, e.version): e for e in held.entries}
+    records = {record.outcome_ref: record for record in held.outcomes}
+    # The memory import is one transaction: its entries all there, exactly, means all of it is.
+    return (all(versions.get((e.entity_path, e.key, e.version)) == e for e in snapshot.entries)
+            and all(records.get(record.outcome_ref) == record for record in snapshot.outcomes))
 
 
 @memory.command("reembed")

@@ -173,3 +173,49 @@ async def test_three_stores_opening_one_new_file_at_once_all_open(tmp_path: Path
         await asyncio.gather(*(store.open() for store in stores))
         for store in stores:
             await store.close()
+
+
+@pytest.mark.parametrize("operation", ["forget", "purge_expired", "clear"])
+async def test_vectors_of_deleted_rows_leave_the_index_file_on_the_next_open_after_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, operation: str
+) -> None:
+    """Red-team finding: killed between deleting the rows (committed) and scrubbing the index file, a forget left
+    the vector in amfs.vectors.usearch, and neither a retry (no rows left) nor a restart (checksum fine) removed it."""
+    stored = vectors(20, seed=4)
+    store = SQLiteStore(tmp_path / "amfs.db")
+    await store.open()
+    await insert(store, "k", stored)
+    assert await top_key(store, stored[3]) == "k3"
+    await store.close()  # the index file now holds every vector
+    index_file = tmp_path / "amfs.vectors.usearch"
+    assert stored[3].tobytes() in index_file.read_bytes()
+
+    store = SQLiteStore(tmp_path / "amfs.db")
+    await store.open()
+    if operation == "purge_expired":
+        await store._run(lambda: store._connection().execute("UPDATE entries SET ttl_at = 1 WHERE key = 'k3'"))
+
+    def killed(*_: object) -> None:
+        raise KeyboardInterrupt("killed after the commit, before the index file was scrubbed")
+
+    monkeypatch.setattr(type(store._vectors), "forget", killed)
+    monkeypatch.setattr(type(store._vectors), "wipe", killed)
+    with pytest.raises(KeyboardInterrupt):
+        if operation == "forget":
+            await store.forget("svc", "k3")
+        elif operation == "purge_expired":
+            await store.purge_expired(utcnow())
+        else:
+            await store.clear()
+    store._connection().close()  # no orderly close: the process is gone
+    monkeypatch.undo()
+    assert stored[3].tobytes() in index_file.read_bytes()
+
+    store = SQLiteStore(tmp_path / "amfs.db")
+    await store.open()
+    data = index_file.read_bytes() if index_file.exists() else b""
+    assert stored[3].tobytes() not in data
+    if operation != "clear":
+        assert stored[4].tobytes() in data and await top_key(store, stored[4]) == "k4"
+        assert await top_key(store, stored[3]) != "k3"
+    await store.close()

@@ -55,6 +55,38 @@ def test_export_then_import_into_an_empty_store_round_trips_exactly(env, tmp_pat
         assert second[section] == first[section]
 
 
+def test_an_import_stopped_after_its_memories_finishes_when_run_again(env, tmp_path, monkeypatch) -> None:
+    """Red-team finding: killed between the memories (amfs.db) and the learned records (learning.db), the import
+    could not be run again: the store already held its keys."""
+    from amfs_server.core.learning import LearningService
+
+    runner = CliRunner()
+    exported = runner.invoke(cli, ["memory", "export"]).output
+    document = json.loads(exported)
+    document["extra"]["preferences"] = [{
+        "user_id": "alice", "category": "code_formatting", "key": "line_length", "value": 100, "confidence": 0.9,
+        "sample_size": 5, "support": 5, "source": "corrected", "updated_at": "2026-01-01T00:00:00Z", "sessions": 2,
+    }]
+    export_file = tmp_path / "backup.json"
+    export_file.write_text(json.dumps(document))
+    monkeypatch.setenv("AMFS_DATA_DIR", str(tmp_path / "fresh"))
+
+    async def killed(*_: object) -> None:
+        raise KeyboardInterrupt("killed after the memories were committed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(LearningService, "import_", killed)
+        assert runner.invoke(cli, ["memory", "import", str(export_file)]).exit_code != 0
+    again = runner.invoke(cli, ["memory", "import", str(export_file)])
+    assert again.exit_code == 0, again.output
+    assert "already in" in again.output and "1 preferences" in again.output
+    after = json.loads(runner.invoke(cli, ["memory", "export"]).output)
+    for section in ("entries", "outcomes", "traces"):
+        assert after[section] == document[section]
+    assert [p["key"] for p in after["extra"]["preferences"]] == ["line_length"]
+    assert runner.invoke(cli, ["memory", "import", str(export_file)]).exit_code != 0  # a third time: all there
+
+
 def test_export_to_a_file(env, tmp_path) -> None:
     target = tmp_path / "out.json"
     result = CliRunner().invoke(cli, ["memory", "export", "-o", str(target)])
