@@ -487,11 +487,22 @@ class PostgresStore(PostgresDatabase):
         # Rows are locked in key order (a stable sort keeps repeated keys in draft order); results go back in draft order.
         order = sorted(range(len(drafts)), key=lambda i: (drafts[i].entity_path, drafts[i].key))
 
+        erased = 0
+
         async def write(conn: Any) -> list[MemoryEntry]:
+            nonlocal erased
+            erased = 0  # a retried transaction starts over
             await self._lock_keys(conn, ((d.entity_path, d.key) for d in drafts))
             stored: list[MemoryEntry | None] = [None] * len(drafts)
             for index in order:
                 draft = drafts[index]
+                if await conn.fetchval(
+                    "SELECT 1 FROM entries WHERE entity_path = $1 AND key = $2 AND is_current AND ttl_at <= $3",
+                    draft.entity_path, draft.key, draft.written_at,
+                ):
+                    # Its current version expired: the key is gone (the sweep would erase every version), so this
+                    # write starts it anew rather than bring the older versions back.
+                    erased += await self._erase_keys(conn, "entity_path = $1 AND key = $2", draft.entity_path, draft.key)
                 previous = await conn.fetchval(
                     "UPDATE entries SET is_current = false WHERE entity_path = $1 AND key = $2 AND is_current "
                     "RETURNING version",
@@ -511,6 +522,8 @@ class PostgresStore(PostgresDatabase):
 
         stored = await self._tx(write)
         self._rows_added(len(stored))
+        if erased:
+            await self._vacuum(*_ERASED_TABLES)
         return stored
 
     async def get_current(self, entity_path: str, key: str, now: datetime) -> MemoryEntry | None:

@@ -215,13 +215,19 @@ class SQLiteStore(SQLiteDatabase):
         # a batch shares one written_at, so row order is what breaks its ties. Results go back in draft order.
         order = sorted(range(len(drafts)), key=lambda i: (drafts[i].entity_path, drafts[i].key))
         stored: list[MemoryEntry | None] = [None] * len(drafts)
+        removed, erased = 0, []
         with self._transaction() as conn:
             for index in order:
                 draft = drafts[index]
                 previous = conn.execute(
-                    "SELECT row_id, version FROM entries WHERE entity_path = ? AND key = ? AND is_current = 1",
+                    "SELECT row_id, version, ttl_at FROM entries WHERE entity_path = ? AND key = ? AND is_current = 1",
                     (draft.entity_path, draft.key),
                 ).fetchone()
+                if previous is not None and previous["ttl_at"] is not None and previous["ttl_at"] <= _ts(draft.written_at):
+                    # Its current version expired: the key is gone (the sweep would erase every version), so this
+                    # write starts it anew rather than bring the older versions back.
+                    gone, vectors = self._erase_keys_sync(conn, [(draft.entity_path, draft.key)])
+                    removed, erased, previous = removed + gone, erased + vectors, None
                 version = 1
                 if previous is not None:
                     version = previous["version"] + 1
@@ -237,6 +243,7 @@ class SQLiteStore(SQLiteDatabase):
                 row = conn.execute(f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE row_id = ?", (row_id,)).fetchone()
                 stored[index] = _row_to_entry(row)
         self._vectors.dirty = True
+        self._after_erase(removed, erased)
         return stored  # type: ignore[return-value]
 
     async def get_current(self, entity_path: str, key: str, now: datetime) -> MemoryEntry | None:

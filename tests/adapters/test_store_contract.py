@@ -219,8 +219,9 @@ async def test_expired_versions_are_invisible_to_get_current_at_now(store: Memor
     # get_version and history show every stored version, expired or not.
     assert await store.get_version("svc/a", "temp", 1) is not None
     assert [e.version for e in await store.history("svc/a", "temp")] == [1]
-    # A new version without a TTL makes the key live again.
-    [entry] = await write(store, draft("svc/a", "temp", written_at=at(120)))
+    # Written again before its TTL passes, the key gets a new version that lives on; written after, it starts
+    # anew (the expired key is gone: test_writing_a_key_whose_current_version_expired_starts_it_anew).
+    [entry] = await write(store, draft("svc/a", "temp", written_at=at(30)))
     assert entry.version == 2 and (await current(store, "svc/a", "temp", at(3600))).version == 2
 
 
@@ -713,6 +714,20 @@ async def test_candidate_searches_apply_every_filter(store: MemoryStore) -> None
 
 
 # -- forget, purge_expired, clear -------------------------------------------------------------------
+
+
+async def test_writing_a_key_whose_current_version_expired_starts_it_anew(store: MemoryStore) -> None:
+    """Red-team finding: the expired key was reported gone, yet writing it again brought its older, untimed
+    versions back into history, and no sweep erased them."""
+    await write(store, draft("svc", "e", "OLD v1", embedding=direction(0)))
+    await write(store, draft("svc", "e", "v2 with a TTL", ttl_at=at(10), written_at=at(1)))
+    await write(store, draft("svc", "kept", "v1"))
+    [fresh] = await write(store, draft("svc", "e", "new", written_at=at(20)))
+    assert fresh.version == 1
+    assert [(e.version, e.value) for e in await store.history("svc", "e")] == [(1, "new")]
+    assert sorted(keys(await store.find_current(EntryFilter(), at(30), "recency", None))) == ["e", "kept"]
+    [next_version] = await write(store, draft("svc", "e", "newer", written_at=at(21)))  # not expired: a new version
+    assert next_version.version == 2
 
 
 async def test_forget_deletes_every_version_of_one_key(store: MemoryStore) -> None:

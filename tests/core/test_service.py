@@ -101,26 +101,25 @@ async def test_an_expired_memory_is_gone_from_history_and_export_and_then_from_t
 
 async def test_a_superseded_version_whose_ttl_passed_is_hidden_and_then_erased(store, actor: Actor) -> None:
     service, now = await clocked_service(store)
-    # A: a TTL'd version overwritten by a lasting one. B: an expired key written again before any sweep.
+    # A: a TTL'd version overwritten by a lasting one. B: an expired key (over an untimed version) written again.
     await service.write(actor, WriteRequest("svc", "a", "SECRET-A v1", ttl_seconds=60))
     await service.write(actor, WriteRequest("svc", "a", "lasting v2"))
-    await service.write(actor, WriteRequest("svc", "b", "SECRET-B v1", ttl_seconds=30))
+    await service.write(actor, WriteRequest("svc", "b", "SECRET-B untimed v1"))
+    await service.write(actor, WriteRequest("svc", "b", "SECRET-B v2", ttl_seconds=30))
     now[0] += timedelta(seconds=31)
     with pytest.raises(NotFoundError):
         await service.read(actor, "svc", "b")
-    await service.write(actor, WriteRequest("svc", "b", "new v2"))
+    await service.write(actor, WriteRequest("svc", "b", "new"))  # the expired key starts anew: no version comes back
+    assert [(e.version, e.value) for e in await store.history("svc", "b")] == [(1, "new")]
     now[0] += timedelta(seconds=30)
-    for key in ("a", "b"):
-        assert [e.version for e in await service.history("svc", key)] == [2]
+    assert [e.version for e in await service.history("svc", "a")] == [2]
+    for method in (service.read, service.peek_version):
         with pytest.raises(NotFoundError, match="no version 1"):
-            await service.read(actor, "svc", key, version=1)
-        with pytest.raises(NotFoundError, match="no version 1"):
-            await service.peek_version("svc", key, 1)
-        assert [e.version async for e in service.history_one_by_one("svc", key)] == [2]
+            await (method(actor, "svc", "a", version=1) if method == service.read else method("svc", "a", 1))
+    assert [e.version async for e in service.history_one_by_one("svc", "a")] == [2]
     assert len(await store.history("svc", "a")) == 2  # hidden, not yet erased
-    assert await store.purge_expired(now[0]) == 2
-    for key, value in (("a", "lasting v2"), ("b", "new v2")):
-        assert [(e.version, e.value) for e in await store.history("svc", key)] == [(2, value)]
+    assert await store.purge_expired(now[0]) == 1
+    assert [(e.version, e.value) for e in await store.history("svc", "a")] == [(2, "lasting v2")]
     snapshot = await service.export_snapshot()
     assert "SECRET" not in json.dumps([e.value for e in snapshot.entries])
 
