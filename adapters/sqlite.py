@@ -215,7 +215,8 @@ class SQLiteStore(SQLiteDatabase):
         # a batch shares one written_at, so row order is what breaks its ties. Results go back in draft order.
         order = sorted(range(len(drafts)), key=lambda i: (drafts[i].entity_path, drafts[i].key))
         stored: list[MemoryEntry | None] = [None] * len(drafts)
-        removed, erased = 0, []
+        removed = 0
+        erased: list[tuple[int, bytes | None]] = []
         with self._transaction() as conn:
             for index in order:
                 draft = drafts[index]
