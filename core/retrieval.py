@@ -54,6 +54,7 @@ _STOPWORDS = frozenset(
     between both each few more most other over same some such only own just very now""".split()
 )
 _WORD = re.compile(r"[\w]+", re.UNICODE)
+_ALNUM = re.compile(r"[^\W_]+")
 
 
 def search_form(text: str) -> str:
@@ -72,7 +73,8 @@ KEYWORD_LENGTH_PIVOT = 80
 
 def keyword_length_factor(search_text: str) -> float:
     """1 for an entry of up to KEYWORD_LENGTH_PIVOT distinct words (stop words aside), (pivot / n)^2 for one of n more."""
-    words = {word for word in _WORD.findall(search_form(search_text).lower()) if word not in _STOPWORDS}
+    # Split at underscores too, as PostgreSQL's parser does: words joined by "_" must not count as one.
+    words = {word for word in _ALNUM.findall(search_form(search_text).lower()) if word not in _STOPWORDS}
     return min(1.0, (KEYWORD_LENGTH_PIVOT / len(words)) ** 2) if words else 1.0
 
 

@@ -895,9 +895,33 @@ class MemoryService:
         """Import a snapshot (`memory import`): refused, writing nothing, when a key or outcome ref exists, when
         its meta is invalid, or when its vectors come from another embedder than the store's. Meta the store
         holds is kept (an import adds, it never overwrites), but for the embedder's record of an empty store."""
+        self._check_importable_records(snapshot)
         meta = await self._importable_meta(snapshot)
         await self.store.import_snapshot(replace(snapshot, meta=meta))
         await self.refresh_calibrated_multipliers()
+
+    def _check_importable_records(self, snapshot: StoreSnapshot) -> None:
+        """What the live paths refuse, an import refuses too: an outcome ref `amfs_commit_outcome` would refuse or
+        change (padded, invisible characters, not NFC: two records for one incident), and vectors of more than one
+        dimension (a store holds one)."""
+        for record in snapshot.outcomes:
+            ref = record.outcome_ref.rpartition("#")[2] if record.outcome_ref.startswith("@") else record.outcome_ref
+            try:
+                valid = v.validate_outcome_ref(ref) == ref
+            except ValidationError:
+                valid = False
+            if not valid:
+                raise ValidationError(
+                    f"outcome {record.outcome_ref!r}: not a ref amfs_commit_outcome accepts as it is (padding, control "
+                    "or invisible characters, or not in Unicode NFC). Nothing was imported."
+                )
+        dimensions = {len(entry.embedding) for entry in snapshot.entries if entry.embedding is not None}
+        if len(dimensions) > 1 or (self.embedder is not None and dimensions and dimensions != {self.embedder.dimension}):
+            raise ValidationError(
+                f"The file's vectors have {sorted(dimensions)} dimensions"
+                + (f"; this store's embedder makes {self.embedder.dimension}" if self.embedder is not None else "")
+                + ". Nothing was imported."
+            )
 
     async def _importable_meta(self, snapshot: StoreSnapshot) -> dict[str, Any]:
         meta = snapshot.meta

@@ -279,6 +279,12 @@ def _export() -> dict:
             "user_id": "u", "category": "code_formatting", "key": "style", "value": "black", "confidence": 0.5,
             "sample_size": 10**30, "support": 1, "source": "learned", "updated_at": "2026-01-01T00:00:00Z"}),
          "sample_size"),  # was an OverflowError after the entries had been written
+        # what amfs_commit_outcome refuses or changes: two records for one incident once imported
+        (lambda d: d["outcomes"][0].update(outcome_ref="INC-1042\u200b"), "not a ref amfs_commit_outcome accepts"),
+        (lambda d: d["outcomes"][0].update(outcome_ref="INC-1042 "), "not a ref amfs_commit_outcome accepts"),
+        # SQLite took a 10-dimension vector beside 384-dimension ones (PostgreSQL refused it)
+        (lambda d: (d["entries"][0].update(embedding=[0.5] * 10), d["entries"][1].update(embedding=[0.05] * 384)),
+         "dimensions"),
     ],
 )
 def test_a_hostile_import_is_refused_with_the_reason_and_leaves_the_store_usable(env, tmp_path, monkeypatch, spoil, reason):

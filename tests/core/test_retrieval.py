@@ -416,6 +416,8 @@ def test_the_keyword_length_factor_leaves_ordinary_entries_alone_and_shrinks_lon
     assert keyword_length_factor(" ".join(words[:2 * KEYWORD_LENGTH_PIVOT])) == pytest.approx(0.25)
     assert keyword_length_factor(" ".join(words[:KEYWORD_LENGTH_PIVOT] * 5 + ["the", "a", "of"] * 50)) == 1.0
     assert keyword_length_factor("") == 1.0
+    # words joined by underscores count one by one, as PostgreSQL's parser splits them
+    assert keyword_length_factor("_".join(words[:2 * KEYWORD_LENGTH_PIVOT])) == pytest.approx(0.25)
 
 
 async def test_a_memory_stuffed_with_many_words_does_not_outrank_the_one_that_answers(
