@@ -331,11 +331,17 @@ async def _holds_already(services: Services, snapshot: Any) -> bool:
     if not snapshot.entries:
         return False
     held = await services.memory.export_snapshot()
-    versions = {(e.entity_path, e.key, e.version): e for e in held.entries}
-    records = {record.outcome_ref: record for record in held.outcomes}
-    # The memory import is one transaction: its entries all there, exactly, means all of it is.
-    return (all(versions.get((e.entity_path, e.key, e.version)) == e for e in snapshot.entries)
-            and all(records.get(record.outcome_ref) == record for record in snapshot.outcomes))
+    # The memory import is one transaction: every version there as written (value, author, time) means all of it
+    # is. Reads since then move bookkeeping (recall counts, tiers) and outcomes move confidence: not compared.
+    versions = {_as_written(entry) for entry in held.entries}
+    refs = {record.outcome_ref for record in held.outcomes}
+    return (all(_as_written(entry) in versions for entry in snapshot.entries)
+            and all(record.outcome_ref in refs for record in snapshot.outcomes))
+
+
+def _as_written(entry: MemoryEntry) -> tuple[Any, ...]:
+    return (entry.entity_path, entry.key, entry.version, json.dumps(entry.value, sort_keys=True),
+            entry.provenance.agent_id, entry.provenance.written_at)
 
 
 @memory.command("reembed")
