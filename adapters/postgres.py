@@ -496,19 +496,17 @@ class PostgresStore(PostgresDatabase):
             stored: list[MemoryEntry | None] = [None] * len(drafts)
             for index in order:
                 draft = drafts[index]
-                if await conn.fetchval(
-                    "SELECT 1 FROM entries WHERE entity_path = $1 AND key = $2 AND is_current AND ttl_at <= $3",
-                    draft.entity_path, draft.key, draft.written_at,
-                ):
+                previous = await conn.fetchrow(
+                    "UPDATE entries SET is_current = false WHERE entity_path = $1 AND key = $2 AND is_current "
+                    "RETURNING version, ttl_at",
+                    draft.entity_path, draft.key,
+                )
+                if previous is not None and previous["ttl_at"] is not None and previous["ttl_at"] <= draft.written_at:
                     # Its current version expired: the key is gone (the sweep would erase every version), so this
                     # write starts it anew rather than bring the older versions back.
                     erased += await self._erase_keys(conn, "entity_path = $1 AND key = $2", draft.entity_path, draft.key)
-                previous = await conn.fetchval(
-                    "UPDATE entries SET is_current = false WHERE entity_path = $1 AND key = $2 AND is_current "
-                    "RETURNING version",
-                    draft.entity_path, draft.key,
-                )
-                version = 1 if previous is None else previous + 1
+                    previous = None
+                version = 1 if previous is None else previous["version"] + 1
                 row = await conn.fetchrow(
                     _INSERT_ENTRY + f"RETURNING {_ENTRY_COLUMNS}", *draft_params(draft, version, POSTGRES)
                 )

@@ -186,6 +186,14 @@ def prefix_clause(column: str, entity_path: str) -> tuple[str, list[Any]]:
     return f"({column} = ? OR substr({column}, 1, ?) = ?)", [entity_path, len(entity_path) + 1, entity_path + "/"]
 
 
+def _mark_scrub_pending(conn: sqlite3.Connection) -> None:
+    conn.execute(_UPSERT_META, (VECTOR_SCRUB_META, "true"))
+
+
+def _clear_scrub_pending(conn: sqlite3.Connection) -> None:
+    conn.execute("DELETE FROM meta WHERE name = ?", (VECTOR_SCRUB_META,))
+
+
 def _row_to_entry(row: sqlite3.Row, with_embedding: bool = True) -> MemoryEntry:
     return entry_from_row(row, SQLITE, with_embedding)
 
@@ -688,7 +696,7 @@ class SQLiteStore(SQLiteDatabase):
         if removed:
             conn.execute("DELETE FROM outcomes WHERE outcome_ref NOT IN (SELECT outcome_ref FROM outcome_effects)")
             conn.execute("INSERT INTO entries_fts (entries_fts) VALUES ('optimize')")
-            conn.execute(_UPSERT_META, (VECTOR_SCRUB_META, "true"))
+            _mark_scrub_pending(conn)
         return removed, erased
 
     @staticmethod
@@ -705,7 +713,7 @@ class SQLiteStore(SQLiteDatabase):
         for entity_path, key in {(row[2], row[3]) for row in rows}:
             SQLiteStore._strip_lent_passages_sync(conn, entity_path, key)
         conn.execute("INSERT INTO entries_fts (entries_fts) VALUES ('optimize')")
-        conn.execute(_UPSERT_META, (VECTOR_SCRUB_META, "true"))
+        _mark_scrub_pending(conn)
         return removed
 
     @staticmethod
@@ -725,7 +733,7 @@ class SQLiteStore(SQLiteDatabase):
         self._checkpoint()
         conn = self._connection()
         self._vectors.forget(conn, [row_id for row_id, _ in erased], [SQLITE.embedding_value(blob) for _, blob in erased])
-        conn.execute("DELETE FROM meta WHERE name = ?", (VECTOR_SCRUB_META,))
+        _clear_scrub_pending(conn)
 
     async def open(self) -> None:
         await super().open()
@@ -739,16 +747,16 @@ class SQLiteStore(SQLiteDatabase):
         log.warning("Scrubbing vectors of deleted memories from %s (a process stopped before it did)", self._vectors.path)
         self._vectors.scrub_dead(conn)
         self._checkpoint()
-        conn.execute("DELETE FROM meta WHERE name = ?", (VECTOR_SCRUB_META,))
+        _clear_scrub_pending(conn)
 
     async def clear(self) -> None:
         def delete() -> None:
             with self._transaction() as conn:
                 self._delete_all_sync(conn)
-                conn.execute(_UPSERT_META, (VECTOR_SCRUB_META, "true"))
+                _mark_scrub_pending(conn)
             self._checkpoint(vacuum=True)
             self._vectors.wipe()
-            self._connection().execute("DELETE FROM meta WHERE name = ?", (VECTOR_SCRUB_META,))
+            _clear_scrub_pending(self._connection())
 
         await self._run(delete)
 
@@ -810,11 +818,11 @@ class SQLiteStore(SQLiteDatabase):
 
 
 VECTOR_INDEX_META = "vector_index"
-# Set in the transaction that deletes rows with vectors, cleared once the index file is scrubbed of them: a crash
-# in between leaves it set, and the next open scrubs the file (the file's checksum still matches, so nothing else
-# would notice the forgotten vectors in it).
-VECTOR_SCRUB_META = "vector_scrub_pending"
 """Meta row naming the generation of the index files last saved with this database (not exported)."""
+VECTOR_SCRUB_META = "vector_scrub_pending"
+"""Meta row set in the transaction that deletes rows with vectors, removed once the index file is scrubbed of them:
+a crash in between leaves it, and the next open scrubs the file (its checksum still matches, so nothing else would
+notice the forgotten vectors in it). Not exported."""
 
 
 def _file_sha256(path: Path) -> str | None:
@@ -965,22 +973,8 @@ class VectorSync:
         import numpy as np
 
         wanted = [np.asarray(v, dtype=np.float32) for v in vectors if v is not None]
-        if not wanted:
-            return
-        if self.index is None or self.index.dimension != len(wanted[0]):
-            saved = self._saved_dimension()
-            if saved != len(wanted[0]):
-                self.wipe()
-                return
-            self._load(conn, saved)
-        assert self.index is not None
-        self.index.remove(row_ids)
-        if self.index.load_error is not None:
-            self.wipe()
-            return
-        # What other processes deleted since this one synced goes too: the file is rewritten from this index.
-        self.index.save_scrubbed(wanted + self._drop_dead(conn))
-        self._save_meta(conn)
+        if wanted:
+            self._scrub(conn, len(wanted[0]), row_ids, wanted)
 
     def scrub_dead(self, conn: sqlite3.Connection) -> None:
         """Rewrite the index file without the vectors of rows that are no longer current (or delete it when it
@@ -988,13 +982,22 @@ class VectorSync:
         dimension = self._saved_dimension()
         if dimension is None:
             self.wipe()
-            return
-        self._load(conn, dimension)
+        else:
+            self._scrub(conn, dimension, [], [])
+
+    def _scrub(self, conn: sqlite3.Connection, dimension: int, row_ids: list[int], wanted: list[Any]) -> None:
+        if self.index is None or self.index.dimension != dimension:
+            if self._saved_dimension() != dimension:
+                self.wipe()
+                return
+            self._load(conn, dimension)
         assert self.index is not None
+        self.index.remove(row_ids)
         if self.index.load_error is not None:
             self.wipe()
             return
-        self.index.save_scrubbed(self._drop_dead(conn))
+        # What other processes deleted since this one synced goes too: the file is rewritten from this index.
+        self.index.save_scrubbed(wanted + self._drop_dead(conn))
         self._save_meta(conn)
 
     def wipe(self) -> None:

@@ -80,6 +80,11 @@ def scoped_outcome_ref(scope: str | None, outcome_ref: str) -> str:
     return outcome_ref if scope is None else f"@{scope}#{outcome_ref}"
 
 
+def unscoped_outcome_ref(stored: str) -> str:
+    """The ref as its caller gave it (`@team-a#INC-1` -> `INC-1`): the inverse of `scoped_outcome_ref`."""
+    return stored.partition("#")[2] if stored.startswith("@") and "#" in stored else stored
+
+
 EMBEDDER_META = "embedder"  # the name of the embedder whose vectors the store holds
 ENTRY_VECTORS_META = "entry_vectors"  # how those vectors were made from entry texts (embedding.ENTRY_VECTORS)
 # A store's vectors and the configured embedder's agree to this cosine when they come from the same model and
@@ -905,7 +910,7 @@ class MemoryService:
         change (padded, invisible characters, not NFC: two records for one incident), and vectors of more than one
         dimension (a store holds one)."""
         for record in snapshot.outcomes:
-            ref = record.outcome_ref.rpartition("#")[2] if record.outcome_ref.startswith("@") else record.outcome_ref
+            ref = unscoped_outcome_ref(record.outcome_ref)
             try:
                 valid = v.validate_outcome_ref(ref) == ref
             except ValidationError:

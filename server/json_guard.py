@@ -60,14 +60,13 @@ class JsonRpcGuard:
         async def replay() -> Message:
             return messages.pop(0) if messages else await receive()
 
-        if request is None:
-            await self.app(scope, replay, send)
-            return
-        self._in_progress.add(request)
+        if request is not None:
+            self._in_progress.add(request)
         try:
             await self.app(scope, replay, send)
         finally:
-            self._in_progress.discard(request)
+            if request is not None:
+                self._in_progress.discard(request)
 
 
 def _request_in_session(scope: Scope, parsed: Any) -> tuple[str, str] | None:

@@ -511,3 +511,11 @@ async def test_an_outcome_refreshes_the_tier_of_each_entry_it_changes(service: M
     assert after.confidence > before.confidence and after.priority_score != before.priority_score
     expected = service.with_current_tier(after, now)  # the stored score is the one at commit time, a moment ago
     assert after.tier == expected.tier and after.priority_score == pytest.approx(expected.priority_score, abs=1e-3)
+
+
+def test_a_scoped_outcome_ref_reads_back_as_its_caller_gave_it() -> None:
+    from amfs_server.core.service import scoped_outcome_ref, unscoped_outcome_ref
+
+    for ref in ("INC-1", "INC#1", "@not-a-scope"):
+        assert unscoped_outcome_ref(scoped_outcome_ref("team-a/svc", ref)) == ref
+        assert unscoped_outcome_ref(scoped_outcome_ref(None, ref)) == ref
