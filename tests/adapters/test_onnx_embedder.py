@@ -5,7 +5,9 @@ The real model files are used throughout; the torch reference is the existing Mi
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
+import tempfile
 import threading
 
 import numpy as np
@@ -116,6 +118,48 @@ def test_placeholder_model_file_is_rejected(tmp_path) -> None:
     pointer.write_text("version https://git-lfs.github.com/spec/v1\n")
     with pytest.raises(EmbedderUnavailableError, match="not a real model file"):
         OnnxEmbedder(model_path=pointer).check_available()
+
+
+BUNDLED = onnx_mod.VARIANTS["int8"][1]
+
+
+def test_the_bundled_model_is_stored_compressed_and_leaves_no_inflated_copy_behind(
+    int8: OnnxEmbedder, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert BUNDLED is not None and BUNDLED.name == "model_int8.onnx.gz" and int8.model_path() == BUNDLED
+    plain = tmp_path / "model_int8.onnx"
+    plain.write_bytes(gzip.decompress(BUNDLED.read_bytes()))
+    from_plain = OnnxEmbedder(model_path=plain).embed(SENTENCES)
+    assert np.array_equal(int8.embed(SENTENCES), from_plain)  # the same model, bit for bit
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    OnnxEmbedder(variant="int8").load()
+    assert list(scratch.iterdir()) == []  # the inflated file was removed once the session had read it
+
+
+def test_the_compressed_model_loads_from_memory_where_no_temporary_file_can_be_written(
+    int8: OnnxEmbedder, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing" / "tmp"))  # mkdtemp fails: no such folder
+    assert np.array_equal(OnnxEmbedder(variant="int8").embed(SENTENCES), int8.embed(SENTENCES))
+
+
+def test_a_corrupt_compressed_model_is_refused_with_the_reinstall_hint(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    broken = tmp_path / "model_int8.onnx.gz"
+    broken.write_bytes(BUNDLED.read_bytes()[:2_000_000] if BUNDLED else b"")  # cut short
+    with pytest.raises(EmbedderUnavailableError, match="Failed to load the ONNX embedding model.*Reinstall"):
+        OnnxEmbedder(model_path=broken).load()
+    not_gzip = tmp_path / "other.onnx.gz"
+    not_gzip.write_bytes(b"\x00" * 2_000_000)
+    with pytest.raises(EmbedderUnavailableError, match="Failed to load the ONNX embedding model"):
+        OnnxEmbedder(model_path=not_gzip).load()
+    assert list(scratch.iterdir()) == []  # no inflated copy left behind
 
 
 def test_bad_input_is_rejected_before_loading() -> None:

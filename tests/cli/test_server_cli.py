@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -14,9 +15,11 @@ import amfs_server
 from amfs_server import AgentMemory
 from amfs_server.core.models import AMFS_VERSION
 from amfs_server.server.cli import cli
-from amfs_server.session_bench.mcp_latency import SERVER_COMMAND, server_env
+from amfs_server.session_bench.mcp_latency import server_env
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+# `amfs-server` with nothing importable outside the default install (tests/server/default_install.py).
+SERVER_COMMAND = [sys.executable, str(Path(__file__).resolve().parents[1] / "server" / "default_install.py")]
 
 
 def test_version_prints_the_package_version() -> None:

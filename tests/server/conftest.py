@@ -6,6 +6,7 @@ on port 0, reading the bound port from the log, so there are no port races and e
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,10 @@ from fastmcp import Client, FastMCP
 from amfs_server.server.app import create_app
 from amfs_server.server.composition import build_service
 from amfs_server.server.settings import Settings, load_settings
-from amfs_server.session_bench.mcp_latency import SERVER_COMMAND, HttpServer, server_env, spawn_http_server
+from amfs_server.session_bench.mcp_latency import HttpServer, server_env, spawn_http_server
+
+# `amfs-server` with nothing importable outside the default install (see default_install.py).
+SERVER_COMMAND = [sys.executable, str(Path(__file__).with_name("default_install.py"))]
 
 
 @pytest.fixture
@@ -40,7 +44,8 @@ def launch_server() -> Callable[..., HttpServer]:
     """`launch_server(transport, data_dir, **env)`: a started `amfs-server serve`; the caller stops it."""
 
     def launch(transport: str, data_dir: Path, **env: str) -> HttpServer:
-        return spawn_http_server(transport, server_env(data_dir, AMFS_EMBEDDER="none", **env), timeout_s=60)
+        return spawn_http_server(transport, server_env(data_dir, AMFS_EMBEDDER="none", **env), timeout_s=60,
+                                 program=SERVER_COMMAND)
 
     return launch
 

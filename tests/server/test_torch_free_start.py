@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,16 +85,20 @@ NOT_ON_STDIO_START = (
     "amfs_server.adapters.torch_embedder", "h11", "uvicorn.protocols.http.h11_impl",
 )
 
-# The console script's entry point, with the modules it imported written out when it exits.
+# The console script's entry point, with the modules it imported written out when it exits, and nothing
+# importable that the default install lacks (tests/server/default_install.py).
 STDIO_SERVER = """
 import atexit, json, sys
 atexit.register(lambda: open({path!r}, "w").write(json.dumps(sorted(sys.modules))))
+sys.path.insert(0, {guard_dir!r})
+from default_install import block_outside_default_install
+block_outside_default_install()
 from amfs_server.server.cli import main
 main()
 """
 
 
-def test_the_stdio_server_answers_a_first_write_without_importing_what_it_does_not_use(tmp_path: Path) -> None:
+def test_the_stdio_server_answers_a_write_and_a_retrieve_importing_only_what_it_uses(tmp_path: Path) -> None:
     modules_file = tmp_path / "modules.json"
     env = child_env(tmp_path)
     env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
@@ -104,9 +109,12 @@ def test_the_stdio_server_answers_a_first_write_without_importing_what_it_does_n
         {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "amfs_write", "arguments": {
             "entity_path": "svc/payments", "key": "retry-policy", "value": "retry the card authorisation 3 times"}}},
     ]
+    retrieve = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "amfs_retrieve", "arguments": {
+        "query": "how often do we retry a card payment?"}}}
     with open(tmp_path / "stderr.log", "w+") as stderr:
         process = subprocess.Popen(
-            [sys.executable, "-c", STDIO_SERVER.format(path=str(modules_file))], env=env, text=True,
+            [sys.executable, "-c", STDIO_SERVER.format(path=str(modules_file), guard_dir=str(Path(__file__).parent))],
+            env=env, text=True,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
         )
         assert process.stdin is not None and process.stdout is not None
@@ -117,9 +125,17 @@ def test_the_stdio_server_answers_a_first_write_without_importing_what_it_does_n
             process.stdin.write("".join(json.dumps(request) + "\n" for request in requests))
             process.stdin.flush()
             deadline = time.monotonic() + 240
-            while (reply := json.loads(replies.get(timeout=max(0.1, deadline - time.monotonic())))).get("id") != 2:
-                pass
-            assert reply["result"]["isError"] is False, reply
+            answered: dict[int, dict[str, Any]] = {}
+            while 3 not in answered:
+                reply = json.loads(replies.get(timeout=max(0.1, deadline - time.monotonic())))
+                answered[reply.get("id")] = reply
+                if reply.get("id") == 2:  # retrieve only once the write is in
+                    process.stdin.write(json.dumps(retrieve) + "\n")
+                    process.stdin.flush()
+            assert answered[2]["result"]["isError"] is False, answered[2]
+            retrieved = answered[3]["result"]
+            assert retrieved["isError"] is False, retrieved
+            assert retrieved["structuredContent"]["results"][0]["entry_key"] == "svc/payments/retry-policy", retrieved
             process.stdin.close()  # only now: the server cancels calls still in progress when stdin closes
             assert process.wait(timeout=60) == 0
         finally:

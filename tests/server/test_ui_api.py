@@ -4,6 +4,7 @@ the standalone `amfs-server ui` app): keys, scopes, refusals, and that looking i
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -335,7 +336,8 @@ def test_the_ui_command_serves_the_configured_store_with_its_keys(tmp_path: Path
 
     asyncio.run(write())
     env = server_env(tmp_path, AMFS_EMBEDDER="none", AMFS_API_KEYS=f"{ADMIN},{READER}:ro")
-    server = spawn_http_server("http", env, command=["ui"])
+    server = spawn_http_server("http", env, command=["ui"],
+                               program=[sys.executable, str(Path(__file__).with_name("default_install.py"))])
     try:
         with httpx.Client(base_url=server.base_url, timeout=30) as http:
             assert http.get("/ui/").status_code == 200
