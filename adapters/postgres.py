@@ -269,6 +269,13 @@ class _Params:
         return f"${len(self.values)}"
 
 
+def _scope_range(path_param: str) -> str:
+    """The path `path_param` names and everything below it, as a range the (entity_path, key) index answers: the
+    columns collate "C", so a path starts with `p/` exactly when it sorts from `p/` up to, not including, `p0`."""
+    return (f"(entity_path = {path_param} OR "
+            f"(entity_path >= {path_param} || '/' AND entity_path < {path_param} || '0'))")
+
+
 def _filter_sql(flt: EntryFilter, now: datetime, params: _Params) -> list[str]:
     clauses = ["is_current", f"(ttl_at IS NULL OR ttl_at > {params.add(now)})"]
     if flt.entity_path is not None:
@@ -301,8 +308,7 @@ WITH pieces AS (
 ), hits AS MATERIALIZED (
     SELECT m.row_id, p.piece FROM matched m JOIN pieces p ON m.search_tsv @@ p.piece
 ), total AS (
-    SELECT greatest(max(c.reltuples), (SELECT count(*) FROM matched), 1) AS n FROM pg_class c
-    WHERE c.oid = 'entries'::regclass
+    SELECT greatest({scope_size}, (SELECT count(*) FROM matched), 1) AS n
 ), idf AS (
     SELECT p.piece, ln(1 + ((SELECT n FROM total) - count(h.row_id) + 0.5) / (count(h.row_id) + 0.5)) AS weight
     FROM pieces p LEFT JOIN hits h USING (piece) WHERE numnode(p.piece) > 0 GROUP BY p.piece
@@ -608,8 +614,13 @@ class PostgresStore(PostgresDatabase):
         q = params.add(_or_query(words))
         pieces = params.add(words)
         clauses = _filter_sql(flt, now, params)
+        # N: the scope's entries for a scoped retrieval (an entity-limited key's scores must not depend on the rest
+        # of the store), else the planner's row count.
+        scope_size = (_ROW_ESTIMATE_SQL if flt.entity_path is None else
+                      f"SELECT count(*) FROM entries WHERE is_current AND {_scope_range(params.add(flt.entity_path))}")
         sql = _KEYWORD_SQL.format(
-            query=q, pieces=pieces, filters=" AND ".join(clauses), columns=_BASE_COLUMNS, limit=params.add(int(limit))
+            query=q, pieces=pieces, filters=" AND ".join(clauses), columns=_BASE_COLUMNS, limit=params.add(int(limit)),
+            scope_size=f"({scope_size})",
         )
 
         async def search(conn: Any) -> list[Any]:
@@ -621,9 +632,11 @@ class PostgresStore(PostgresDatabase):
         rows = await self._tx(search, readonly=True)
         return [(_row_to_entry(row, with_embedding=False), float(row["score"])) for row in rows]
 
-    async def common_terms(self, terms: list[str], max_matches: int) -> set[str]:
+    async def common_terms(self, terms: list[str], max_matches: int, entity_path: str | None = None) -> set[str]:
         """From the planner's statistics (`pg_stats.most_common_elems` of `search_tsv`, kept by ANALYZE and
-        autovacuum), cached for ten seconds: counting matches per term would walk each term's whole GIN posting list."""
+        autovacuum), cached for ten seconds: counting matches per term would walk each term's whole GIN posting list.
+        With `entity_path`, a term common in the store is counted again within the scope (bounded by
+        `max_matches`), so entries outside it can neither switch a scoped caller's word off nor tell it they exist."""
         if self._term_stats is None or time.monotonic() - self._term_stats[0] > TERM_STATS_TTL_S:
             rows = await self._read(lambda conn: conn.fetch(_TERM_STATS_SQL, self.schema))
             if not rows:  # never analysed yet (a new or freshly loaded table): gather the statistics once
@@ -635,7 +648,20 @@ class PostgresStore(PostgresDatabase):
         if not counts or not searchable:
             return set()
         lexemes = await self._read(lambda conn: conn.fetch(_LEXEME_SQL, searchable))
-        return {row["term"] for row in lexemes if counts.get(row["lexeme"], 0.0) > max_matches}
+        common = {row["term"] for row in lexemes if counts.get(row["lexeme"], 0.0) > max_matches}
+        if entity_path is None or not common:
+            return common
+        scoped_sql = (
+            "SELECT count(*) FROM (SELECT 1 FROM entries WHERE is_current AND search_tsv @@ to_tsquery('english', $1) "
+            f"AND {_scope_range('$2')} LIMIT $3) AS hits"
+        )
+
+        async def count(conn: Any) -> set[str]:
+            await conn.execute("SET LOCAL client_min_messages = warning")
+            return {term for term in sorted(common)
+                    if await conn.fetchval(scoped_sql, _tsquery_text([term]), entity_path, max_matches + 1) > max_matches}
+
+        return await self._tx(count, readonly=True)
 
     async def semantic_candidates(
         self, vector: list[float], flt: EntryFilter, now: datetime, limit: int

@@ -182,8 +182,17 @@ def fts_row_count(conn: sqlite3.Connection) -> int:
 
 
 def prefix_clause(column: str, entity_path: str) -> tuple[str, list[Any]]:
-    """`entity_path` and everything below it, without LIKE (paths contain `_`, a LIKE wildcard)."""
-    return f"({column} = ? OR substr({column}, 1, ?) = ?)", [entity_path, len(entity_path) + 1, entity_path + "/"]
+    """`entity_path` and everything below it, without LIKE (paths contain `_`, a LIKE wildcard): a path starts
+    with `p/` exactly when it sorts from `p/` up to, not including, `p0` ('0' follows '/'), a range the
+    (entity_path, key) index answers."""
+    return f"({column} = ? OR ({column} >= ? AND {column} < ?))", [entity_path, entity_path + "/", entity_path + "0"]
+
+
+def entries_in_scope(conn: sqlite3.Connection, entity_path: str) -> int:
+    """Current entries at `entity_path` and below: the N of the keyword IDF for a retrieval scoped there, so a
+    scoped caller's scores say nothing about the rest of the store. Counted on the current-key index."""
+    clause, params = prefix_clause("entity_path", entity_path)
+    return int(conn.execute(f"SELECT count(*) FROM entries WHERE is_current = 1 AND {clause}", params).fetchone()[0])
 
 
 def _mark_scrub_pending(conn: sqlite3.Connection) -> None:
@@ -551,7 +560,10 @@ class SQLiteStore(SQLiteDatabase):
             written: dict[int, str] = {row_id: at for rows in matches for row_id, at in rows}
             if not written:
                 return []
-            total = max(fts_row_count(conn), len(written))
+            # N: the scope's entries for a scoped retrieval (an entity-limited key's scores must not depend on the
+            # rest of the store), the whole index otherwise.
+            in_scope = fts_row_count(conn) if flt.entity_path is None else entries_in_scope(conn, flt.entity_path)
+            total = max(in_scope, len(written))
             weights = [math.log(1 + (total - len(rows) + 0.5) / (len(rows) + 0.5)) for rows in matches]
             scores: dict[int, float] = {}
             for rows, weight in zip(matches, weights):
@@ -568,16 +580,28 @@ class SQLiteStore(SQLiteDatabase):
 
         return await self._run(fetch)
 
-    async def common_terms(self, terms: list[str], max_matches: int) -> set[str]:
+    async def common_terms(self, terms: list[str], max_matches: int, entity_path: str | None = None) -> set[str]:
+        scope_sql, scope_params = prefix_clause("e.entity_path", entity_path or "")
+
         def count() -> set[str]:
             conn = self._connection()
             common = set()
             for term in terms:
+                phrase = '"' + term.replace('"', "") + '"'
                 # LIMIT lets FTS5 stop walking the term's doclist early: cost is bounded by max_matches.
                 matches = conn.execute(
                     "SELECT count(*) FROM (SELECT 1 FROM entries_fts WHERE entries_fts MATCH ? LIMIT ?)",
-                    ('"' + term.replace('"', "") + '"', max_matches + 1),
+                    (phrase, max_matches + 1),
                 ).fetchone()[0]
+                if matches > max_matches and entity_path is not None:
+                    # Common in the store; counted again within the scope, so entries outside it can neither
+                    # switch a scoped caller's word off nor tell it they exist. Walks the word's whole doclist
+                    # when the scope holds few of its matches.
+                    matches = conn.execute(
+                        "SELECT count(*) FROM (SELECT 1 FROM entries_fts JOIN entries e ON e.row_id = entries_fts.rowid "
+                        f"WHERE entries_fts MATCH ? AND e.is_current = 1 AND {scope_sql} LIMIT ?)",
+                        (phrase, *scope_params, max_matches + 1),
+                    ).fetchone()[0]
                 if matches > max_matches:
                     common.add(term)
             return common

@@ -169,14 +169,17 @@ class MemoryStore(Protocol):
 
         The score is the share of the query's word weight (IDF) the entry matches: 1 for an entry holding every
         word, near 0 for one holding only common words. It means the same for every query, so the hybrid fusion
-        can use it as it is.
+        can use it as it is. With `flt.entity_path`, the IDF counts entries at that path and below only (df and N),
+        so scores within a scope do not depend on entries outside it.
 
         Entries come back without embeddings.
         """
         ...
 
-    async def common_terms(self, terms: list[str], max_matches: int) -> set[str]:
-        """The terms that match more than `max_matches` current entries (counted with a bound, so it stays cheap)."""
+    async def common_terms(self, terms: list[str], max_matches: int, entity_path: str | None = None) -> set[str]:
+        """The terms that match more than `max_matches` current entries (counted with a bound, so it stays cheap);
+        with `entity_path`, entries at that path and below: what lies outside a retrieval's scope never decides
+        which of its words are searched."""
         ...
 
     async def semantic_candidates(

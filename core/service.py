@@ -769,7 +769,7 @@ class MemoryService:
         terms = keyword_terms(query)
         if not terms:
             return []
-        common = await self.store.common_terms(terms, self.config.keyword_max_term_matches)
+        common = await self.store.common_terms(terms, self.config.keyword_max_term_matches, flt.entity_path)
         distinctive = [term for term in terms if term not in common]
         if not distinctive:
             return []

@@ -201,14 +201,18 @@ class KeyScopeMiddleware(Middleware):
             raise ToolError(f"{name} writes, and this API key is read-only. Nothing was written; use a read-write key.")
         if key.entity_prefix is None:
             return context
-        arguments = _restrict_to_prefix(name, tool.parameters.get("properties", {}), context.message.arguments, key)
+        arguments = _restrict_to_prefix(name, tool.parameters.get("properties", {}), context.message.arguments, key,
+                                        read_only)
         return context.copy(message=context.message.model_copy(update={"arguments": arguments}))
 
 
-def _restrict_to_prefix(name: str, properties: dict[str, Any], arguments: dict[str, Any] | None, key: ApiKey) -> dict:
+def _restrict_to_prefix(
+    name: str, properties: dict[str, Any], arguments: dict[str, Any] | None, key: ApiKey, read_only: bool
+) -> dict:
     prefix = key.entity_prefix
     arguments = dict(arguments or {})
-    refusal = f"This API key is limited to entity_path '{prefix}' and what lies under it; nothing was written."
+    refusal = (f"This API key is limited to entity_path '{prefix}' and what lies under it; "
+               f"{'nothing was read' if read_only else 'nothing was written'}.")
     if "entity_path" not in properties and "causal_entry_keys" not in properties:
         raise ToolError(f"{name} acts on the whole store. {refusal}")
     if "entity_path" in properties:

@@ -349,12 +349,14 @@ def _as_written(entry: MemoryEntry) -> tuple[Any, ...]:
 
 @memory.command("reembed")
 @click.option("--backup", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Where the export taken first goes (default: <data dir>/before-reembed-<time>.json).")
+              help="Keep the export taken first in this file (default: <data dir>/before-reembed-<time>.json, "
+                   "removed once the re-embed has succeeded).")
 def memory_reembed(backup: Path | None) -> None:
     """Re-embed every version with the configured embedder (AMFS_EMBEDDER), after a change of embedder."""
     settings, _ = _settings()
     from datetime import datetime, timezone
 
+    keep = backup is not None
     if backup is None:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         backup = settings.data_dir / f"before-reembed-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}.json"
@@ -368,7 +370,14 @@ def memory_reembed(backup: Path | None) -> None:
 
     # No embedder check on opening: it refuses exactly the stores this command repairs.
     count = _run(reembed, embedder=True, check_embedder=False, settings=settings)
-    click.echo(f"Re-embedded {count} entry versions with {settings.embedder}; the previous store is in {backup}.")
+    if keep:
+        click.echo(f"Re-embedded {count} entry versions with {settings.embedder}; the previous store is in {backup}.")
+        return
+    # The default backup only guards the re-embed itself (a crash leaves it for `memory import`); kept in the data
+    # directory afterwards it would be a copy of every memory that no later forget could reach.
+    backup.unlink(missing_ok=True)
+    click.echo(f"Re-embedded {count} entry versions with {settings.embedder}; the backup taken first was removed "
+               "(keep one with --backup FILE).")
 
 
 @memory.command("forget")

@@ -70,7 +70,8 @@ def result_meta(result: Any) -> ResultMeta:
 class InteractionRecorder(Middleware):
     """Records each MCP tool call with LearningService.record_interaction: name, arguments (of amfs's
     own tools only options and shapes, of a refused call none: decided there), result metadata,
-    execution time, caller. Recording never changes or fails the call."""
+    execution time, caller. Recording never changes or fails the call. A read-only key's calls are not
+    recorded: nothing is learned from them, so they change nothing."""
 
     def __init__(self, learning: LearningService, actors: ActorResolver) -> None:
         self.learning = learning
@@ -96,6 +97,8 @@ class InteractionRecorder(Middleware):
         elapsed_ms = (time.perf_counter() - started) * 1000
         try:
             actor = self.actors(context.fastmcp_context)  # type: ignore[arg-type]
+            if actor.read_only:
+                return  # a read-only key changes nothing, the learning store included (red-team repro)
             await self.learning.record_interaction(
                 actor, name, arguments, result=meta, execution_ms=round(elapsed_ms, 3), source="mcp"
             )

@@ -510,3 +510,24 @@ def test_a_lost_connection_is_told_apart_from_a_bug(make: Any, lost: bool) -> No
     from amfs_server.adapters.postgres_base import _connection_lost
 
     assert _connection_lost(make(asyncpg)) is lost
+
+
+@pytestmark_pg
+async def test_scoped_keyword_scores_ignore_the_planners_row_count_of_the_whole_store(
+    pg_store: PostgresStore, pg_dsn: str
+) -> None:
+    """Red-team repro (after ANALYZE): N was `reltuples`, the whole table's, so team-a's score for its own entry
+    moved when team-b wrote, and N could be solved from it. Scoped, N counts the scope's current entries."""
+    now = utcnow()
+    await pg_store.insert_versions([draft("team-a", "own", search_text="quasar nebulon"),
+                                    draft("team-a", "one", search_text="pulsar x"),
+                                    draft("team-a", "two", search_text="pulsar y")], ACTOR)
+    scoped = EntryFilter(entity_path="team-a")
+    words = ["quasar", "nebulon", "pulsar"]  # words of unequal df: the share of each depends on N
+    before = await pg_store.keyword_candidates(words, scoped, now, 10)
+    await pg_store.insert_versions([draft("team-b", f"k{i}", search_text=f"filler {i}") for i in range(60)], ACTOR)
+    await _fetch(pg_dsn, f'ANALYZE "{pg_store.schema}".entries')
+    after = await pg_store.keyword_candidates(words, scoped, now, 10)
+    assert [(e.key, score) for e, score in after] == [(e.key, score) for e, score in before]
+    unscoped = await pg_store.keyword_candidates(words, EntryFilter(), now, 10)
+    assert unscoped[0][1] != after[0][1]  # unscoped, the whole store's row count is N (and this test can fail)

@@ -611,6 +611,32 @@ async def test_common_terms_are_those_matching_more_than_max_matches_current_ent
     assert await store.common_terms([], 0) == set()
 
 
+async def test_a_scoped_common_word_is_counted_within_the_scope(store: MemoryStore) -> None:
+    """Entries outside a retrieval's scope neither switch its words off nor reveal themselves (red-team repro:
+    team-b writing a word 1,100 times dropped team-a's exact keyword match)."""
+    await write(store, *[draft("team-b", f"k{i}", search_text=f"alpha widget number {i}") for i in range(6)])
+    await write(store, draft("team-a", "own", search_text="alpha beta"))
+    assert await store.common_terms(["alpha", "beta"], 3) == {"alpha"}
+    assert await store.common_terms(["alpha", "beta"], 3, "team-a") == set()
+    assert await store.common_terms(["alpha", "beta"], 3, "team-b") == {"alpha"}
+    assert await store.common_terms(["alpha"], 3, "team") == set()  # a path, not a string prefix
+
+
+async def test_scoped_keyword_scores_do_not_depend_on_entries_outside_the_scope(store: MemoryStore) -> None:
+    """Red-team repro: with N the whole store's row count, team-a's score for its own entry moved when team-b wrote
+    unrelated memories, and N could be solved from it."""
+    await write(store, draft("team-a", "own", search_text="quasar nebulon"), draft("team-a", "other", search_text="x"))
+    scoped = EntryFilter(entity_path="team-a")
+    before = await store.keyword_candidates(["quasar", "nebulon", "pulsar"], scoped, NOW, 10)
+    await write(store, *[draft("team-b", f"k{i}", search_text=f"filler {i}") for i in range(60)])
+    await write(store, draft("team-b", "quasar", search_text="quasar pulsar"), draft("team-a-evil", "x", search_text="pulsar"))
+    after = await store.keyword_candidates(["quasar", "nebulon", "pulsar"], scoped, NOW, 10)
+    assert [(e.key, score) for e, score in after] == [(e.key, score) for e, score in before]
+    assert keys(before) == ["own"]
+    everywhere = await store.keyword_candidates(["quasar", "nebulon", "pulsar"], EntryFilter(), NOW, 10)
+    assert set(keys(everywhere)) == {"own", "quasar", "x"}  # unscoped, the whole store counts
+
+
 # -- semantic_candidates --------------------------------------------------------------------------
 
 

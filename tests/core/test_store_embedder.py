@@ -189,6 +189,12 @@ def test_memory_reembed_command_moves_a_store_to_the_default_embedder(tmp_path: 
             await service.close()
 
     assert asyncio.run(reopen()) == "timeout"
+    # Without --backup the export taken first guards the re-embed only: gone from the data directory afterwards,
+    # where no later forget could reach it (red-team repro: a forgotten memory survived in it).
+    again = CliRunner().invoke(cli, ["memory", "reembed"])
+    assert again.exit_code == 0, again.output
+    assert "the backup taken first was removed" in again.output
+    assert sorted(p.name for p in data_dir.iterdir() if p.name.startswith("before-reembed")) == []
 
 
 async def refused_then_reembedded(make_store: StoreFactory, why: str, versions: int) -> MemoryService:

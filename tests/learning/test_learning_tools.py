@@ -16,6 +16,7 @@ from fastmcp.exceptions import ToolError
 from amfs_server.adapters.sqlite_learning import SQLiteLearningStore
 from amfs_server.core.learning import LearningConfig, LearningService
 from amfs_server.server.composition import build_service
+from amfs_server.server.auth import parse_api_keys
 from amfs_server.server.settings import load_settings
 from amfs_server.tools import ActorResolver, register_tools
 from amfs_server.tools.learning_tools import LEARNING_TOOLS, register_learning_tools
@@ -24,7 +25,7 @@ BODY_MARKER = "THE-RESULT-BODY-IS-NEVER-STORED"
 GITHUB = ["github_create_issue", "github_add_labels", "github_assign"]
 
 
-def build_app(tmp_path: Path, **config: Any) -> tuple[FastMCP, LearningService]:
+def build_app(tmp_path: Path, credential: Callable[[], Any] = lambda: None, **config: Any) -> tuple[FastMCP, LearningService]:
     settings = load_settings({}, data_dir=tmp_path, embedder="none")
     learning = LearningService(SQLiteLearningStore(tmp_path / "learning.db"), LearningConfig(**config))
     service = build_service(settings)
@@ -47,7 +48,7 @@ def build_app(tmp_path: Path, **config: Any) -> tuple[FastMCP, LearningService]:
     def flaky(reason: str) -> str:
         raise ToolError(f"failed: {reason}")
 
-    actors = ActorResolver("agent/test")
+    actors = ActorResolver("agent/test", credential)
     register_tools(mcp, service, actors)
     register_learning_tools(mcp, learning, actors)
     return mcp, learning
@@ -172,3 +173,26 @@ async def test_off_switches_remove_their_tools_and_learning_off_records_nothing(
     if config.get("enabled") is False:
         assert await learning.get_preferences(None) == [] and await learning.patterns() == []
     await learning.close()
+
+
+async def test_a_read_only_keys_calls_are_not_recorded(tmp_path: Path) -> None:
+    """Red-team repro: a `:ro` key's reads and refused writes were stored as interactions, and preferences were
+    learned from them; the README says a read-only key changes nothing."""
+    writer_app, learning = build_app(tmp_path)
+    async with Client(writer_app) as writer:
+        await writer.call_tool("amfs_write", {"entity_path": "svc", "key": "k", "value": "v"})
+    await learning.close()
+    reader_key = parse_api_keys("reader-key-000000000000002:ro")[0]
+    app, learning = build_app(tmp_path, credential=lambda: reader_key)
+    try:
+        async with Client(app) as reader:
+            for _ in range(6):
+                await reader.call_tool("amfs_read", {"entity_path": "svc", "key": "k"})
+                await reader.call_tool("fetch_users", {"limit": 2})
+                await reader.call_tool("amfs_write", {"entity_path": "svc", "key": "k2", "value": "v"},
+                                       raise_on_error=False)
+            assert (await reader.call_tool("amfs_read", {"entity_path": "svc", "key": "k"})).data is not None
+        assert [i.tool_name for i in await learning.interactions()] == ["amfs_write"]  # the writer's call only
+        assert await learning.get_preferences(reader_key.agent_id) == []
+    finally:
+        await learning.close()

@@ -192,6 +192,8 @@ async def test_a_prefix_scoped_key_reads_and_writes_only_under_its_prefix(settin
         ]:
             refused = await call(asgi, TEAM_A, tool, arguments)
             assert refused.is_error and "limited to entity_path 'team-a'" in refused.content[0].text, (tool, arguments)
+            said = "nothing was read" if tool in {"amfs_read", "amfs_search", "amfs_history"} else "nothing was written"
+            assert said in refused.content[0].text, (tool, refused.content[0].text)
         # filters left out are narrowed to the prefix
         listing = await call(asgi, TEAM_A, "amfs_list", {})
         assert [e["entry_key"] for e in listing.structured_content["entries"]] == ["team-a/api/k"]
