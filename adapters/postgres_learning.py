@@ -38,6 +38,7 @@ from .sql_common import (
     select,
     upsert_pattern_sql,
     upsert_preference_sql,
+    without_parameter,
 )
 
 MIGRATIONS: list[str] = [
@@ -185,14 +186,26 @@ class PostgresLearningStore(PostgresDatabase):
 
     async def delete_preference(self, user_id: str | None, category: str, key: str) -> int:
         async def delete(conn: Any) -> int:
-            return rowcount(await conn.execute(
+            removed = rowcount(await conn.execute(
                 "DELETE FROM learning_preferences WHERE category = $1 AND key = $2 AND ($3::text IS NULL OR user_id = $3)",
                 category, key, user_id,
             ))
+            if removed:
+                calls = await conn.fetch(
+                    "SELECT interaction_id, parameters_json FROM learning_interactions "
+                    "WHERE tool_name = $1 AND ($2::text IS NULL OR user_id = $2)", category, user_id,
+                )
+                for call in calls:
+                    if (kept := without_parameter(call["parameters_json"], key)) is not None:
+                        await conn.execute("UPDATE learning_interactions SET parameters_json = $1 WHERE interaction_id = $2",
+                                           kept, call["interaction_id"])
+                await conn.execute("DELETE FROM learning_patterns WHERE ($1::text IS NULL OR user_id = $1)", user_id)
+            return removed
 
         removed = await self._tx(delete)
         if removed:
-            await vacuum(self._require_pool(), self.where, "learning_preferences")
+            await vacuum(self._require_pool(), self.where, "learning_preferences", "learning_interactions",
+                         "learning_patterns")
         return removed
 
     # -- patterns ---------------------------------------------------------------------------

@@ -171,6 +171,16 @@ def dump_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def without_parameter(parameters_json: str, name: str) -> str | None:
+    """A recorded call's parameters without `name` (what a forgotten preference was learned from); None when
+    it has no such parameter."""
+    parameters = json.loads(parameters_json)
+    if not isinstance(parameters, dict) or name not in parameters:
+        return None
+    del parameters[name]
+    return dump_json(parameters)
+
+
 # -- entries ----------------------------------------------------------------------------------
 
 ENTRY_BASE_COLUMNS = (

@@ -30,6 +30,7 @@ from .sql_common import (
     select,
     upsert_pattern_sql,
     upsert_preference_sql,
+    without_parameter,
 )
 from .sqlite_base import SQLiteDatabase, _dt, _ts
 
@@ -179,9 +180,21 @@ class SQLiteLearningStore(SQLiteDatabase):
             sql += " AND user_id = ?"
             params.append(user_id)
 
+        users, user_params = ("user_id = ?", [user_id]) if user_id is not None else ("1 = 1", [])
+
         def delete() -> int:
             with self._transaction() as conn:
                 removed = conn.execute(sql, params).rowcount
+                if removed:
+                    calls = conn.execute(
+                        f"SELECT interaction_id, parameters_json FROM learning_interactions WHERE tool_name = ? AND {users}",
+                        [category, *user_params],
+                    ).fetchall()
+                    for interaction_id, parameters_json in calls:
+                        if (kept := without_parameter(parameters_json, key)) is not None:
+                            conn.execute("UPDATE learning_interactions SET parameters_json = ? WHERE interaction_id = ?",
+                                         (kept, interaction_id))
+                    conn.execute(f"DELETE FROM learning_patterns WHERE {users}", user_params)
             if removed:
                 self._checkpoint()
             return removed

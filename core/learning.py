@@ -559,10 +559,17 @@ class LearningService:
         return replace(preference, confidence=confidence, action=self.action_for(confidence))
 
     async def forget_preference(self, user_id: str | None, category: str, key: str) -> int:
-        """Delete a preference for one user (or every user with None); NotFoundError when none existed."""
+        """Delete a preference for one user (or every user with None); NotFoundError when none existed. What it
+        was learned from goes with it (the parameter in the recorded calls of that tool, and the patterns found
+        in them, detected again without it), so the value is no longer suggested either."""
         category, key = validate_category(category), validate_preference_key(key)
         await self._ready()
-        removed = await self.store.delete_preference(None if user_id is None else self.user_key(user_id), category, key)
+        user = None if user_id is None else self.user_key(user_id)
+        removed = await self.store.delete_preference(user, category, key)
+        if user is None:
+            self._detected.clear()
+        else:
+            self._detected.pop(user, None)
         if removed == 0:
             raise NotFoundError(
                 f"No learned preference '{category}.{key}'; nothing was forgotten. `amfs-server memory show` lists them."

@@ -279,7 +279,9 @@ class LearningStore(Protocol):
         ...
 
     async def delete_preference(self, user_id: str | None, category: str, key: str) -> int:
-        """Delete (category, key) for one user, or for every user with None; returns how many went."""
+        """Delete (category, key) for one user, or for every user with None; returns how many went. In the same
+        transaction, what it was learned from goes too: parameter `key` of those users' recorded calls of tool
+        `category`, and their detected patterns (found again, without it, when next asked for)."""
         ...
 
     async def patterns(self, user_id: str | None = None) -> list[Pattern]: ...

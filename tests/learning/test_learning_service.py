@@ -283,6 +283,30 @@ async def test_with_pattern_detection_off_no_pattern_is_stored(make_learning, ac
 # -- forgetting, clearing, export / import -------------------------------------------------------------
 
 
+async def test_forgetting_a_learned_preference_forgets_what_it_was_learned_from(learning, actor, clock) -> None:
+    """Red-team repro: after `memory forget deploy_service.region` the value was still in the recorded calls, a
+    recurring-parameter pattern and amfs_suggest_next's usual parameters."""
+    for day in range(3):
+        session = Actor(actor.agent_id, f"day-{day}")
+        clock.advance(days=1)
+        await use(learning, session, clock, "build", target="app")
+        await use(learning, session, clock, "deploy_service", region="PREFMARK-eu-west-9", replicas=3)
+    await use(learning, Actor("agent/bob", "b"), clock, "deploy_service", region="PREFMARK-bob")
+    assert "deploy_service.region" in [p.name for p in await learning.get_preferences(actor.agent_id)]
+    (before,) = await learning.suggest_next(actor.agent_id, "build")
+    assert before.steps[0].usual_parameters["region"] == "PREFMARK-eu-west-9"
+
+    assert await learning.forget_preference(actor.agent_id, "deploy_service", "region") == 1
+    (after,) = await learning.suggest_next(actor.agent_id, "build")  # the workflow stays, the value is gone
+    assert after.steps[0].usual_parameters == {"replicas": 3}
+    patterns = json.dumps([p.to_dict() for p in await learning.patterns(actor.agent_id)], default=str)
+    assert "PREFMARK" not in patterns and "replicas" in patterns
+    mine = [i.parameters for i in await learning.interactions(actor.agent_id) if i.tool_name == "deploy_service"]
+    assert mine == [{"replicas": 3}] * 3
+    assert "PREFMARK-eu-west-9" not in await stored_text(learning.store)
+    assert "PREFMARK-bob" in await stored_text(learning.store)  # another user's calls are theirs
+
+
 async def test_forget_removes_one_preference_and_clear_removes_everything(learning, actor, clock) -> None:
     await learning.set_preference(actor.agent_id, "code_formatting", "style", "black")
     await learning.set_preference("agent/bob", "code_formatting", "style", "pep8")
