@@ -51,6 +51,11 @@ _cache: dict[str, Embedder] = {}
 _cache_lock = threading.Lock()
 
 
+def canonical_embedder(name: str) -> str | None:
+    """The embedder `name` (or one of its aliases, any case) stands for; None for a name this server does not know."""
+    return _ALIASES.get(name.strip().lower())
+
+
 def load_embedder(name: str = DEFAULT_EMBEDDER) -> Embedder:
     """Return the process-wide embedder for ``name`` (one instance per name).
 
@@ -58,7 +63,7 @@ def load_embedder(name: str = DEFAULT_EMBEDDER) -> Embedder:
     :class:`EmbedderUnavailableError` otherwise) but loads weights lazily on
     first use; call ``.load()`` on the result to warm it up eagerly.
     """
-    canonical = _ALIASES.get(name.strip().lower()) if isinstance(name, str) else None
+    canonical = canonical_embedder(name) if isinstance(name, str) else None
     if canonical is None:
         raise ValueError(
             f"Unknown embedder {name!r}; known embedders: {', '.join(sorted(KNOWN_EMBEDDERS))}"

@@ -28,6 +28,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -72,6 +73,28 @@ def _locate_package_file(package: str, filename: str, hint: str) -> Path:
     raise EmbedderUnavailableError(f"Package {package!r} is installed but has no {filename!r}. Reinstall it with: {hint}")
 
 
+_INFLATED_PREFIX = "amfs-model-"
+# Loading takes well under a second; a folder this old was left by a process stopped mid-load (Ctrl-C, kill -9).
+_ABANDONED_AFTER_S = 600.0
+
+
+def _sweep_abandoned_inflations() -> None:
+    """Remove inflated-model folders that processes stopped during a load left in the temp dir (each up to
+    23 MB): the load runs in a daemon thread, so its cleanup does not run when the process is stopped. Another
+    user's folders, which this process may not delete, are left alone."""
+    try:
+        folders = list(Path(tempfile.gettempdir()).glob(_INFLATED_PREFIX + "*"))
+    except OSError:
+        return
+    cutoff = time.time() - _ABANDONED_AFTER_S
+    for folder in folders:
+        try:
+            if folder.is_dir() and folder.stat().st_mtime < cutoff:
+                shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            continue
+
+
 @contextmanager
 def _model_source(path: Path) -> Iterator[str | bytes]:
     """What onnxruntime loads for `path`: the path itself, or for a ``.gz`` model its contents inflated into a
@@ -82,9 +105,10 @@ def _model_source(path: Path) -> Iterator[str | bytes]:
     if path.suffix != ".gz":
         yield str(path)
         return
+    _sweep_abandoned_inflations()
     folder = None
     try:
-        folder = tempfile.mkdtemp(prefix="amfs-model-")
+        folder = tempfile.mkdtemp(prefix=_INFLATED_PREFIX)
         plain = Path(folder) / path.stem
         with gzip.open(path, "rb") as packed, open(plain, "wb") as out:
             shutil.copyfileobj(packed, out, 1 << 20)
@@ -216,8 +240,11 @@ class OnnxEmbedder:
                 with _model_source(path) as model:
                     session = ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
             except Exception as exc:
+                # A damaged bundled model is this package's file: reinstalling onnxruntime would not mend it.
+                hint = ("reinstall amfs-server (pip install --force-reinstall . from its source folder)"
+                        if path == self._bundled else self._hint)
                 raise EmbedderUnavailableError(
-                    f"Failed to load the ONNX embedding model {path}: {exc}. Reinstall with: {self._hint}"
+                    f"Failed to load the ONNX embedding model {path}: {exc}. Reinstall with: {hint}"
                 ) from exc
             names = {i.name for i in session.get_inputs()}
             if not names <= set(_INPUTS) or "input_ids" not in names:

@@ -453,7 +453,19 @@ def _bench_command(name: str, module: str, summary: str) -> None:
     def run(args: tuple[str, ...]) -> None:
         import importlib
 
-        importlib.import_module(f"amfs_server.session_bench.{module}").main(list(args))
+        try:
+            importlib.import_module(f"amfs_server.session_bench.{module}").main(list(args))
+        except ModuleNotFoundError as error:  # a benchmark of an extra's part, run on the default install
+            extra = _EXTRA_OF.get((error.name or "").partition(".")[0])
+            if extra is None:
+                raise
+            raise click.ClickException(f"`amfs-server bench {name}` needs {error.name}, which is not installed: "
+                                       f"pip install 'amfs-server[{extra}]'") from None
+
+
+# Packages of the extras (pyproject.toml) a benchmark may import, and the extra that brings each.
+_EXTRA_OF = {"torch": "lm", "transformers": "lm", "safetensors": "lm", "gguf": "lm", "accelerate": "lm",
+             "tokenizers": "lm", "lightgbm": "ml", "scipy": "ml", "matplotlib": "bench"}
 
 
 _bench_command("retrieval", "retrieval_bench",

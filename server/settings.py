@@ -238,7 +238,13 @@ class Settings(BaseModel):
     @field_validator("embedder")
     @classmethod
     def _embedder_none(cls, name: str | None) -> str | None:
-        return None if name is None or name.strip().lower() in {"", "none", "off"} else name
+        if name is None or name.strip().lower() in {"", "none", "off"}:
+            return None
+        from ..adapters.embedders import KNOWN_EMBEDDERS, canonical_embedder
+
+        if canonical_embedder(name) is None:  # a typo fails here, in one line, not as a traceback at the first write
+            raise ValueError(f"not an embedder this server knows; use one of {', '.join(sorted(KNOWN_EMBEDDERS))}, or none")
+        return name
 
     @property
     def sqlite_path(self) -> Path:

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--browser", action="store_true", help="Also time the page in headless Chromium.")
     args = parser.parse_args(argv)
 
-    import httpx
+    import httpx2  # the default install's HTTP client (mcp's); httpx is a test dependency only
 
     from .mcp_latency import server_env, spawn_http_server
 
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     server = spawn_http_server("http", server_env(data_dir, AMFS_EMBEDDER="none", AMFS_API_KEYS=KEY), timeout_s=120)
     result: dict[str, Any] = {"entries": args.entries, "entity_paths": min(args.entries, 1000), "load_s": round(load_s, 1)}
     try:
-        with httpx.Client(base_url=server.base_url, timeout=60) as client:
+        with httpx2.Client(base_url=server.base_url, timeout=60) as client:
             result["first_view_cold_ms"] = {name: ms(s) for name, s in first_view(client).items()}
             warm = [first_view(client) for _ in range(args.repeat)]
             result["first_view_warm_median_ms"] = {name: ms(statistics.median(w[name] for w in warm)) for name in warm[0]}

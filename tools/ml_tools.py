@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from fastmcp import Context, FastMCP
 from pydantic import BaseModel, Field
 
+from ..core.errors import ValidationError
 from ..ml.export import ExportFormat
 from ..ml.service import DEFAULT_EXPORT_LIMIT, MLService
 from ._params import EntityFilter
@@ -111,6 +112,8 @@ def register_ml_tools(mcp: FastMCP, ml: MLService, actors: ActorResolver) -> Non
         later end up in incidents. Reports only, unless apply=true; revert=true undoes an apply. Needs
         5+ outcomes per type; says what is missing otherwise. apply changes only types whose change is
         significant (20+ outcomes, bootstrap interval) and says why when it changes nothing."""
+        if revert and apply:
+            raise ValidationError("apply and revert contradict each other; pass one of them. Nothing was changed.")
         if revert:
             in_force = await ml.revert_calibration()
             return CalibrateResult(applied=False, reverted=True, multipliers_in_force=in_force)

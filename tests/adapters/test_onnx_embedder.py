@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import os
 import tempfile
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -160,6 +162,36 @@ def test_a_corrupt_compressed_model_is_refused_with_the_reinstall_hint(
     with pytest.raises(EmbedderUnavailableError, match="Failed to load the ONNX embedding model"):
         OnnxEmbedder(model_path=not_gzip).load()
     assert list(scratch.iterdir()) == []  # no inflated copy left behind
+
+
+def test_a_damaged_bundled_model_says_to_reinstall_amfs_server_not_onnxruntime(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = tmp_path / "model_int8.onnx.gz"
+    broken.write_bytes(BUNDLED.read_bytes()[:2_000_000] if BUNDLED else b"")
+    name, _, package, hint = onnx_mod.VARIANTS["int8"]
+    monkeypatch.setitem(onnx_mod.VARIANTS, "int8", (name, broken, package, hint))
+    with pytest.raises(EmbedderUnavailableError, match=r"Reinstall with: reinstall amfs-server") as refused:
+        OnnxEmbedder(variant="int8").load()
+    assert "pip install onnxruntime" not in str(refused.value)
+
+
+def test_a_load_sweeps_inflated_models_that_stopped_processes_left_behind(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red-team repro: Ctrl-C or kill -9 during the start-up load left `amfs-model-*` folders (up to 23 MB each)
+    in the temp dir, one more per interrupted start."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    abandoned, loading = scratch / "amfs-model-abandoned", scratch / "amfs-model-another-process-loading"
+    for folder in (abandoned, loading):
+        folder.mkdir()
+        (folder / "model_int8.onnx").write_bytes(b"partial")
+    old = time.time() - 3600
+    os.utime(abandoned, (old, old))
+    OnnxEmbedder(variant="int8").load()
+    assert sorted(p.name for p in scratch.iterdir()) == [loading.name]  # a fresh one may be another process's
 
 
 def test_bad_input_is_rejected_before_loading() -> None:

@@ -103,3 +103,23 @@ def test_memory_search_counts_as_a_read_of_its_own_cli_session(store: Path) -> N
 def test_memory_search_refuses_a_limit_out_of_range(store: Path, args: list[str]) -> None:
     result = CliRunner().invoke(cli, ["memory", "search", "retry", *args])
     assert result.exit_code == 2 and "--limit" in result.output
+
+
+def test_a_benchmark_needing_an_extra_says_which_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Red-team repro: `amfs-server bench session` on the default install ended in ModuleNotFoundError: torch."""
+    from amfs_server.session_bench import session_bench
+
+    def needs_torch(argv: list[str]) -> None:
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    monkeypatch.setattr(session_bench, "main", needs_torch)
+    result = CliRunner().invoke(cli, ["bench", "session", "--modes", "rag"])
+    assert result.exit_code == 1
+    assert "needs torch, which is not installed: pip install 'amfs-server[lm]'" in result.output
+    assert "Traceback" not in result.output
+
+    def needs_something_else(argv: list[str]) -> None:
+        raise ModuleNotFoundError("No module named 'amfs_server.nowhere'", name="amfs_server.nowhere")
+
+    monkeypatch.setattr(session_bench, "main", needs_something_else)
+    assert isinstance(CliRunner().invoke(cli, ["bench", "session"]).exception, ModuleNotFoundError)  # a bug: raised

@@ -112,6 +112,10 @@ async def test_calibrate_over_mcp_reports_applies_and_reverts(
         assert report["multipliers_in_force"] == {t.value: m for t, m in DEFAULT_MULTIPLIERS.items()}
         assert seen and seen[-1] == (4, 4, "calibrated")
 
+        both = await client.call_tool("amfs_calibrate", {"apply": True, "revert": True}, raise_on_error=False)
+        assert both.is_error and "contradict" in both.content[0].text  # revert used to win silently
+        assert sqlite_service.multipliers == DEFAULT_MULTIPLIERS
+
         applied = (await client.call_tool("amfs_calibrate", {"apply": True})).structured_content
         assert applied["applied"] is True
         assert applied["multipliers_in_force"] == applied["global_multipliers"]["multipliers"]

@@ -97,6 +97,7 @@ def test_the_cli_reports_bad_settings_the_same_way_in_every_command(
         ("AMFS_DECAY_HALF_LIFE_DAYS", "0"),
         ("AMFS_DECAY_HALF_LIFE_DAYS", "-1"),
         ("AMFS_DECAY_HALF_LIFE_DAYS", "nan"),
+        ("AMFS_EMBEDDER", "hunter2-Pw"),  # a typo gave a traceback at the first write (config show accepted it)
     ],
 )
 def test_a_refused_setting_is_named_but_its_value_is_not_echoed(
