@@ -15,11 +15,18 @@ import math
 import os
 import re
 import sqlite3
+import threading
 import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from collections.abc import Callable, Sequence
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: processes sharing one store there are not guarded
+    fcntl = None  # type: ignore[assignment]
 
 from ..core.errors import ConflictError
 from ..core.models import (
@@ -556,6 +563,15 @@ class SQLiteStore(SQLiteDatabase):
 
         def fetch() -> list[tuple[MemoryEntry, float]]:
             conn = self._connection()
+            # One read snapshot for the matches and the rows: a row another process deletes in between would be
+            # matched but not found (red-team repro: KeyError, "Internal error in amfs_retrieve").
+            conn.execute("BEGIN")
+            try:
+                return search(conn)
+            finally:
+                conn.execute("COMMIT")
+
+        def search(conn: sqlite3.Connection) -> list[tuple[MemoryEntry, float]]:
             matches = [conn.execute(hits_sql, [phrase, *params]).fetchall() for phrase in phrases]
             written: dict[int, str] = {row_id: at for rows in matches for row_id, at in rows}
             if not written:
@@ -668,29 +684,33 @@ class SQLiteStore(SQLiteDatabase):
 
     async def forget(self, entity_path: str, key: str) -> int:
         def delete() -> int:
-            with self._transaction() as conn:
-                removed, erased = self._erase_keys_sync(conn, [(entity_path, key)])
-            self._after_erase(removed, erased)
+            # The index lock from before the delete until its vectors are scrubbed and the marker cleared, so a
+            # process opening meanwhile never takes this forget for one a stopped process left unfinished.
+            with self._vectors.locked():
+                with self._transaction() as conn:
+                    removed, erased = self._erase_keys_sync(conn, [(entity_path, key)])
+                self._after_erase(removed, erased)
             return removed
 
         return await self._run(delete)
 
     async def purge_expired(self, now: datetime) -> int:
         def delete() -> int:
-            with self._transaction() as conn:
-                expired = conn.execute(
-                    "SELECT entity_path, key FROM entries WHERE is_current = 1 AND ttl_at IS NOT NULL AND ttl_at <= ?",
-                    (_ts(now),),
-                ).fetchall()
-                removed, erased = self._erase_keys_sync(conn, [(row[0], row[1]) for row in expired])
-                superseded = conn.execute(
-                    "SELECT row_id, embedding, entity_path, key FROM entries "
-                    "WHERE is_current = 0 AND ttl_at IS NOT NULL AND ttl_at <= ?",
-                    (_ts(now),),
-                ).fetchall()
-                removed += self._erase_versions_sync(conn, superseded)
-                erased += [(row[0], row[1]) for row in superseded]
-            self._after_erase(removed, erased)
+            with self._vectors.locked():  # as in forget
+                with self._transaction() as conn:
+                    expired = conn.execute(
+                        "SELECT entity_path, key FROM entries WHERE is_current = 1 AND ttl_at IS NOT NULL AND ttl_at <= ?",
+                        (_ts(now),),
+                    ).fetchall()
+                    removed, erased = self._erase_keys_sync(conn, [(row[0], row[1]) for row in expired])
+                    superseded = conn.execute(
+                        "SELECT row_id, embedding, entity_path, key FROM entries "
+                        "WHERE is_current = 0 AND ttl_at IS NOT NULL AND ttl_at <= ?",
+                        (_ts(now),),
+                    ).fetchall()
+                    removed += self._erase_versions_sync(conn, superseded)
+                    erased += [(row[0], row[1]) for row in superseded]
+                self._after_erase(removed, erased)
             return removed
 
         return await self._run(delete)
@@ -756,8 +776,10 @@ class SQLiteStore(SQLiteDatabase):
             return
         self._checkpoint()
         conn = self._connection()
-        self._vectors.forget(conn, [row_id for row_id, _ in erased], [SQLITE.embedding_value(blob) for _, blob in erased])
-        _clear_scrub_pending(conn)
+        with self._vectors.locked():  # the marker goes with the scrub: an opener waiting on the lock sees neither
+            self._vectors.forget(conn, [row_id for row_id, _ in erased],
+                                 [SQLITE.embedding_value(blob) for _, blob in erased])
+            _clear_scrub_pending(conn)
 
     async def open(self) -> None:
         await super().open()
@@ -768,10 +790,17 @@ class SQLiteStore(SQLiteDatabase):
         conn = self._connection()
         if conn.execute("SELECT 1 FROM meta WHERE name = ?", (VECTOR_SCRUB_META,)).fetchone() is None:
             return
-        log.warning("Scrubbing vectors of deleted memories from %s (a process stopped before it did)", self._vectors.path)
-        self._vectors.scrub_dead(conn)
-        self._checkpoint()
-        _clear_scrub_pending(conn)
+        # A process forgetting right now holds the lock until its scrub is done and its marker cleared: the
+        # marker still there once the lock is ours is one a stopped process left (red-team: the warning showed
+        # in ordinary concurrent use).
+        with self._vectors.locked():
+            if conn.execute("SELECT 1 FROM meta WHERE name = ?", (VECTOR_SCRUB_META,)).fetchone() is None:
+                return
+            log.warning("Scrubbing vectors of deleted memories from %s (a process stopped before it did)",
+                        self._vectors.path)
+            self._vectors.scrub_dead(conn)
+            self._checkpoint()
+            _clear_scrub_pending(conn)
 
     async def clear(self) -> None:
         def delete() -> None:
@@ -779,8 +808,9 @@ class SQLiteStore(SQLiteDatabase):
                 self._delete_all_sync(conn)
                 _mark_scrub_pending(conn)
             self._checkpoint(vacuum=True)
-            self._vectors.wipe()
-            _clear_scrub_pending(self._connection())
+            with self._vectors.locked():
+                self._vectors.wipe()
+                _clear_scrub_pending(self._connection())
 
         await self._run(delete)
 
@@ -869,10 +899,39 @@ class VectorSync:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.meta_path = path.with_suffix(".json")
+        self.lock_path = path.with_suffix(".lock")
         self.index: VectorIndex | None = None
         self.watermark = 0
         self.data_version: int | None = None
         self.dirty = True
+        self._thread_lock = threading.RLock()
+        self._lock_depth = 0
+        self._lock_file: Any = None
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """One process at a time saves, scrubs, loads or deletes the index files (an exclusive `flock` on
+        `amfs.vectors.lock`; re-entrant within the process). Without it two processes saving at once could pair
+        one's index file with the other's sidecar, or reload the other's file under their own watermark and save
+        it back trusted but missing rows (red-team repro: memories never found semantically again)."""
+        with self._thread_lock:
+            if self._lock_depth == 0 and fcntl is not None:
+                self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+                handle = open(self.lock_path, "a+b")
+                try:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+                except BaseException:
+                    handle.close()
+                    raise
+                self._lock_file = handle
+            self._lock_depth += 1
+            try:
+                yield
+            finally:
+                self._lock_depth -= 1
+                if self._lock_depth == 0 and self._lock_file is not None:
+                    self._lock_file.close()  # closing releases the flock
+                    self._lock_file = None
 
     def sync(self, conn: sqlite3.Connection, dimension: int) -> VectorIndex:
         data_version = conn.execute("PRAGMA data_version").fetchone()[0]
@@ -909,16 +968,17 @@ class VectorSync:
         return self.index
 
     def _load(self, conn: sqlite3.Connection, dimension: int) -> None:
-        self.index = VectorIndex.open(dimension, self.path)
-        self.watermark = 0
-        if self.index.load_error is None and len(self.index):
-            saved, reason = self._verified_state(conn, dimension)
-            if saved is not None:
-                self.watermark = saved
-            else:
-                log.warning("Rebuilding the vector index %s from the database: %s", self.path, reason)
-        if self.watermark == 0:
-            self.index.clear()
+        with self.locked():  # the file and its sidecar as one process saved them together
+            self.index = VectorIndex.open(dimension, self.path)
+            self.watermark = 0
+            if self.index.load_error is None and len(self.index):
+                saved, reason = self._verified_state(conn, dimension)
+                if saved is not None:
+                    self.watermark = saved
+                else:
+                    log.warning("Rebuilding the vector index %s from the database: %s", self.path, reason)
+            if self.watermark == 0:
+                self.index.clear()
 
     def _verified_state(self, conn: sqlite3.Connection, dimension: int) -> tuple[int | None, str]:
         """The saved watermark when the index file is the one last saved beside this database, else why not.
@@ -942,7 +1002,12 @@ class VectorSync:
         in_database = json.loads(row[0]) if row is not None else {}
         if in_database.get("generation") != generation:
             return None, "the database and the index were not saved together (a database restored from another copy?)"
-        top = conn.execute("SELECT COALESCE(MAX(row_id), 0) FROM entries").fetchone()[0]
+        # The highest row id ever given (AUTOINCREMENT's counter): forgetting the newest rows lowers MAX(row_id)
+        # but not this, so only a database older than the index (restored from a copy) fails the check.
+        top = conn.execute(
+            "SELECT max(COALESCE((SELECT MAX(row_id) FROM entries), 0), "
+            "COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'entries'), 0))"
+        ).fetchone()[0]
         if watermark > top:
             return None, f"the index covers rows up to {watermark}, the database ends at {top}"
         return watermark, ""
@@ -953,8 +1018,9 @@ class VectorSync:
         from the file, so a save never writes a forgotten vector back."""
         if self.index is None or not self.index.dirty:
             return
-        self.index.save_scrubbed(self._drop_dead(conn))
-        self._save_meta(conn)
+        with self.locked():
+            self.index.save_scrubbed(self._drop_dead(conn))
+            self._save_meta(conn)
 
     def _drop_dead(self, conn: sqlite3.Connection) -> list[Any]:
         """Remove the ids whose rows are no longer current (another process forgot, expired, cleared or
@@ -970,7 +1036,7 @@ class VectorSync:
         """The sidecar (watermark, checksum, generation) and the same generation in the database's meta."""
         assert self.index is not None
         generation = uuid.uuid4().hex
-        temporary = self.meta_path.with_suffix(".json.tmp")
+        temporary = self.meta_path.with_name(f".{self.meta_path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         temporary.write_text(json.dumps({
             "watermark": self.watermark, "dimension": self.index.dimension, "generation": generation,
             "sha256": _file_sha256(self.path),
@@ -1010,6 +1076,10 @@ class VectorSync:
             self._scrub(conn, dimension, [], [])
 
     def _scrub(self, conn: sqlite3.Connection, dimension: int, row_ids: list[int], wanted: list[Any]) -> None:
+        with self.locked():
+            self._scrub_locked(conn, dimension, row_ids, wanted)
+
+    def _scrub_locked(self, conn: sqlite3.Connection, dimension: int, row_ids: list[int], wanted: list[Any]) -> None:
         if self.index is None or self.index.dimension != dimension:
             if self._saved_dimension() != dimension:
                 self.wipe()
@@ -1026,12 +1096,13 @@ class VectorSync:
 
     def wipe(self) -> None:
         """Forget the index and delete its files (after `clear`): the next search rebuilds it from the store."""
-        self.index = None
-        self.watermark = 0
-        self.data_version = None
-        self.dirty = True
-        for path in (self.path, self.meta_path):
-            path.unlink(missing_ok=True)
+        with self.locked():
+            self.index = None
+            self.watermark = 0
+            self.data_version = None
+            self.dirty = True
+            for path in (self.path, self.meta_path):
+                path.unlink(missing_ok=True)
 
     def _saved_dimension(self) -> int | None:
         try:

@@ -16,6 +16,7 @@ The unit everything calls is a *ranker*: `async (service, conversation, question
     amfs-server bench retrieval conversations --split test --stores sqlite,postgres --json out.json
     amfs-server bench retrieval conversations --split tuning --conversations 1 --via-mcp
     amfs-server bench retrieval conversations --split tuning --with-dates   # each turn's date as event_at
+    amfs-server bench retrieval conversations --split test --one-store      # every conversation in one store
     amfs-server bench retrieval conversations --split all --embedder all-mpnet-base-v2   # the [mpnet] extra
 """
 
@@ -196,13 +197,30 @@ def score_conversation(conversation: dict[str, Any], ranked: list[list[str]]) ->
 
 async def run_in_process(conversations: list[dict[str, Any]], store_kind: str, embedder=None,
                          selected: dict[str, Ranker] | None = None,
-                         with_dates: bool = False) -> dict[str, list[dict[str, Any]]]:
-    """Per ranker, one scored row per question over all `conversations` (each on a fresh `store_kind` store)."""
+                         with_dates: bool = False, one_store: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """Per ranker, one scored row per question over all `conversations` (each on a fresh `store_kind` store, or
+    with `one_store` all written into one store first, as one server would hold them; questions stay scoped)."""
     from ..adapters.embedders import load_embedder
 
     embedder = embedder or load_embedder()
     selected = selected or rankers()
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in selected}
+    if one_store:
+        with tempfile.TemporaryDirectory(prefix="amfs-conv-bench-") as tmp:
+            store = await open_store(store_kind, Path(tmp), embedder.dimension)
+            try:
+                service = MemoryService(store, ServiceConfig(), embedder=embedder)
+                await service.open()
+                for number, conversation in enumerate(conversations, start=1):
+                    log(f"[conversations/{store_kind}] writing conversation {number}/{len(conversations)} into one store")
+                    await write_conversation(service, conversation, with_dates)
+                for conversation in conversations:
+                    for name, ranker in selected.items():
+                        rows[name] += score_conversation(conversation, await ranker(service, conversation,
+                                                                                    conversation["questions"]))
+            finally:
+                await close_store(store)
+        return rows
     with tempfile.TemporaryDirectory(prefix="amfs-conv-bench-") as tmp:
         for number, conversation in enumerate(conversations, start=1):
             log(f"[conversations/{store_kind}] conversation {number}/{len(conversations)} "
@@ -350,11 +368,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--reattribute-evidence", type=float, default=0.0, metavar="SHARE",
                         help="give this share (0-1) of the evidence turns to the other speaker: the speaker rule's "
                              "stress test (default 0)")
+    parser.add_argument("--one-store", action="store_true",
+                        help="write every conversation into one store before asking (in process), as one server "
+                             "holding them all would; each question stays scoped to its conversation")
     args = parser.parse_args(argv)
     if not 0.0 <= args.reattribute_evidence <= 1.0:
         parser.error(f"--reattribute-evidence takes a share between 0 and 1, got {args.reattribute_evidence}")
-    if (args.with_dates or args.embedder) and args.via_mcp:
-        parser.error("--with-dates and --embedder run in process; drop --via-mcp")
+    if (args.with_dates or args.embedder or args.one_store) and args.via_mcp:
+        parser.error("--with-dates, --embedder and --one-store run in process; drop --via-mcp")
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     unknown = set(stores) - {"sqlite", "postgres"}
     if unknown or not stores:
@@ -381,9 +402,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             parser.error(str(error))
         report["embedder"] = embedder.name if embedder is not None else DEFAULT_EMBEDDER
         for store in stores:
-            rows = asyncio.run(run_in_process(conversations, store, embedder=embedder, with_dates=args.with_dates))
+            rows = asyncio.run(run_in_process(conversations, store, embedder=embedder, with_dates=args.with_dates,
+                                              one_store=args.one_store))
             report["runs"][store] = {"summary": summarise(rows), "questions": rows}
-            texts.append(markdown(report["runs"][store]["summary"], store + (" with dates" if args.with_dates else "")))
+            texts.append(markdown(report["runs"][store]["summary"], store + (" with dates" if args.with_dates else "")
+                                  + (", every conversation in one store" if args.one_store else "")))
     text = "\n".join(texts)
     print(text)
     if args.plot is not None:

@@ -219,3 +219,89 @@ async def test_vectors_of_deleted_rows_leave_the_index_file_on_the_next_open_aft
         assert stored[4].tobytes() in data and await top_key(store, stored[4]) == "k4"
         assert await top_key(store, stored[3]) != "k3"
     await store.close()
+
+
+async def test_forgetting_the_newest_memories_does_not_make_the_next_open_rebuild_the_index(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Red-team repro: after forgetting the newest memory the saved index covered a row id above the table's
+    MAX(row_id), which read as a database older than its index: a warning and a full rebuild at every such open.
+    Row ids come from AUTOINCREMENT's counter, which a delete does not lower."""
+    stored = vectors(6, seed=8)
+    store = SQLiteStore(tmp_path / "amfs.db")
+    await store.open()
+    await insert(store, "k", stored)
+    await top_key(store, stored[0])
+    await store.forget("svc", "k5")
+    await store.close()
+    store = SQLiteStore(tmp_path / "amfs.db")
+    await store.open()
+    with caplog.at_level(logging.WARNING, logger="amfs_server.adapters.sqlite"):
+        assert await top_key(store, stored[4]) == "k4"
+        assert await top_key(store, stored[5]) != "k5"
+    await store.close()
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+
+
+LOCK_HOLDER = """
+import fcntl, sys, time
+with open(sys.argv[1], "a+b") as handle:
+    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+    print("locked", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+async def test_saving_the_index_waits_for_another_process_that_holds_its_files(tmp_path: Path) -> None:
+    """Red-team repro: two processes saving at once paired one's index file with the other's sidecar, or reloaded
+    the other's file under their own watermark and saved it back trusted but missing rows (2 runs in 7). Saves,
+    scrubs and loads now take an exclusive lock on amfs.vectors.lock, here held by another process for 1.5 s."""
+    import subprocess
+    import sys
+    import time
+
+    stored = vectors(4, seed=10)
+    store = SQLiteStore(tmp_path / "amfs.db")
+    await store.open()
+    await insert(store, "k", stored)
+    await top_key(store, stored[0])
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(tmp_path / "amfs.vectors.lock"), "1.5"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        started = time.monotonic()
+        await store.forget("svc", "k1")  # deletes, then scrubs the index file: waits for the lock
+        waited = time.monotonic() - started
+    finally:
+        holder.wait(timeout=30)
+    assert waited >= 1.0, waited
+    assert await top_key(store, stored[1]) != "k1" and await top_key(store, stored[2]) == "k2"
+    await store.close()
+
+
+async def test_a_keyword_search_reads_one_snapshot_while_another_connection_deletes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red-team repro: a row deleted by another process between the search's match query and its row fetch gave
+    KeyError ("Internal error in amfs_retrieve"). The match and the rows now come from one read snapshot."""
+    import sqlite3
+
+    from amfs_server.adapters import sqlite as sqlite_adapter
+
+    store = SQLiteStore(tmp_path / "amfs.db")
+    await store.open()
+    await insert(store, "k", vectors(3, seed=11))
+    counted = sqlite_adapter.fts_row_count
+
+    def count_then_delete(conn: sqlite3.Connection) -> int:  # runs between the two statements
+        other = sqlite3.connect(tmp_path / "amfs.db", isolation_level=None)
+        other.execute("DELETE FROM entries WHERE key = 'k1'")
+        other.close()
+        return counted(conn)
+
+    monkeypatch.setattr(sqlite_adapter, "fts_row_count", count_then_delete)
+    hits = await store.keyword_candidates(["k1"], EntryFilter(), utcnow(), 10)
+    assert [entry.key for entry, _ in hits] == ["k1"]  # as of the snapshot it started from
+    monkeypatch.setattr(sqlite_adapter, "fts_row_count", counted)
+    assert await store.keyword_candidates(["k1"], EntryFilter(), utcnow(), 10) == []
+    await store.close()

@@ -196,3 +196,19 @@ def test_reattributing_evidence_hands_that_share_of_evidence_turns_to_the_other_
     speakers = {c["conversation_id"]: {t["speaker"] for t in bench.turns_of(c)} for c in data["conversations"]}
     assert all(after[turn] in speakers[turn[0]] for turn in changed)
     assert bench.reattribute_evidence(data["conversations"], 0.0) == 0
+
+
+def test_every_conversation_in_one_store_ranks_as_a_store_each():
+    """`--one-store`: the held-out protocol may write every conversation through one server. Each question is
+    scoped to its conversation, so the other conversations change nothing: the keyword IDF counts within the
+    scope (N included) and semantic search filters by it."""
+    data = gen.build_dataset(seed=7, conversations=2, sessions=3)
+    for conversation in data["conversations"]:
+        conversation["questions"] = conversation["questions"][:8]
+    selected = {bench.FUSION: bench.service_ranker(None)}
+    apart = asyncio.run(bench.run_in_process(data["conversations"], "sqlite", selected=selected))[bench.FUSION]
+    together = asyncio.run(bench.run_in_process(data["conversations"], "sqlite", selected=selected,
+                                                one_store=True))[bench.FUSION]
+    assert len(together) == 16 and any(row["recall@10"] > 0 for row in together)
+    assert [(r["id"], r["recall@10"], r["mrr@10"]) for r in together] == \
+        [(r["id"], r["recall@10"], r["mrr@10"]) for r in apart]
