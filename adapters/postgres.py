@@ -651,6 +651,10 @@ class PostgresStore(PostgresDatabase):
         common = {row["term"] for row in lexemes if counts.get(row["lexeme"], 0.0) > max_matches}
         if entity_path is None or not common:
             return common
+        in_scope = await self._read(lambda conn: conn.fetchval(
+            f"SELECT count(*) FROM entries WHERE is_current AND {_scope_range('$1')}", entity_path))
+        if in_scope <= max_matches:
+            return set()  # no word can match more entries than the scope holds
         scoped_sql = (
             "SELECT count(*) FROM (SELECT 1 FROM entries WHERE is_current AND search_tsv @@ to_tsquery('english', $1) "
             f"AND {_scope_range('$2')} LIMIT $3) AS hits"

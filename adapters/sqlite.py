@@ -601,6 +601,8 @@ class SQLiteStore(SQLiteDatabase):
 
         def count() -> set[str]:
             conn = self._connection()
+            if entity_path is not None and entries_in_scope(conn, entity_path) <= max_matches:
+                return set()  # no word can match more entries than the scope holds
             common = set()
             for term in terms:
                 phrase = '"' + term.replace('"', "") + '"'
