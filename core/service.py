@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import builtins  # MemoryService.list shadows `list` in annotations inside the class body
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -160,6 +160,7 @@ class MemoryService:
         self.embedder = embedder
         self._calibrated_multipliers: dict[OutcomeType, float] | None = None
         self._expiry_sweeps: asyncio.Task[None] | None = None
+        self._erase_listeners: builtins.list[Callable[[], Awaitable[Any]]] = []
         self.learned_scorer: LearnedScorer | None = None
         self._learned_covers: Callable[[str | None], bool] | None = None
         if self.config.fusion not in FUSIONS:
@@ -868,15 +869,32 @@ class MemoryService:
 
     # -- maintenance --------------------------------------------------------------------------
 
+    def after_erase(self, listener: Callable[[], Awaitable[Any]]) -> None:
+        """Call `listener` after each forget, TTL expiry and clear that erased something: copies made from the
+        store (the ML layer's export files) follow it."""
+        self._erase_listeners.append(listener)
+
+    async def _erased(self) -> None:
+        for listener in self._erase_listeners:
+            try:
+                await listener()
+            except Exception as error:  # the store's erase has committed; say what still holds a copy
+                logger.warning("After erasing memories, %s failed: %s", getattr(listener, "__qualname__", listener),
+                               error)
+
     async def forget(self, entity_path: str, key: str) -> int:
         entity_path, key = v.validate_entity_path(entity_path), v.validate_key(key)
         removed = await self.store.forget(entity_path, key)
         if removed == 0:
             raise NotFoundError(f"No memory at '{entity_path}/{key}'; nothing was forgotten.")
+        await self._erased()
         return removed
 
     async def purge_expired(self) -> int:
-        return await self.store.purge_expired(self.now())
+        removed = await self.store.purge_expired(self.now())
+        if removed:
+            await self._erased()
+        return removed
 
     async def clear(self) -> None:
         """Delete every memory, outcome and trace. The record of the embedder stays (or becomes this service's):
@@ -885,12 +903,13 @@ class MemoryService:
         if self.embedder is not None:
             await self.store.clear()
             await self._record_embedder()
-            return
-        kept = {name: await self.store.get_meta(name) for name in (EMBEDDER_META, ENTRY_VECTORS_META)}
-        await self.store.clear()
-        for name, value in kept.items():
-            if value is not None:
-                await self.store.set_meta(name, value)
+        else:
+            kept = {name: await self.store.get_meta(name) for name in (EMBEDDER_META, ENTRY_VECTORS_META)}
+            await self.store.clear()
+            for name, value in kept.items():
+                if value is not None:
+                    await self.store.set_meta(name, value)
+        await self._erased()
 
     async def export_snapshot(self) -> StoreSnapshot:
         await self.purge_expired()  # an export never carries a memory whose TTL passed

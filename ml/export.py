@@ -135,18 +135,27 @@ class TrainingDataExporter:
             if first is None:
                 raise self._missing(fmt, history, entity_path)
             name, partial = relative.name, relative.name + ".partial"
+            sources, sources_partial = name + SOURCES_SUFFIX, name + SOURCES_SUFFIX + ".partial"
             try:
                 folder = _open_beneath(root, relative.parts[:-1])
                 try:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(partial, dir_fd=folder)  # a leftover (or planted link) goes; its target is untouched
-                    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder)
-                    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                    for leftover in (partial, sources_partial):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(leftover, dir_fd=folder)  # a leftover (or planted link) goes; its target is untouched
+                    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                    fd = os.open(partial, flags, 0o644, dir_fd=folder)
+                    sources_fd = os.open(sources_partial, flags, 0o644, dir_fd=folder)
+                    with os.fdopen(fd, "w", encoding="utf-8") as handle, \
+                            os.fdopen(sources_fd, "w", encoding="utf-8") as sources_handle:
                         for example in islice(_chain(first, examples), limit):
+                            made_from = example.pop(SOURCES)
                             handle.write(json.dumps(example, ensure_ascii=False) + "\n")
+                            sources_handle.write(json.dumps(made_from, ensure_ascii=False) + "\n")
                             count += 1
-                    # rename(2) replaces a link at `name` itself, never what it points to
+                    # rename(2) replaces a link at `name` itself, never what it points to. The examples first: a
+                    # crash in between leaves an old or missing sources file, which a scrub leaves alone.
                     os.replace(partial, name, src_dir_fd=folder, dst_dir_fd=folder)
+                    os.replace(sources_partial, sources, src_dir_fd=folder, dst_dir_fd=folder)
                 finally:
                     os.close(folder)
             except OSError as error:
@@ -172,7 +181,8 @@ class TrainingDataExporter:
         self, format: ExportFormat | str, entity_path: str | None, limit: int | None
     ) -> tuple[ExportFormat, list[dict[str, Any]]]:
         fmt, history, entity_path, limit = await self._prepare(format, entity_path, limit)
-        examples = await asyncio.to_thread(lambda: list(islice(self._generate(fmt, history, entity_path), limit)))
+        examples = await asyncio.to_thread(
+            lambda: [_without_sources(e) for e in islice(self._generate(fmt, history, entity_path), limit)])
         if not examples:
             raise self._missing(fmt, history, entity_path)
         return fmt, examples
@@ -197,7 +207,8 @@ class TrainingDataExporter:
                     {"role": "system", "content": SFT_SYSTEM},
                     {"role": "user", "content": _context_prompt(context, trace)},
                     {"role": "assistant", "content": _decision_text(decisions_found)},
-                ]
+                ],
+                SOURCES: _sources([*context, *decisions_found]),
             }
 
     def _dpo(self, history: OutcomeHistory, entity_path: str | None) -> Iterator[dict[str, Any]]:
@@ -217,6 +228,8 @@ class TrainingDataExporter:
                     "prompt": [{"role": "system", "content": DPO_SYSTEM}, {"role": "user", "content": prompt}],
                     "chosen": [{"role": "assistant", "content": _answer(history, chosen, chosen_context)}],
                     "rejected": [{"role": "assistant", "content": _answer(history, rejected, rejected_context)}],
+                    SOURCES: _sources([*listed, *chosen_context, *rejected_context,
+                                       *_versions(history, chosen.decisions), *_versions(history, rejected.decisions)]),
                 }
 
     def _traces_by_entity(
@@ -252,6 +265,7 @@ class TrainingDataExporter:
                 "label": round(sum(REWARD_LABELS[t] for t in types) / len(types), 4),
                 "outcome_type": dominant.value,
                 "outcome_count": len(types),
+                SOURCES: _sources([entry]),
             }
 
     def _missing(self, fmt: ExportFormat, history: OutcomeHistory, entity_path: str | None) -> InsufficientDataError:
@@ -316,6 +330,87 @@ def _chain(first: dict[str, Any], rest: Iterator[dict[str, Any]]) -> Iterator[di
 
 def _now() -> str:
     return utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# Each example is built with the memory versions it was made from; a file export writes them, line for line, to a
+# sources file beside it (`train.jsonl` -> `train.jsonl.amfs-sources`), never into the example: OpenAI fine-tuning
+# refuses other top-level keys. A forget, TTL expiry or clear then takes the examples made from what it erased out
+# of the export files under the server's export folder (`MLService.scrub_exports`).
+SOURCES = "amfs_sources"
+SOURCES_SUFFIX = ".amfs-sources"
+
+
+def _sources(entries: list[MemoryEntry]) -> list[list[Any]]:
+    return [list(pair) for pair in sorted({(e.entry_key, e.version) for e in entries})]
+
+
+def _without_sources(example: dict[str, Any]) -> dict[str, Any]:
+    example.pop(SOURCES, None)
+    return example
+
+
+def export_files(root: Path) -> list[Path]:
+    """The JSONL exports under `root` that have a sources file (links not followed: a client names files, never
+    where they point)."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.rglob("*.jsonl") if p.is_file() and not p.is_symlink()
+                  and _sources_file(p).is_file() and not _sources_file(p).is_symlink())
+
+
+def _sources_file(path: Path) -> Path:
+    return path.with_name(path.name + SOURCES_SUFFIX)
+
+
+def _read_sources(line: str) -> set[tuple[str, int]]:
+    return {(str(entry), int(version)) for entry, version in json.loads(line)}
+
+
+def sources_in(path: Path) -> set[tuple[str, int]] | None:
+    """The memory versions the examples of one export file were made from; None when its sources file does not
+    match it line for line (a crash between the two renames, an edited file): such a file is left alone."""
+    found: set[tuple[str, int]] = set()
+    try:
+        with open(path, "rb") as examples, open(_sources_file(path), encoding="utf-8") as sources:
+            lines = sum(1 for _ in examples)
+            count = 0
+            for line in sources:
+                found |= _read_sources(line)
+                count += 1
+    except (OSError, ValueError, TypeError):
+        return None
+    return found if count == lines else None
+
+
+def drop_dead_examples(path: Path, alive: set[tuple[str, int]]) -> int:
+    """Rewrite the file and its sources file without the examples made from a version not in `alive`, streaming
+    through temporary files renamed over them. The examples first: a crash in between leaves them already without
+    the erased memory, beside a sources file that no longer matches them (and is then not trusted again). Returns
+    how many examples went."""
+    sources = _sources_file(path)
+    partial, sources_partial = (p.with_name(f".{p.name}.{os.getpid()}.scrub") for p in (path, sources))
+    dropped = 0
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as examples, \
+                open(sources, encoding="utf-8") as made_from, \
+                open(partial, "w", encoding="utf-8", errors="surrogateescape") as out, \
+                open(sources_partial, "w", encoding="utf-8") as sources_out:
+            for example, line in zip(examples, made_from):
+                if _read_sources(line) <= alive:
+                    out.write(example)
+                    sources_out.write(line)
+                else:
+                    dropped += 1
+            for handle in (out, sources_out):
+                handle.flush()
+                os.fsync(handle.fileno())
+        if dropped:
+            os.replace(partial, path)
+            os.replace(sources_partial, sources)
+    finally:
+        partial.unlink(missing_ok=True)
+        sources_partial.unlink(missing_ok=True)
+    return dropped
 
 
 def _versions(history: OutcomeHistory, items: list[TraceRead] | list[TraceWrite]) -> list[MemoryEntry]:

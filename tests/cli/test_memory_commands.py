@@ -326,3 +326,21 @@ def test_an_import_adds_to_a_store_but_never_overwrites_its_settings(env, tmp_pa
     after = _export()
     assert after["meta"]["embedder"] == "all-MiniLM-L6-v2-onnx-int8"  # the store's own, kept
     assert after["meta"]["ranker_models"] == {"x": 1}  # what the store did not hold is added
+
+
+def test_memory_forget_takes_the_memory_out_of_the_training_exports_in_the_data_dir(env, tmp_path) -> None:
+    """As amfs_forget does (tests/ml/test_ml_tools.py): an example made from a forgotten version leaves the
+    export files under <data dir>/ml/exports; the others stay."""
+    exports = tmp_path / "store" / "ml" / "exports" / "team"
+    exports.mkdir(parents=True)
+    doomed = {"messages": ["checkout-service/retry-pattern (v2): jittered backoff"]}
+    kept = {"messages": ["payments/risk-double-charge (v1): idempotency keys"]}
+    export = exports / "sft.jsonl"
+    export.write_text(json.dumps(doomed) + "\n" + json.dumps(kept) + "\n")
+    sources = exports / "sft.jsonl.amfs-sources"
+    sources.write_text('[["checkout-service/retry-pattern", 2], ["payments/risk-double-charge", 1]]\n'
+                       '[["payments/risk-double-charge", 1]]\n')
+    result = CliRunner().invoke(cli, ["memory", "forget", "checkout-service/retry-pattern"])
+    assert result.exit_code == 0, result.output
+    assert export.read_text() == json.dumps(kept) + "\n"
+    assert sources.read_text() == '[["payments/risk-double-charge", 1]]\n'

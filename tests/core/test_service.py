@@ -81,6 +81,33 @@ async def clocked_service(store) -> tuple[MemoryService, list[datetime]]:
     return service, now
 
 
+async def test_what_follows_an_erase_hears_of_every_forget_expiry_and_clear_that_erased_something(
+    store, actor: Actor
+) -> None:
+    """The ML layer's export files follow the store through `after_erase` (see tests/ml/test_ml_tools.py)."""
+    service, now = await clocked_service(store)
+    heard: list[int] = []
+
+    async def listener() -> None:
+        heard.append(len(await service.list()))
+
+    service.after_erase(listener)
+    await service.write(actor, WriteRequest("svc", "a", "v"))
+    await service.write(actor, WriteRequest("svc", "temp", "v", ttl_seconds=60))
+    await service.write(actor, WriteRequest("svc", "b", "v"))
+    await service.forget("svc", "a")
+    assert heard == [2]  # after the forget: what is left
+    assert await service.purge_expired() == 0 and heard == [2]  # nothing erased, nothing heard
+    now[0] += timedelta(seconds=61)
+    assert await service.purge_expired() == 1 and heard == [2, 1]
+    await service.clear()
+    assert heard == [2, 1, 0]
+    with pytest.raises(NotFoundError):
+        await service.forget("svc", "a")
+    assert heard == [2, 1, 0]
+    await service.close()
+
+
 async def test_an_expired_memory_is_gone_from_history_and_export_and_then_from_the_store(store, actor: Actor) -> None:
     service, now = await clocked_service(store)
     await service.write(actor, WriteRequest("svc", "temp", "SECRET v1", ttl_seconds=60))

@@ -101,3 +101,22 @@ async def test_an_empty_export_explains_which_data_is_missing(sqlite_service: Me
     with pytest.raises(InsufficientDataError):
         await exporter.write_jsonl(tmp_path / "x.jsonl", "sft")
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_an_export_whose_sources_file_does_not_match_it_line_for_line_is_not_trusted(tmp_path) -> None:
+    """A crash between an export's two renames, or an edited file: its lines can no longer be told apart, so a
+    scrub leaves it alone (the server logs it) rather than drop the wrong examples."""
+    from amfs_server.ml.export import drop_dead_examples, export_files, sources_in
+
+    export = tmp_path / "sft.jsonl"
+    export.write_text('{"messages": ["a"]}\n{"messages": ["b"]}\n')
+    sources = tmp_path / "sft.jsonl.amfs-sources"
+    sources.write_text('[["svc/a", 1]]\n')  # one line short
+    assert export_files(tmp_path) == [export] and sources_in(export) is None
+    sources.write_text('[["svc/a", 1]]\n[["svc/b", 2], ["svc/a", 1]]\n')
+    assert sources_in(export) == {("svc/a", 1), ("svc/b", 2)}
+    assert drop_dead_examples(export, {("svc/a", 1)}) == 1
+    assert export.read_text() == '{"messages": ["a"]}\n' and sources.read_text() == '[["svc/a", 1]]\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sft.jsonl", "sft.jsonl.amfs-sources"]
+    (tmp_path / "other.jsonl").write_text("{}\n")  # no sources file: not an export this server can scrub
+    assert export_files(tmp_path) == [export]

@@ -181,3 +181,42 @@ async def test_ml_tools_compose_with_the_server_app_and_start_up_loads_saved_mod
         names = {tool.name for tool in await client.list_tools()}
         assert ML_TOOLS <= names and "amfs_retrieve" in names
         assert service.learned_scorer is not None and service.retrieval_weights()["learned"] == pytest.approx(0.3)
+
+
+async def test_forgetting_a_memory_takes_the_examples_made_from_it_out_of_the_export_files(
+    ml_client: tuple[Client, Progress], tmp_path: Path
+) -> None:
+    """Red-team repro: a memory forgotten after an export stayed in `<data dir>/ml/exports/...jsonl`, inside the
+    data directory that forget promises to leave without a byte of it. Each export file has a sources file beside
+    it (the memory versions of each example, line for line): the examples stay as trainers want them."""
+    client, _ = ml_client
+    for fmt, name in (("sft", "sft.jsonl"), ("dpo", "dpo/train.jsonl"), ("reward_model", "reward.jsonl")):
+        done = await client.call_tool("amfs_export_training_data", {"format": fmt, "limit": 40, "output_path": name})
+        assert done.structured_content["num_examples"] > 0
+    exports = tmp_path / "exports"
+    foreign = exports / "mine.jsonl"  # a file this exporter did not write (no sources file): kept as it is
+    foreign.write_text('{"text": "kept"}\n')
+    files = [exports / "sft.jsonl", exports / "dpo" / "train.jsonl", exports / "reward.jsonl"]
+    before = {path: list(zip(path.read_text().splitlines(),
+                             path.with_name(path.name + ".amfs-sources").read_text().splitlines(), strict=True))
+              for path in files}
+    assert set(json.loads(before[files[0]][0][0])) == {"messages"}  # OpenAI fine-tuning refuses other keys
+    doomed = json.loads(before[exports / "reward.jsonl"][0][1])[0][0]  # the first reward example's memory
+
+    def made_from(sources: str, entry: str) -> bool:
+        return any(source_entry == entry for source_entry, _ in json.loads(sources))
+
+    entity_path, _, key = doomed.rpartition("/")
+    forgot = await client.call_tool("amfs_forget", {"entity_path": entity_path, "key": key})
+    assert not forgot.is_error
+    dropped = 0
+    for path, pairs in before.items():
+        kept = [pair for pair in pairs if not made_from(pair[1], doomed)]
+        assert path.read_text().splitlines() == [example for example, _ in kept], path
+        assert path.with_name(path.name + ".amfs-sources").read_text().splitlines() == [line for _, line in kept]
+        dropped += len(pairs) - len(kept)
+        assert f"{doomed} (v" not in path.read_text() and f'"key": "{key}"' not in path.read_text()
+    assert dropped >= 1
+    assert foreign.read_text() == '{"text": "kept"}\n'
+    assert sorted(p.name for p in exports.rglob("*") if p.is_file()) == sorted(
+        [p.name for p in files] + [p.name + ".amfs-sources" for p in files] + ["mine.jsonl"])  # no temporary file
