@@ -23,12 +23,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: processes sharing one store there are not guarded
-    fcntl = None  # type: ignore[assignment]
 
 from ..core.errors import ConflictError
+from ..core.interprocess import acquire_exclusive
 from ..core.models import (
     Actor,
     EntryFilter,
@@ -915,17 +912,11 @@ class VectorSync:
         """One process at a time saves, scrubs, loads or deletes the index files (an exclusive `flock` on
         `amfs.vectors.lock`; re-entrant within the process). Without it two processes saving at once could pair
         one's index file with the other's sidecar, or reload the other's file under their own watermark and save
-        it back trusted but missing rows (red-team repro: memories never found semantically again)."""
+        it back trusted but missing rows (red-team repro: memories never found semantically again). A holder
+        that never lets go is a StoreError after a bounded wait, naming the file."""
         with self._thread_lock:
-            if self._lock_depth == 0 and fcntl is not None:
-                self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-                handle = open(self.lock_path, "a+b")
-                try:
-                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-                except BaseException:
-                    handle.close()
-                    raise
-                self._lock_file = handle
+            if self._lock_depth == 0:
+                self._lock_file = acquire_exclusive(self.lock_path, "the vector index files")
             self._lock_depth += 1
             try:
                 yield

@@ -176,7 +176,8 @@ class MemoryService:
 
     async def open(self, *, check_embedder: bool = True) -> None:
         await self.store.open()
-        await self.purge_expired()  # what expired while nothing ran is erased before anything reads
+        if not await self.purge_expired():  # what expired while nothing ran is erased before anything reads
+            await self._erased()  # copies follow what others erased, or what a process stopped before following
         await self.refresh_calibrated_multipliers()
         if check_embedder:
             await self._check_embedder()
@@ -870,8 +871,8 @@ class MemoryService:
     # -- maintenance --------------------------------------------------------------------------
 
     def after_erase(self, listener: Callable[[], Awaitable[Any]]) -> None:
-        """Call `listener` after each forget, TTL expiry and clear that erased something: copies made from the
-        store (the ML layer's export files) follow it."""
+        """Call `listener` after each forget (found or not), TTL expiry and clear, and when the store is opened:
+        copies made from the store (the ML layer's export files) follow what was erased, also by other processes."""
         self._erase_listeners.append(listener)
 
     async def _erased(self) -> None:
@@ -884,10 +885,14 @@ class MemoryService:
 
     async def forget(self, entity_path: str, key: str) -> int:
         entity_path, key = v.validate_entity_path(entity_path), v.validate_key(key)
-        removed = await self.store.forget(entity_path, key)
+        try:
+            removed = await self.store.forget(entity_path, key)
+        finally:
+            # Also when nothing was found or the store failed: a retry after a reply lost with the connection
+            # finds nothing, yet the first attempt's delete may have committed.
+            await self._erased()
         if removed == 0:
             raise NotFoundError(f"No memory at '{entity_path}/{key}'; nothing was forgotten.")
-        await self._erased()
         return removed
 
     async def purge_expired(self) -> int:

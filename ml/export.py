@@ -23,18 +23,20 @@ import contextlib
 import enum
 import errno
 import json
+import logging
 import os
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from itertools import islice
 from pathlib import Path, PurePath
-from typing import Any
+from typing import IO, Any
 
 from ..core.ports import MemoryStore
 from ..core import validation as v
 from ..core.errors import InsufficientDataError, StoreError, ValidationError
-from ..core.models import MemoryEntry, OutcomeType, utcnow
+from ..core.interprocess import acquire_exclusive
+from ..core.models import MemoryEntry, OutcomeType, split_entry_key, utcnow
 from ..core.service import MemoryService
 from ._common import Progress, no_progress, resolve_service
 from .traces import DecisionTrace, OutcomeHistory, TraceRead, TraceWrite, under
@@ -336,8 +338,10 @@ def _now() -> str:
 # sources file beside it (`train.jsonl` -> `train.jsonl.amfs-sources`), never into the example: OpenAI fine-tuning
 # refuses other top-level keys. A forget, TTL expiry or clear then takes the examples made from what it erased out
 # of the export files under the server's export folder (`MLService.scrub_exports`).
+logger = logging.getLogger(__name__)
 SOURCES = "amfs_sources"
 SOURCES_SUFFIX = ".amfs-sources"
+EXPORTS_LOCK = ".amfs-exports.lock"
 
 
 def _sources(entries: list[MemoryEntry]) -> list[list[Any]]:
@@ -350,16 +354,77 @@ def _without_sources(example: dict[str, Any]) -> dict[str, Any]:
 
 
 def export_files(root: Path) -> list[Path]:
-    """The JSONL exports under `root` that have a sources file (links not followed: a client names files, never
-    where they point)."""
+    """The exports under `root` that have a sources file, whatever their names (links not followed: a client names
+    files, never where they point)."""
     if not root.is_dir():
         return []
-    return sorted(p for p in root.rglob("*.jsonl") if p.is_file() and not p.is_symlink()
-                  and _sources_file(p).is_file() and not _sources_file(p).is_symlink())
+    found = []
+    for sources in root.rglob("*" + SOURCES_SUFFIX):
+        export = sources.with_name(sources.name[: -len(SOURCES_SUFFIX)])
+        if all(p.is_file() and not p.is_symlink() for p in (sources, export)):
+            found.append(export)
+    return sorted(found)
 
 
 def _sources_file(path: Path) -> Path:
     return path.with_name(path.name + SOURCES_SUFFIX)
+
+
+def _create(path: Path, errors: str = "strict") -> IO[str]:
+    """A new file at `path` for writing; whatever is there (a leftover, a planted link) goes first and no link is
+    followed (red-team repro: a link planted at the scrub's temporary name made it write outside the folder)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    return os.fdopen(fd, "w", encoding="utf-8", errors=errors)
+
+
+async def scrub_exports(service: MemoryService, root: Path) -> int:
+    """Take out of every export under `root` the examples made from a memory version the store no longer holds;
+    returns how many went. Runs after each forget, TTL expiry and clear, when a store is opened (what others
+    erased meanwhile, or a process stopped before its scrub), and after each file export (an export that read a
+    memory before a forget committed and finished after its scrub). One process at a time (a lock in `root`),
+    each distinct version looked up once. Exports without a matching sources file are left alone and logged."""
+    if not root.is_dir():
+        return 0
+    lock = await asyncio.to_thread(acquire_exclusive, root / EXPORTS_LOCK, "the training exports")
+    try:
+        files = await asyncio.to_thread(export_files, root)
+        made_from: dict[Path, set[tuple[str, int]]] = {}
+        for path in files:
+            sources = await asyncio.to_thread(sources_in, path)
+            if sources is None:
+                logger.warning("%s does not match its sources file line for line; it was not checked for erased "
+                               "memories (delete it or export again)", path)
+            else:
+                made_from[path] = sources
+        wanted = set().union(*made_from.values()) if made_from else set()
+        alive = {source for source in wanted if await _holds(service, *source)}
+        dropped = 0
+        for path, sources in made_from.items():
+            if not sources <= alive:
+                dropped += await asyncio.to_thread(drop_dead_examples, path, alive)
+        return dropped
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+async def _holds(service: MemoryService, entry_key: str, version: int) -> bool:
+    try:
+        entity_path, key = split_entry_key(entry_key)
+    except ValidationError:
+        return False
+    return await service.store.get_version(entity_path, key, version) is not None
+
+
+def follow_erasures(service: MemoryService, root: Path) -> None:
+    """Keep the exports under `root` free of what `service` erases (the composition root calls this for every
+    front end: the servers, the memory browser, the CLI and the SDK)."""
+
+    async def scrub() -> None:
+        await scrub_exports(service, root)
+
+    service.after_erase(scrub)
 
 
 def _read_sources(line: str) -> set[tuple[str, int]]:
@@ -393,8 +458,7 @@ def drop_dead_examples(path: Path, alive: set[tuple[str, int]]) -> int:
     try:
         with open(path, encoding="utf-8", errors="surrogateescape") as examples, \
                 open(sources, encoding="utf-8") as made_from, \
-                open(partial, "w", encoding="utf-8", errors="surrogateescape") as out, \
-                open(sources_partial, "w", encoding="utf-8") as sources_out:
+                _create(partial, errors="surrogateescape") as out, _create(sources_partial) as sources_out:
             for example, line in zip(examples, made_from):
                 if _read_sources(line) <= alive:
                     out.write(example)

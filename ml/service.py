@@ -10,24 +10,20 @@ elsewhere on the server.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path, PurePath
 
 from ..core.errors import ValidationError
-from ..core.models import split_entry_key
 from ..core.validation import has_hidden_characters
 from ..core.service import MemoryService
 from ._common import Progress
 from .calibrator import CalibrationReport, ConfidenceCalibrator
-from .export import ExportFormat, ExportResult, TrainingDataExporter, drop_dead_examples, export_files, sources_in
+from .export import ExportFormat, ExportResult, TrainingDataExporter, scrub_exports
 from .ranker import LearnedRanker, RankerMetrics
 from .shared import MULTIPLIERS, POLL_SECONDS, RANKER, SharedStateWatcher
 
 DEFAULT_EXPORT_LIMIT = 100
-logger = logging.getLogger(__name__)
 
 
 class MLService:
@@ -43,31 +39,6 @@ class MLService:
         self.watcher = SharedStateWatcher(
             service, {RANKER: self._reload_ranker, MULTIPLIERS: service.refresh_calibrated_multipliers}, poll_seconds
         )
-        service.after_erase(self.scrub_exports)
-
-    async def scrub_exports(self) -> int:
-        """Take out of every export file under export_dir the examples made from a memory version the store no
-        longer holds (called after each forget, TTL expiry and clear); returns how many examples went. Files
-        without a sources file beside them (written before 0.3.2, or by someone else) are left as they are."""
-        files = await asyncio.to_thread(export_files, self.export_dir)
-        dropped = 0
-        for path in files:
-            sources = await asyncio.to_thread(sources_in, path)
-            if sources is None:
-                logger.warning("%s does not match its sources file line for line; it was not checked for erased "
-                               "memories (delete it or export again)", path)
-                continue
-            alive = {source for source in sources if await self._holds(*source)}
-            if alive != sources:
-                dropped += await asyncio.to_thread(drop_dead_examples, path, alive)
-        return dropped
-
-    async def _holds(self, entry_key: str, version: int) -> bool:
-        try:
-            entity_path, key = split_entry_key(entry_key)
-        except ValidationError:
-            return False
-        return await self.service.store.get_version(entity_path, key, version) is not None
 
     async def start(self, watch: bool = True) -> list[RankerMetrics]:
         """Serve the persisted ranker models (the learned strategy stays off without one) and watch for newer ones."""
@@ -111,9 +82,12 @@ class MLService:
         `export_dir/<namespace>/`, so one key cannot overwrite another's exports."""
         if output_path is None:
             return await self.exporter.export(format, entity_path, limit)
-        return await self.exporter.write_jsonl(
+        written = await self.exporter.write_jsonl(
             self.output_file(output_path, namespace), format, entity_path, limit, progress, root=self.export_dir
         )
+        # It read the store before it wrote: a forget that committed meanwhile may have scrubbed before it was there.
+        await scrub_exports(self.service, self.export_dir)
+        return written
 
     def output_file(self, output_path: str, namespace: str | None = None) -> PurePath:
         """`output_path` as a path relative to export_dir (under `namespace`); absolute paths and `..` are refused."""

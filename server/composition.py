@@ -118,7 +118,11 @@ def _memory_service(settings: Settings, clock: Clock | None) -> MemoryService:
         max_value_bytes=settings.max_value_bytes,
         multipliers=dict(DEFAULT_MULTIPLIERS),
     )
-    return MemoryService(store, config, embedder=embedder, clock=clock)
+    memory = MemoryService(store, config, embedder=embedder, clock=clock)
+    from ..ml.export import follow_erasures  # no heavy import: the exporter's file handling only
+
+    follow_erasures(memory, settings.ml_dir / "exports")  # every front end: what it erases leaves the exports too
+    return memory
 
 
 def learning_storage(settings: Settings) -> tuple[str, str]:

@@ -15,6 +15,7 @@ from amfs_server.core.ports import StoreSnapshot
 from amfs_server.core.confidence import DEFAULT_MULTIPLIERS
 from amfs_server.core.service import MemoryService
 from amfs_server.ml import MLService
+from amfs_server.ml.export import follow_erasures
 from amfs_server.tools import ActorResolver, register_tools
 from amfs_server.tools.ml_tools import ML_TOOLS, register_ml_tools
 
@@ -28,6 +29,7 @@ async def build_app(service: MemoryService, export_dir: Path) -> tuple[FastMCP, 
     actors = ActorResolver(None)
     register_tools(app, service, actors)
     ml = MLService(service, export_dir)
+    follow_erasures(service, export_dir)  # as the composition root does for every front end
     await ml.start(watch=False)
     register_ml_tools(app, ml, actors)
     return app, ml
@@ -219,4 +221,5 @@ async def test_forgetting_a_memory_takes_the_examples_made_from_it_out_of_the_ex
     assert dropped >= 1
     assert foreign.read_text() == '{"text": "kept"}\n'
     assert sorted(p.name for p in exports.rglob("*") if p.is_file()) == sorted(
-        [p.name for p in files] + [p.name + ".amfs-sources" for p in files] + ["mine.jsonl"])  # no temporary file
+        [p.name for p in files] + [p.name + ".amfs-sources" for p in files]
+        + ["mine.jsonl", ".amfs-exports.lock"])  # no temporary file left
