@@ -332,6 +332,8 @@ class MemoryService:
             await asyncio.sleep(interval_s)
             try:
                 removed = await self.purge_expired()
+                if not removed:
+                    await self._erased()  # what another process erased (one with another data dir, on PostgreSQL)
             except Exception as error:  # the next sweep retries; reads hide expired memories meanwhile
                 logger.warning("Erasing expired memories failed (retried in %.0f s): %s", interval_s, error)
             else:
@@ -871,8 +873,9 @@ class MemoryService:
     # -- maintenance --------------------------------------------------------------------------
 
     def after_erase(self, listener: Callable[[], Awaitable[Any]]) -> None:
-        """Call `listener` after each forget (found or not), TTL expiry and clear, and when the store is opened:
-        copies made from the store (the ML layer's export files) follow what was erased, also by other processes."""
+        """Call `listener` after each forget (found or not), TTL expiry and clear, when the store is opened and at
+        each expiry sweep: copies made from the store (the ML layer's export files) follow what was erased, also by
+        other processes."""
         self._erase_listeners.append(listener)
 
     async def _erased(self) -> None:

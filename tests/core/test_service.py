@@ -108,6 +108,12 @@ async def test_what_follows_an_erase_hears_of_every_forget_expiry_and_clear_that
     await service.close()
     await service.open()
     assert heard == [2, 1, 0, 0, 0]  # and an open: what others erased, or a process stopped before following
+    service.start_expiry_sweeps(interval_s=0.01)  # and each sweep, also one that erased nothing
+    for _ in range(500):
+        if len(heard) > 5:
+            break
+        await asyncio.sleep(0.01)
+    assert len(heard) > 5
     await service.close()
 
 
