@@ -276,6 +276,11 @@ def _scope_range(path_param: str) -> str:
             f"(entity_path >= {path_param} || '/' AND entity_path < {path_param} || '0'))")
 
 
+def _scope_size_sql(path_param: str) -> str:
+    """The current entries at the path `path_param` names and below: the keyword IDF's N for a scoped retrieval."""
+    return f"SELECT count(*) FROM entries WHERE is_current AND {_scope_range(path_param)}"
+
+
 def _filter_sql(flt: EntryFilter, now: datetime, params: _Params) -> list[str]:
     clauses = ["is_current", f"(ttl_at IS NULL OR ttl_at > {params.add(now)})"]
     if flt.entity_path is not None:
@@ -616,8 +621,7 @@ class PostgresStore(PostgresDatabase):
         clauses = _filter_sql(flt, now, params)
         # N: the scope's entries for a scoped retrieval (an entity-limited key's scores must not depend on the rest
         # of the store), else the planner's row count.
-        scope_size = (_ROW_ESTIMATE_SQL if flt.entity_path is None else
-                      f"SELECT count(*) FROM entries WHERE is_current AND {_scope_range(params.add(flt.entity_path))}")
+        scope_size = _ROW_ESTIMATE_SQL if flt.entity_path is None else _scope_size_sql(params.add(flt.entity_path))
         sql = _KEYWORD_SQL.format(
             query=q, pieces=pieces, filters=" AND ".join(clauses), columns=_BASE_COLUMNS, limit=params.add(int(limit)),
             scope_size=f"({scope_size})",
@@ -651,8 +655,7 @@ class PostgresStore(PostgresDatabase):
         common = {row["term"] for row in lexemes if counts.get(row["lexeme"], 0.0) > max_matches}
         if entity_path is None or not common:
             return common
-        in_scope = await self._read(lambda conn: conn.fetchval(
-            f"SELECT count(*) FROM entries WHERE is_current AND {_scope_range('$1')}", entity_path))
+        in_scope = await self._read(lambda conn: conn.fetchval(_scope_size_sql("$1"), entity_path))
         if in_scope <= max_matches:
             return set()  # no word can match more entries than the scope holds
         scoped_sql = (

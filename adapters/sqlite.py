@@ -23,7 +23,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-
 from ..core.errors import ConflictError
 from ..core.interprocess import acquire_exclusive
 from ..core.models import (

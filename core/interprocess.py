@@ -7,8 +7,6 @@ and SDK processes may rewrite at once. On a platform without `fcntl` (Windows) i
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -52,13 +50,3 @@ def acquire_exclusive(path: Path, what: str, timeout_s: float = LOCK_WAIT_S) -> 
         except BaseException:
             handle.close()
             raise
-
-
-@contextmanager
-def exclusive_lock(path: Path, what: str, timeout_s: float = LOCK_WAIT_S) -> Iterator[None]:
-    handle = acquire_exclusive(path, what, timeout_s)
-    try:
-        yield
-    finally:
-        if handle is not None:
-            handle.close()  # closing releases the flock

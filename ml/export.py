@@ -336,8 +336,8 @@ def _now() -> str:
 
 # Each example is built with the memory versions it was made from; a file export writes them, line for line, to a
 # sources file beside it (`train.jsonl` -> `train.jsonl.amfs-sources`), never into the example: OpenAI fine-tuning
-# refuses other top-level keys. A forget, TTL expiry or clear then takes the examples made from what it erased out
-# of the export files under the server's export folder (`MLService.scrub_exports`).
+# refuses other top-level keys. `scrub_exports` takes the examples made from what the store no longer holds out of
+# the export files under the export folder (`follow_erasures` wires it to every front end's erases).
 logger = logging.getLogger(__name__)
 SOURCES = "amfs_sources"
 SOURCES_SUFFIX = ".amfs-sources"
@@ -431,10 +431,22 @@ def _read_sources(line: str) -> set[tuple[str, int]]:
     return {(str(entry), int(version)) for entry, version in json.loads(line)}
 
 
+# What each export file was read as, by the files' size and time: the expiry sweep scrubs every minute, and an
+# export that did not change is not read again (the store may have, so its versions are still looked up each time).
+_read_as: dict[Path, tuple[tuple[int, ...], set[tuple[str, int]] | None]] = {}
+
+
 def sources_in(path: Path) -> set[tuple[str, int]] | None:
     """The memory versions the examples of one export file were made from; None when its sources file does not
     match it line for line (a crash between the two renames, an edited file): such a file is left alone."""
+    try:
+        stamp = tuple(n for p in (path, _sources_file(path)) for n in (p.stat().st_mtime_ns, p.stat().st_size))
+    except OSError:
+        return None
+    if (known := _read_as.get(path)) is not None and known[0] == stamp:
+        return known[1]
     found: set[tuple[str, int]] = set()
+    matched = False
     try:
         with open(path, "rb") as examples, open(_sources_file(path), encoding="utf-8") as sources:
             lines = sum(1 for _ in examples)
@@ -442,9 +454,11 @@ def sources_in(path: Path) -> set[tuple[str, int]] | None:
             for line in sources:
                 found |= _read_sources(line)
                 count += 1
+        matched = count == lines
     except (OSError, ValueError, TypeError):
-        return None
-    return found if count == lines else None
+        pass
+    _read_as[path] = (stamp, found if matched else None)
+    return _read_as[path][1]
 
 
 def drop_dead_examples(path: Path, alive: set[tuple[str, int]]) -> int:

@@ -42,16 +42,16 @@ def _settings(**flags: Any) -> tuple[Settings, Path | None]:
 
 def _run(
     fn: Callable[[Services], Awaitable[T]], *, learning: bool = False, embedder: bool = False,
-    check_embedder: bool = True, settings: Settings | None = None, ml: bool = False,
+    check_embedder: bool = True, settings: Settings | None = None,
 ) -> T:
     """Open the configured store (no embedder unless asked: inspection needs no model), run `fn`, close.
     With `learning`, the learning service too, whatever learning.enabled says: stored learning data can
-    always be shown, exported, forgotten and cleared. With `ml`, the ML service too (a forget or clear then
-    takes what it erased out of the training-data exports under the export folder, as the server does)."""
+    always be shown, exported, forgotten and cleared. (What a command erases leaves the training exports too: the
+    composition root wires that for every front end.)"""
     settings = settings or _settings()[0]
     if not embedder:
         settings = settings.model_copy(update={"embedder": None})
-    services = build_services(settings, learning=learning, worker=False, ml=ml)
+    services = build_services(settings, learning=learning, worker=False)
 
     async def main() -> T:
         await services.open(check_embedder=check_embedder, watch=False)  # one command, then close
@@ -403,7 +403,7 @@ def memory_forget(entry_key: str, user: str | None = None) -> None:
         entity_path, key = split_entry_key(entry_key)
         return await services.memory.forget(entity_path, key)
 
-    removed = _run(forget, ml=True)
+    removed = _run(forget)
     click.echo(f"Forgot {entry_key} ({removed} versions).")
 
 
@@ -421,7 +421,7 @@ def memory_clear(yes: bool) -> None:
         await services.memory.clear()
         await _learning(services).clear()
 
-    _run(clear, learning=True, ml=True)
+    _run(clear, learning=True)
     click.echo("Cleared the store.")
 
 

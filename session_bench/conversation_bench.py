@@ -205,35 +205,22 @@ async def run_in_process(conversations: list[dict[str, Any]], store_kind: str, e
     embedder = embedder or load_embedder()
     selected = selected or rankers()
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in selected}
-    if one_store:
-        with tempfile.TemporaryDirectory(prefix="amfs-conv-bench-") as tmp:
-            store = await open_store(store_kind, Path(tmp), embedder.dimension)
-            try:
-                service = MemoryService(store, ServiceConfig(), embedder=embedder)
-                await service.open()
-                for number, conversation in enumerate(conversations, start=1):
-                    log(f"[conversations/{store_kind}] writing conversation {number}/{len(conversations)} into one store")
-                    await write_conversation(service, conversation, with_dates)
-                for conversation in conversations:
-                    for name, ranker in selected.items():
-                        rows[name] += score_conversation(conversation, await ranker(service, conversation,
-                                                                                    conversation["questions"]))
-            finally:
-                await close_store(store)
-        return rows
+    groups = [conversations] if one_store else [[conversation] for conversation in conversations]
     with tempfile.TemporaryDirectory(prefix="amfs-conv-bench-") as tmp:
-        for number, conversation in enumerate(conversations, start=1):
-            log(f"[conversations/{store_kind}] conversation {number}/{len(conversations)} "
-                f"({conversation['conversation_id']}, {len(turns_of(conversation))} turns, "
-                f"{len(conversation['questions'])} questions)")
+        for number, group in enumerate(groups, start=1):
+            log(f"[conversations/{store_kind}] store {number}/{len(groups)}: "
+                f"{', '.join(c['conversation_id'] for c in group)} ({sum(len(turns_of(c)) for c in group)} turns, "
+                f"{sum(len(c['questions']) for c in group)} questions)")
             store = await open_store(store_kind, Path(tmp), embedder.dimension)
             try:
                 service = MemoryService(store, ServiceConfig(), embedder=embedder)
                 await service.open()
-                await write_conversation(service, conversation, with_dates)
-                for name, ranker in selected.items():
-                    ranked = await ranker(service, conversation, conversation["questions"])
-                    rows[name] += score_conversation(conversation, ranked)
+                for conversation in group:
+                    await write_conversation(service, conversation, with_dates)
+                for conversation in group:  # asked once every conversation of the store is in
+                    for name, ranker in selected.items():
+                        ranked = await ranker(service, conversation, conversation["questions"])
+                        rows[name] += score_conversation(conversation, ranked)
             finally:
                 await close_store(store)
     return rows

@@ -4,6 +4,8 @@ what was erased, whichever front end erased it and whenever (red-team repros of 
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -14,7 +16,8 @@ import pytest
 from amfs_server import AgentMemory
 from amfs_server.core.errors import NotFoundError, StoreError
 from amfs_server.core.interprocess import acquire_exclusive
-from amfs_server.ml.export import scrub_exports
+from amfs_server.ml import MLService
+from amfs_server.ml.export import ExportResult, scrub_exports
 from amfs_server.server.composition import build_service
 from amfs_server.server.settings import load_settings
 
@@ -65,8 +68,6 @@ def test_opening_the_store_scrubs_what_another_process_erased_or_a_stopped_scrub
     """kill -9 between a forget's delete and its scrub, a TTL expiry erased by `memory show` or by a server with
     another data dir (PostgreSQL): the next open of a store catches the exports up."""
     path = two_examples(exports_of(data_dir), "rm.jsonl")
-    import sqlite3
-
     with sqlite3.connect(data_dir / "amfs.db") as conn:  # erased behind every front end's back
         conn.execute("DELETE FROM entries WHERE key = 'secret'")
     with AgentMemory(agent_id="agent/test", data_dir=data_dir, embedder="none") as mem:
@@ -77,8 +78,6 @@ def test_opening_the_store_scrubs_what_another_process_erased_or_a_stopped_scrub
 def test_a_forget_that_finds_nothing_still_scrubs(data_dir: Path) -> None:
     """A retry after a forget whose reply was lost with the connection finds nothing, yet the first delete had
     committed: the retry's scrub catches the exports up."""
-    import sqlite3
-
     with AgentMemory(agent_id="agent/test", data_dir=data_dir, embedder="none") as mem:
         path = two_examples(exports_of(data_dir), "rm.jsonl")  # after the open, which would have scrubbed it
         with sqlite3.connect(data_dir / "amfs.db") as conn:  # the first attempt's delete, its reply lost
@@ -94,8 +93,6 @@ async def test_the_scrub_never_follows_a_link_planted_at_its_temporary_name(data
     path = two_examples(exports_of(data_dir), "rw.jsonl")
     victim = tmp_path / "victim.txt"
     victim.write_text("untouched")
-    import os
-
     for name in (f".rw.jsonl.{os.getpid()}.scrub", f".rw.jsonl.amfs-sources.{os.getpid()}.scrub"):
         (path.parent / name).symlink_to(victim)
     service = build_service(load_settings({}, data_dir=data_dir, embedder="none"))
@@ -113,9 +110,6 @@ async def test_an_export_finished_after_a_forget_scrubbed_is_scrubbed_when_it_la
 ) -> None:
     """An export that read a memory before a forget committed, and finished after the forget's scrub, kept 97 of
     its examples: MLService.export_training_data scrubs once more after writing."""
-    from amfs_server.ml import MLService
-    from amfs_server.ml.export import ExportResult
-
     service = build_service(load_settings({}, data_dir=data_dir, embedder="none"))
     await service.open()
     ml = MLService(service, exports_of(data_dir))
