@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ..core.embedding import DEFAULT_EMBEDDER, MPNET, TORCH_MINILM
+from ..core.embedding import CHAT_MINILM, DEFAULT_EMBEDDER, MINILM_INT8, MPNET, TORCH_MINILM
 from ..core.ports import Embedder
 
 
@@ -30,7 +30,8 @@ def _mpnet_embedder() -> Any:
 # canonical name -> constructor; aliases map onto canonical names.
 KNOWN_EMBEDDERS: dict[str, Any] = {
     TORCH_MINILM: _torch_embedder,
-    DEFAULT_EMBEDDER: lambda: _onnx_embedder("int8"),
+    CHAT_MINILM: lambda: _onnx_embedder("chat-int8"),
+    MINILM_INT8: lambda: _onnx_embedder("int8"),
     "all-MiniLM-L6-v2-onnx": lambda: _onnx_embedder("fp32"),
     MPNET: _mpnet_embedder,
 }
@@ -38,8 +39,10 @@ _ALIASES = {
     "all-minilm-l6-v2": TORCH_MINILM,
     "sentence-transformers/all-minilm-l6-v2": TORCH_MINILM,
     "minilm": TORCH_MINILM,
-    "all-minilm-l6-v2-onnx-int8": DEFAULT_EMBEDDER,
-    "minilm-onnx-int8": DEFAULT_EMBEDDER,
+    "chat-minilm-l6-onnx-int8": CHAT_MINILM,
+    "chat-minilm": CHAT_MINILM,
+    "all-minilm-l6-v2-onnx-int8": MINILM_INT8,
+    "minilm-onnx-int8": MINILM_INT8,
     "all-minilm-l6-v2-onnx": "all-MiniLM-L6-v2-onnx",
     "minilm-onnx": "all-MiniLM-L6-v2-onnx",
     "all-mpnet-base-v2": MPNET,

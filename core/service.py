@@ -21,6 +21,7 @@ from .confidence import DEFAULT_MULTIPLIERS, effective_confidence, validate_mult
 from .embedding import (
     ENTRY_VECTORS,
     INSTALL_HINT as TORCH_INSTALL_HINT,
+    RETIRED_EMBEDDERS,
     PASSAGE_SHARE,
     TORCH_MINILM,
     Context,
@@ -210,6 +211,11 @@ class MemoryService:
                 f"one embeds entries sentence by sentence, transcript turns under a fixed header ({ENTRY_VECTORS}), "
                 "and the two do not mix, so nothing was "
                 "changed. Re-embed the store once: `amfs-server memory reembed` (every version, a few ms each)."
+            )
+        if recorded != self.embedder.name and recorded in RETIRED_EMBEDDERS:
+            raise StoreError(
+                f"This store's vectors were made by the embedder {recorded!r}, but the server is configured for "
+                f"{self.embedder.name!r}, so nothing was changed. {recorded} {RETIRED_EMBEDDERS[recorded]}."
             )
         if recorded != self.embedder.name:
             raise StoreError(

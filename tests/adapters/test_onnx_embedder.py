@@ -30,7 +30,7 @@ SENTENCES = [
 
 @pytest.fixture(scope="module")
 def int8() -> OnnxEmbedder:
-    return OnnxEmbedder(variant="int8").load()
+    return OnnxEmbedder(variant="chat-int8").load()
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def torch_reference() -> np.ndarray:
 
 def test_int8_rows_are_unit_norm_float32_of_the_model_dimension(int8: OnnxEmbedder) -> None:
     assert isinstance(int8, Embedder)
-    assert int8.name == "all-MiniLM-L6-v2-onnx-int8"
+    assert int8.name == "chat-MiniLM-L6-onnx-int8"
     vecs = int8.embed(["hello world", "payment retries", ""])
     assert vecs.shape == (3, 384) and vecs.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
@@ -69,7 +69,7 @@ def test_int8_vector_depends_only_on_its_text_not_on_the_call(int8: OnnxEmbedder
 
 def test_rows_follow_input_order_across_length_sorted_batches() -> None:
     texts = ["short", SENTENCES[1], "a bit longer text here", SENTENCES[0], "x"]
-    emb = OnnxEmbedder(variant="int8", batch_size=2)
+    emb = OnnxEmbedder(variant="chat-int8", batch_size=2)
     batched = emb.embed(texts)
     one_by_one = np.vstack([emb.embed([t]) for t in texts])
     # Batchmates shift the shared activation scale a little (see the batch_size default).
@@ -84,10 +84,23 @@ def test_paraphrase_scores_above_unrelated_text(int8: OnnxEmbedder) -> None:
     assert float(q @ para) > 0.35
 
 
-def test_int8_agrees_with_the_torch_model(int8: OnnxEmbedder, torch_reference: np.ndarray) -> None:
-    # Dynamic int8 quantisation costs a little: ~0.99 on sentences (measured 0.991-0.995).
-    cos = np.sum(int8.embed(SENTENCES) * torch_reference, axis=1)
-    assert cos.min() > 0.98, cos
+def test_the_chat_model_finds_the_turn_a_question_asks_about(int8: OnnxEmbedder) -> None:
+    question, *turns = int8.embed([
+        "What kind of dog did Alice adopt?",
+        "chat message: Alice: Traffic was awful again this morning, I was late for the standup.",
+        "chat message: Alice: I finally adopted a rescue greyhound last weekend, her name is Juniper.",
+        "chat message: Bob: We moved the weekly sync to Thursdays because Carol's team is in Berlin now.",
+    ])
+    scores = np.array(turns) @ question
+    assert int(np.argmax(scores)) == 1 and scores[1] > max(scores[0], scores[2]) + 0.1, scores
+
+
+def test_the_retired_default_says_how_to_re_embed() -> None:
+    retired = OnnxEmbedder(variant="int8")  # all-MiniLM-L6-v2-onnx-int8, the default up to 0.3.2
+    with pytest.raises(EmbedderUnavailableError, match="no longer bundled.*amfs-server memory reembed"):
+        retired.check_available()
+    with pytest.raises(EmbedderUnavailableError, match="no longer bundled"):
+        load_embedder("all-MiniLM-L6-v2-onnx-int8")
 
 
 def test_fp32_compute_file_matches_the_torch_model(torch_reference: np.ndarray) -> None:
@@ -112,7 +125,7 @@ def test_missing_onnxruntime_raises_with_install_hint(monkeypatch: pytest.Monkey
         onnx_mod.importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a)
     )
     with pytest.raises(EmbedderUnavailableError, match="'onnxruntime' is required.*pip install onnxruntime"):
-        OnnxEmbedder(variant="int8").load()
+        OnnxEmbedder(variant="chat-int8").load()
 
 
 def test_placeholder_model_file_is_rejected(tmp_path) -> None:
@@ -122,7 +135,7 @@ def test_placeholder_model_file_is_rejected(tmp_path) -> None:
         OnnxEmbedder(model_path=pointer).check_available()
 
 
-BUNDLED = onnx_mod.VARIANTS["int8"][1]
+BUNDLED = onnx_mod.VARIANTS["chat-int8"][1]
 
 
 def test_the_bundled_model_is_stored_compressed_and_leaves_no_inflated_copy_behind(
@@ -136,7 +149,7 @@ def test_the_bundled_model_is_stored_compressed_and_leaves_no_inflated_copy_behi
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-    OnnxEmbedder(variant="int8").load()
+    OnnxEmbedder(variant="chat-int8").load()
     assert list(scratch.iterdir()) == []  # the inflated file was removed once the session had read it
 
 
@@ -144,7 +157,7 @@ def test_the_compressed_model_loads_from_memory_where_no_temporary_file_can_be_w
     int8: OnnxEmbedder, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing" / "tmp"))  # mkdtemp fails: no such folder
-    assert np.array_equal(OnnxEmbedder(variant="int8").embed(SENTENCES), int8.embed(SENTENCES))
+    assert np.array_equal(OnnxEmbedder(variant="chat-int8").embed(SENTENCES), int8.embed(SENTENCES))
 
 
 def test_a_corrupt_compressed_model_is_refused_with_the_reinstall_hint(
@@ -169,10 +182,10 @@ def test_a_damaged_bundled_model_says_to_reinstall_amfs_server_not_onnxruntime(
 ) -> None:
     broken = tmp_path / "model_int8.onnx.gz"
     broken.write_bytes(BUNDLED.read_bytes()[:2_000_000] if BUNDLED else b"")
-    name, _, package, hint = onnx_mod.VARIANTS["int8"]
-    monkeypatch.setitem(onnx_mod.VARIANTS, "int8", (name, broken, package, hint))
+    name, _, package, hint = onnx_mod.VARIANTS["chat-int8"]
+    monkeypatch.setitem(onnx_mod.VARIANTS, "chat-int8", (name, broken, package, hint))
     with pytest.raises(EmbedderUnavailableError, match=r"Reinstall with: reinstall amfs-server") as refused:
-        OnnxEmbedder(variant="int8").load()
+        OnnxEmbedder(variant="chat-int8").load()
     assert "pip install onnxruntime" not in str(refused.value)
 
 
@@ -190,12 +203,12 @@ def test_a_load_sweeps_inflated_models_that_stopped_processes_left_behind(
         (folder / "model_int8.onnx").write_bytes(b"partial")
     old = time.time() - 3600
     os.utime(abandoned, (old, old))
-    OnnxEmbedder(variant="int8").load()
+    OnnxEmbedder(variant="chat-int8").load()
     assert sorted(p.name for p in scratch.iterdir()) == [loading.name]  # a fresh one may be another process's
 
 
 def test_bad_input_is_rejected_before_loading() -> None:
-    emb = OnnxEmbedder(variant="int8")
+    emb = OnnxEmbedder(variant="chat-int8")
     with pytest.raises(TypeError, match="not a single string"):
         emb.embed("hello")
     with pytest.raises(TypeError, match=r"texts\[1\] is int"):
@@ -229,6 +242,6 @@ def test_concurrent_calls_give_the_same_rows_as_sequential_ones(int8: OnnxEmbedd
 
 
 def test_load_embedder_returns_the_onnx_embedder_by_name_and_alias() -> None:
-    emb = load_embedder("all-MiniLM-L6-v2-onnx-int8")
-    assert isinstance(emb, OnnxEmbedder) and emb.variant == "int8"
-    assert load_embedder("minilm-onnx-int8") is emb
+    emb = load_embedder("chat-MiniLM-L6-onnx-int8")
+    assert isinstance(emb, OnnxEmbedder) and emb.variant == "chat-int8"
+    assert load_embedder("chat-minilm") is emb

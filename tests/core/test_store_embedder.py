@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from amfs_server.adapters.sqlite import SQLiteStore
-from amfs_server.core.embedding import DEFAULT_EMBEDDER, ENTRY_VECTORS, TORCH_MINILM
+from amfs_server.core.embedding import DEFAULT_EMBEDDER, ENTRY_VECTORS, MINILM_INT8, TORCH_MINILM
 from amfs_server.core.errors import StoreError
 from amfs_server.core.models import Actor, EntryFilter, utcnow
 from amfs_server.core.service import EMBEDDER_META, MemoryService, WriteRequest
@@ -93,6 +93,20 @@ async def test_a_store_made_by_another_embedder_is_refused_with_the_reembed_comm
     assert await service.store.get_meta(EMBEDDER_META) == "model-a"
     hits = await service.retrieve(ACTOR, "retry the card authorisation 3 times", limit=1)
     assert hits[0].entry.key == "retry-policy"
+    await service.close()
+
+
+async def test_a_store_of_the_retired_default_is_refused_with_only_the_reembed_command(make_store: StoreFactory) -> None:
+    """0.3.2's default (all-MiniLM-L6-v2-onnx-int8) is no longer bundled: keeping it is no option to offer."""
+    retired = SeededHashEmbedder(MINILM_INT8, 1)
+    await store_written_by(make_store, retired)
+    with pytest.raises(StoreError) as refused:
+        await open_service(make_store, MODEL_B)
+    message = str(refused.value)
+    assert f"'{MINILM_INT8}'" in message and "no longer bundled" in message and "amfs-server memory reembed" in message
+    assert "AMFS_EMBEDDER=" not in message
+    service = await open_service(make_store, retired)  # left as it was
+    assert await service.store.get_meta(EMBEDDER_META) == MINILM_INT8
     await service.close()
 
 

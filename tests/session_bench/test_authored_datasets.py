@@ -1,0 +1,44 @@
+"""The authored conversation sets hold what the benchmark and the embedder's training assume of them."""
+
+import json
+from datetime import date
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).resolve().parents[2] / "session_bench" / "data"
+KINDS = {"single-hop", "multi-hop", "temporal", "open-domain"}
+
+
+def conversations(name):
+    return json.loads((DATA / name).read_text())["conversations"]
+
+
+@pytest.mark.parametrize("name, splits", [("conversations_authored.json", {"tuning", "test"}),
+                                          ("conversations_authored_train.json", {"train"})])
+def test_every_question_points_at_turns_that_exist(name, splits):
+    found = conversations(name)
+    assert len(found) == 8 and {c["split"] for c in found} == splits
+    for conversation in found:
+        speakers = conversation["speakers"]
+        sessions = conversation["sessions"]
+        dates = [date.fromisoformat(s["date"]) for s in sessions]
+        assert dates == sorted(set(dates)), conversation["conversation_id"]
+        turns = {t["key"]: (s["session"], t) for s in sessions for t in s["turns"]}
+        assert 240 <= len(turns) <= 340
+        assert all(t["speaker"] in speakers and t["text"].strip() for _, t in turns.values())
+        assert all(t["date"] == s["date"] for s in sessions for t in s["turns"])
+        assert len(conversation["questions"]) >= 100
+        assert {q["kind"] for q in conversation["questions"]} == KINDS
+        for question in conversation["questions"]:
+            assert question["evidence"] and all(key in turns for key in question["evidence"]), question
+            if question["kind"] == "multi-hop":
+                assert len({turns[key][0] for key in question["evidence"]}) >= 2, question
+
+
+def test_the_training_conversations_are_not_the_benchmarks():
+    benchmark = {t["text"] for c in conversations("conversations_authored.json") for s in c["sessions"] for t in s["turns"]}
+    training = {t["text"] for c in conversations("conversations_authored_train.json") for s in c["sessions"] for t in s["turns"]}
+    assert not benchmark & {text for text in training if len(text) > 40}
+    ids = [c["conversation_id"] for c in conversations("conversations_authored.json")]
+    assert [c["split"] for c in conversations("conversations_authored.json")] == ["tuning"] * 4 + ["test"] * 4, ids

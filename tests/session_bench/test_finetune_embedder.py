@@ -1,0 +1,80 @@
+"""scripts/finetune_embedder.py: what it trains on, its pairs, and that a training step moves the model toward them.
+
+Uses the real base MiniLM (the [lm] extra) on one authored tuning conversation."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+AUTHORED = ROOT / "session_bench" / "data" / "conversations_authored.json"
+
+
+def script():
+    spec = importlib.util.spec_from_file_location("finetune_embedder", ROOT / "scripts" / "finetune_embedder.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def one_conversation(tmp_path: Path) -> Path:
+    data = json.loads(AUTHORED.read_text())
+    data["conversations"] = data["conversations"][:1]  # auth-01, tuning split
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_it_refuses_a_test_split_and_an_empty_selection(tmp_path: Path) -> None:
+    finetune = script()
+    with pytest.raises(SystemExit, match="refusing to train on a test split"):
+        finetune.load_pairs([f"{AUTHORED}:test"])
+    with pytest.raises(SystemExit, match="no conversations selected"):
+        finetune.load_pairs([f"{AUTHORED}:train"])  # the benchmark file has no train split
+
+
+def test_pairs_are_turns_as_the_server_embeds_them_with_a_hard_negative_that_is_not_evidence(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="fine-tuning needs the [lm] extra")
+    from transformers import AutoModel, AutoTokenizer
+
+    from amfs_server.adapters.torch_embedder import MiniLMEmbedder
+
+    finetune = script()
+    conversations = finetune.load_pairs([f"{one_conversation(tmp_path)}:tuning"])
+    assert [c["id"] for c in conversations] == ["auth-01"]
+    turns = conversations[0]["turns"]
+    assert all(text.startswith("chat message: Maya: ") or text.startswith("chat message: Theo: ") for text in turns.values())
+    base = MiniLMEmbedder().model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
+    model = AutoModel.from_pretrained(str(base), local_files_only=True)
+    examples = finetune.triplets(model, tokenizer, conversations, "cpu", random.Random(0))
+    questions = conversations[0]["questions"]
+    assert len(examples) == sum(len(q["evidence"]) for q in questions)
+    by_question = {q["q"]: {turns[key] for key in q["evidence"]} for q in questions}
+    for question, positive, negative, evidence in examples:
+        assert positive in by_question[question] and evidence == frozenset(by_question[question])
+        assert negative not in evidence
+
+    # One training step on the first batch lowers that batch's loss (the loss is the one the recipe optimises).
+    import torch
+
+    torch.manual_seed(0)
+    batch = examples[: finetune.BATCH]
+
+    def loss() -> float:
+        with torch.no_grad():
+            docs = [b[1] for b in batch] + [b[2] for b in batch]
+            enc = tokenizer([b[0] for b in batch] + docs, padding=True, truncation=True,
+                            max_length=finetune.MAX_TOKENS, return_tensors="pt")
+            vectors = finetune.pool(model(**enc).last_hidden_state, enc["attention_mask"])
+            logits = vectors[: len(batch)] @ vectors[len(batch):].T * finetune.SCALE
+            return float(torch.nn.functional.cross_entropy(logits, torch.arange(len(batch))))
+
+    before = loss()
+    finetune.train(model, tokenizer, list(batch), "cpu", 1, random.Random(0))
+    assert loss() < before
