@@ -61,6 +61,8 @@ from .retrieval import (
     keyword_length_factor,
     keyword_terms,
     recency_bucket,
+    for_identifier_query,
+    names_an_identifier,
     resolve_weights,
 )
 from .tiers import priority_score, tier_for
@@ -730,6 +732,9 @@ class MemoryService:
             resolve_weights(weights, learned_available=learned, fusion=fusion)
             if weights is not None or fusion != self.config.fusion else self.retrieval_weights(flt.entity_path)
         )
+        chosen = {**(self.config.retrieval_weights or {}), **(weights or {})}
+        if fusion == "hybrid" and not {"semantic", "keyword"} & set(chosen) and names_an_identifier(query):
+            active = for_identifier_query(active)
         now = self.now()
         # One pool for every limit up to candidate_pool / 2, so a larger limit extends the ranking of a smaller one
         # instead of reshuffling it; past that, twice the limit leaves room for the confidence and tier filters.

@@ -9,7 +9,8 @@ import pytest
 from amfs_server.core.errors import ValidationError
 from amfs_server.core.models import Actor, EntryFilter, utcnow
 from amfs_server.core.retrieval import (
-    KEYWORD_LENGTH_PIVOT, RankedList, fuse, fuse_hybrid, keyword_length_factor, keyword_terms, normalised, resolve_weights,
+    KEYWORD_LENGTH_PIVOT, RankedList, fuse, fuse_hybrid, keyword_length_factor, keyword_terms, names_an_identifier,
+    normalised, resolve_weights,
 )
 from amfs_server.core.service import MemoryService, ServiceConfig, WriteRequest
 
@@ -432,3 +433,30 @@ async def test_a_memory_stuffed_with_many_words_does_not_outrank_the_one_that_an
     hits = {h.entry.entry_key: h.score for h in await rsvc.retrieve(actor, "how do payment retries back off?", limit=5)}
     assert max(hits, key=hits.__getitem__) == "payments/retry-pattern"
     assert hits.get("svc/spam/everything", 0.0) < 0.5 * hits["payments/retry-pattern"], hits
+
+
+@pytest.mark.parametrize("query, expected", [
+    ("What does ERR_LEDGER_409 mean?", True), ("what is retryPolicy set to?", True), ("who owns payments.gateway?", True),
+    ("what caused INC-3?", True), ("is the v2 API deprecated?", True), ("why does POST /api/pay fail?", True),
+    ("When did Theo start his new job?", False), ("What is the 12-mile route and/or the short one?", False),
+    ("Did Dr. Smith call back?", False),
+])
+def test_an_identifier_is_told_from_words(query: str, expected: bool) -> None:
+    assert names_an_identifier(query) is expected
+
+
+async def test_a_question_naming_an_identifier_weighs_keyword_as_0_3_2_did(rsvc: MemoryService) -> None:
+    actor = Actor("agent/test", "identifier-weights")
+    await _seed(rsvc, actor)
+
+    async def weights_used(query: str, **kwargs) -> tuple[float, float]:
+        hit = (await rsvc.retrieve(actor, query, explain=True, **kwargs))[0]
+        assert hit.entry.key == "task-summary-backfill"
+        keyword, semantic = hit.strategies["keyword"], hit.strategies["semantic"]
+        return keyword.contribution / min(keyword.raw_score, 1.0), semantic.contribution  # semantic's best: normalised 1
+
+    assert await weights_used("which outage was ERR_LEDGER_409 about?") == pytest.approx((0.7, 0.3))
+    assert await weights_used("which outage was the orders table backfill about?") == pytest.approx((0.5, 0.5))
+    # Weights the caller chose are left as chosen.
+    assert await weights_used("which outage was ERR_LEDGER_409 about?",
+                              weights={"semantic": 0.5, "keyword": 0.5}) == pytest.approx((0.5, 0.5))
