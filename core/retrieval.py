@@ -140,10 +140,17 @@ def recency_bucket(written_at: datetime) -> float:
 
 
 def resolve_weights(
-    overrides: Mapping[str, float] | None, learned_available: bool, fusion: str = "hybrid"
+    overrides: Mapping[str, float] | None, learned_available: bool, fusion: str = "hybrid", query: str | None = None
 ) -> dict[str, float]:
-    """Default or configured weights; a trained ranker takes 30% and the others share the remaining 70%."""
+    """Default or configured weights; a trained ranker takes 30% and the others share the remaining 70%. For a
+    `query` that names an identifier, hybrid fusion's default semantic / keyword share is IDENTIFIER_SEMANTIC_SHARE
+    (unless `overrides` sets either)."""
     weights = dict(HYBRID_WEIGHTS if fusion == "hybrid" else RRF_WEIGHTS)
+    if (fusion == "hybrid" and query is not None and not {"semantic", "keyword"} & set(overrides or {})
+            and names_an_identifier(query)):
+        relevance = weights["semantic"] + weights["keyword"]
+        weights["semantic"] = relevance * IDENTIFIER_SEMANTIC_SHARE
+        weights["keyword"] = relevance * (1.0 - IDENTIFIER_SEMANTIC_SHARE)
     for name, weight in (overrides or {}).items():
         if name not in STRATEGIES:
             raise ValidationError(f"Unknown retrieval strategy {name!r}; use one of {list(STRATEGIES)}.")
@@ -163,13 +170,6 @@ def resolve_weights(
 def names_an_identifier(query: str) -> bool:
     """Whether `query` holds a token shaped like an identifier rather than a word (see IDENTIFIER_SEMANTIC_SHARE)."""
     return _IDENTIFIER.search(query) is not None
-
-
-def for_identifier_query(weights: Mapping[str, float]) -> dict[str, float]:
-    """`weights` with semantic and keyword sharing their sum as IDENTIFIER_SEMANTIC_SHARE / the rest."""
-    relevance = weights["semantic"] + weights["keyword"]
-    return {**weights, "semantic": relevance * IDENTIFIER_SEMANTIC_SHARE,
-            "keyword": relevance * (1.0 - IDENTIFIER_SEMANTIC_SHARE)}
 
 
 @dataclass(frozen=True)

@@ -61,8 +61,6 @@ from .retrieval import (
     keyword_length_factor,
     keyword_terms,
     recency_bucket,
-    for_identifier_query,
-    names_an_identifier,
     resolve_weights,
 )
 from .tiers import priority_score, tier_for
@@ -214,19 +212,16 @@ class MemoryService:
                 "and the two do not mix, so nothing was "
                 "changed. Re-embed the store once: `amfs-server memory reembed` (every version, a few ms each)."
             )
-        if recorded != self.embedder.name and recorded in RETIRED_EMBEDDERS:
-            raise StoreError(
-                f"This store's vectors were made by the embedder {recorded!r}, but the server is configured for "
-                f"{self.embedder.name!r}, so nothing was changed. {recorded} {RETIRED_EMBEDDERS[recorded]}."
-            )
         if recorded != self.embedder.name:
+            if recorded in RETIRED_EMBEDDERS:  # keeping it is no option: its model is not installed any more
+                fix = f"{recorded} {RETIRED_EMBEDDERS[recorded]}"
+            else:
+                fix = ("Either re-embed the store with the configured embedder: `amfs-server memory reembed` (every "
+                       f"version, a few ms each), or keep the old embedder: AMFS_EMBEDDER={recorded}"
+                       + (f" (needs the [lm] extra: {TORCH_INSTALL_HINT})" if recorded == TORCH_MINILM else ""))
             raise StoreError(
                 f"This store's vectors were made by the embedder {recorded!r}, but the server is configured for "
-                f"{self.embedder.name!r}; their vectors are not comparable, so nothing was changed. Either re-embed "
-                f"the store with the configured embedder: `amfs-server memory reembed` (every version, a few ms "
-                f"each), or keep the old embedder: AMFS_EMBEDDER={recorded}"
-                + (f" (needs the [lm] extra: {TORCH_INSTALL_HINT})" if recorded == TORCH_MINILM else "")
-                + "."
+                f"{self.embedder.name!r}; their vectors are not comparable, so nothing was changed. {fix}."
             )
 
     async def _record_embedder(self) -> None:
@@ -678,10 +673,11 @@ class MemoryService:
             return False
         return self._learned_covers is None or self._learned_covers(entity_path)
 
-    def retrieval_weights(self, entity_path: str | None = None) -> dict[str, float]:
-        """The configured weights as a retrieval filtered to `entity_path` gets them."""
+    def retrieval_weights(self, entity_path: str | None = None, query: str | None = None) -> dict[str, float]:
+        """The configured weights as a retrieval filtered to `entity_path` (asking `query`) gets them."""
         return resolve_weights(
-            self.config.retrieval_weights, learned_available=self.learned_applies(entity_path), fusion=self.config.fusion
+            self.config.retrieval_weights, learned_available=self.learned_applies(entity_path), fusion=self.config.fusion,
+            query=query,
         )
 
     async def retrieve(
@@ -729,12 +725,9 @@ class MemoryService:
         )
         learned = self.learned_applies(flt.entity_path)
         active = (
-            resolve_weights(weights, learned_available=learned, fusion=fusion)
-            if weights is not None or fusion != self.config.fusion else self.retrieval_weights(flt.entity_path)
+            resolve_weights(weights, learned_available=learned, fusion=fusion, query=query)
+            if weights is not None or fusion != self.config.fusion else self.retrieval_weights(flt.entity_path, query)
         )
-        chosen = {**(self.config.retrieval_weights or {}), **(weights or {})}
-        if fusion == "hybrid" and not {"semantic", "keyword"} & set(chosen) and names_an_identifier(query):
-            active = for_identifier_query(active)
         now = self.now()
         # One pool for every limit up to candidate_pool / 2, so a larger limit extends the ranking of a smaller one
         # instead of reshuffling it; past that, twice the limit leaves room for the confidence and tier filters.

@@ -14,7 +14,7 @@ the same question are masked out of its negatives. Starts from the weights of th
 
 `FILE:split[,split]` keeps only those conversations of the file (`split` field). Never pass a test split: the
 figures in the README are measured on conversations this never saw. Runs on CPU (about 4 s a batch of 32 on two
-cores) or CUDA; CPU runs with the same seed give the same weights.
+cores) or CUDA (seeded; whether two CPU runs give identical weights was not checked).
 """
 
 from __future__ import annotations
@@ -149,7 +149,6 @@ def main(argv: list[str] | None = None) -> int:
     from amfs_server.adapters.torch_embedder import MiniLMEmbedder
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    random.seed(args.seed)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     base = MiniLMEmbedder().model_dir()

@@ -460,3 +460,12 @@ async def test_a_question_naming_an_identifier_weighs_keyword_as_0_3_2_did(rsvc:
     # Weights the caller chose are left as chosen.
     assert await weights_used("which outage was ERR_LEDGER_409 about?",
                               weights={"semantic": 0.5, "keyword": 0.5}) == pytest.approx((0.5, 0.5))
+
+
+def test_resolve_weights_gives_an_identifier_question_the_keyword_share_unless_overridden() -> None:
+    plain = resolve_weights(None, learned_available=False, query="which outage was this about?")
+    named = resolve_weights(None, learned_available=False, query="which outage was ERR_LEDGER_409 about?")
+    assert (plain["semantic"], plain["keyword"]) == (0.5, 0.5)
+    assert (named["semantic"], named["keyword"]) == pytest.approx((0.3, 0.7))
+    assert resolve_weights({"keyword": 0.6}, learned_available=False, query="ERR_LEDGER_409?")["semantic"] == 0.5
+    assert resolve_weights(None, learned_available=False, fusion="rrf", query="ERR_LEDGER_409?")["keyword"] == 0.2
