@@ -20,6 +20,25 @@ def alone(name: str) -> dict[str, float]:
     return {strategy: (1.0 if strategy == name else 0.0) for strategy in STRATEGIES}
 
 
+def bench_embedder(spec: str | None):
+    """The embedder a benchmark runs with: None for the server's default, a known embedder by name, or an
+    ONNX file of MiniLM's architecture (``.onnx`` or ``.onnx.gz``, as `scripts/export_embedder_onnx.py` writes
+    it) so a candidate model is measured by the same code as the shipped one. Raises ValueError or
+    EmbedderUnavailableError with what is wrong."""
+    if not spec:
+        return None
+    if spec.endswith((".onnx", ".onnx.gz")):
+        from ..adapters.onnx_embedder import OnnxEmbedder
+
+        embedder = OnnxEmbedder(model_path=spec)
+        embedder.check_available()
+        embedder.name = f"onnx-file:{Path(spec).name}"
+        return embedder
+    from ..adapters.embedders import load_embedder
+
+    return load_embedder(spec)
+
+
 def pyplot() -> Any:
     """matplotlib's pyplot on the file-only Agg backend, or SystemExit with the install hint."""
     try:

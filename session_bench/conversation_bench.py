@@ -38,7 +38,7 @@ from typing import Any
 from ..core.embedding import DEFAULT_EMBEDDER, EmbedderUnavailableError
 from ..core.models import Actor
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
-from . import SINGLE_STRATEGIES, alone, close_store, log, open_store, pyplot
+from . import SINGLE_STRATEGIES, alone, bench_embedder, close_store, log, open_store, pyplot
 
 DATASET = Path(__file__).parent / "data" / "conversations_eval.json"
 SPLITS = ("tuning", "test", "all")
@@ -348,7 +348,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="also draw recall@10 per question kind of the first store's run here (PNG; needs the "
                              "[bench] extra)")
     parser.add_argument("--embedder", default=None,
-                        help="in process: the embedder to use (default: the server's default, e.g. all-mpnet-base-v2)")
+                        help="in process: the embedder to use, by name (e.g. all-mpnet-base-v2) or an exported ONNX file "
+                             "(PATH.onnx[.gz], a candidate model; default: the server's default)")
     parser.add_argument("--with-dates", action="store_true",
                         help="write each turn with its session date as event_at (in-process only; the held-out "
                              "protocol passes no dates)")
@@ -381,10 +382,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["runs"]["mcp-stdio"] = {"summary": summarise(rows), "questions": rows}
         texts.append(markdown(report["runs"]["mcp-stdio"]["summary"], "amfs-server over MCP stdio (SQLite)"))
     else:
-        from ..adapters.embedders import load_embedder
-
         try:
-            embedder = load_embedder(args.embedder) if args.embedder else None
+            embedder = bench_embedder(args.embedder)
         except (ValueError, EmbedderUnavailableError) as error:
             parser.error(str(error))
         report["embedder"] = embedder.name if embedder is not None else DEFAULT_EMBEDDER

@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from ..adapters.embedders import load_embedder
-from ..core.embedding import ENTRY_VECTORS, EntryVectors, embed_entries, embedding_passages, embedding_text
+from ..core.embedding import (ENTRY_VECTORS, EmbedderUnavailableError, EntryVectors, embed_entries, embedding_passages,
+                              embedding_text)
 from ..core.models import Actor, MemoryEntry, MemoryType, NewEntry, Provenance, utcnow
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
 from ..core.tiers import priority_score, tier_for
 from ..core.ports import StoreSnapshot
-from . import SINGLE_STRATEGIES, alone, close_store, log, open_store, percentile, pyplot
+from . import SINGLE_STRATEGIES, alone, bench_embedder, close_store, log, open_store, percentile, pyplot
 
 DATASET = Path(__file__).parent / "data" / "retrieval_eval.json"
 
@@ -70,9 +71,9 @@ def score_question(ranked: list[str], gold: list[str]) -> dict[str, float]:
     }
 
 
-async def run_quality(stores: list[str], out_dir: Path) -> dict[str, Any]:
+async def run_quality(stores: list[str], out_dir: Path, embedder=None) -> dict[str, Any]:
     dataset = json.loads(DATASET.read_text())
-    embedder = load_embedder()
+    embedder = embedder or load_embedder()
     snapshot = dataset_snapshot(dataset, embedder)
     configs: dict[str, tuple[dict[str, float] | None, str | None]] = {
         name: (alone(name), None) for name in SINGLE_STRATEGIES
@@ -360,6 +361,8 @@ def main(argv: list[str] | None = None) -> None:
     quality = sub.add_parser("quality", help="recall@k / MRR per strategy and for the fusion")
     quality.add_argument("--stores", default="sqlite")
     quality.add_argument("--out", type=Path, default=Path("reports/retrieval"))
+    quality.add_argument("--embedder", default=None,
+                         help="the embedder, by name or an exported ONNX file (PATH.onnx[.gz]; default: the server's)")
     scale = sub.add_parser("scale", help="ingest throughput and retrieve latency vs store size")
     scale.add_argument("--stores", default="sqlite,postgres")
     scale.add_argument("--sizes", default="1000,10000,100000")
@@ -370,7 +373,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     if args.command == "quality":
-        asyncio.run(run_quality(stores, args.out))
+        try:
+            embedder = bench_embedder(args.embedder)
+        except (ValueError, EmbedderUnavailableError) as error:
+            parser.error(str(error))
+        asyncio.run(run_quality(stores, args.out, embedder))
     else:
         sizes = [int(s) for s in args.sizes.split(",")]
         asyncio.run(run_scale(stores, sizes, args.queries, args.ingest_count, args.out, args.cache_dir))

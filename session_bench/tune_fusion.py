@@ -20,8 +20,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..core.embedding import PASSAGE_SHARE
+from ..core.embedding import PASSAGE_SHARE, EmbedderUnavailableError
 from ..core.retrieval import HYBRID_WEIGHTS
+from . import bench_embedder
 from .conversation_bench import (
     DATASET, SPLITS, Ranker, load_conversations, mean_scores, reattribute_evidence, run_in_process, service_ranker,
 )
@@ -50,12 +51,13 @@ def with_passage_share(share: float, ranker: Ranker) -> Ranker:
 
 
 def sweep(conversations: list[dict[str, Any]], semantic_weights: tuple[float, ...],
-          passage_shares: tuple[float, ...] = (PASSAGE_SHARE,)) -> dict[tuple[float, float], dict[str, float]]:
+          passage_shares: tuple[float, ...] = (PASSAGE_SHARE,), embedder: Any = None,
+          ) -> dict[tuple[float, float], dict[str, float]]:
     """recall@10 / MRR@10 over all questions of `conversations` for each (passage share, semantic share) pair
     (SQLite, in process; each conversation written once)."""
     pairs = [(share, weight) for share in passage_shares for weight in semantic_weights]
     selected = {str(pair): with_passage_share(pair[0], service_ranker(weights_for(pair[1]))) for pair in pairs}
-    rows = asyncio.run(run_in_process(conversations, "sqlite", selected=selected))
+    rows = asyncio.run(run_in_process(conversations, "sqlite", embedder=embedder, selected=selected))
     return {pair: mean_scores(rows[str(pair)]) for pair in pairs}
 
 
@@ -83,14 +85,20 @@ def main(argv: list[str] | None = None) -> dict[tuple[float, float], dict[str, f
                              "`amfs-server bench retrieval conversations` does: a choice that leans on the named "
                              "person being the speaker loses here (default 0)")
     parser.add_argument("--dataset", type=Path, default=DATASET)
+    parser.add_argument("--embedder", default=None,
+                        help="by name or an exported ONNX file (PATH.onnx[.gz]); default: the server's default")
     args = parser.parse_args(argv)
+    try:
+        embedder = bench_embedder(args.embedder)
+    except (ValueError, EmbedderUnavailableError) as error:
+        parser.error(str(error))
     if not 0.0 <= args.reattribute_evidence <= 1.0:
         parser.error(f"--reattribute-evidence takes a share between 0 and 1, got {args.reattribute_evidence}")
     weights = _numbers(parser, args.semantic_weights, "--semantic-weights")
     shares = _numbers(parser, args.passage_shares, "--passage-shares")
     conversations = load_conversations(args.dataset, args.split)
     moved = reattribute_evidence(conversations, args.reattribute_evidence) if args.reattribute_evidence else 0
-    table = sweep(conversations, weights, shares)
+    table = sweep(conversations, weights, shares, embedder)
     default = (PASSAGE_SHARE, HYBRID_WEIGHTS["semantic"] / RELEVANCE)
     stress = f", {moved} evidence turns given to the other speaker" if moved else ""
     print(f"{args.split} split{stress}: hybrid fusion by best-sentence share and semantic share (keyword the rest), "

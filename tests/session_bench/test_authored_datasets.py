@@ -15,7 +15,9 @@ def conversations(name):
 
 
 @pytest.mark.parametrize("name, splits", [("conversations_authored.json", {"tuning", "test"}),
-                                          ("conversations_authored_train.json", {"train"})])
+                                          ("conversations_authored_train.json", {"train"}),
+                                          ("conversations_annotated.json", {"tuning", "test"}),
+                                          ("conversations_annotated_train.json", {"train"})])
 def test_every_question_points_at_turns_that_exist(name, splits):
     found = conversations(name)
     assert len(found) == 8 and {c["split"] for c in found} == splits
@@ -26,6 +28,7 @@ def test_every_question_points_at_turns_that_exist(name, splits):
         assert dates == sorted(set(dates)), conversation["conversation_id"]
         turns = {t["key"]: (s["session"], t) for s in sessions for t in s["turns"]}
         assert 240 <= len(turns) <= 340
+        assert all(question["id"].startswith(conversation["conversation_id"]) for question in conversation["questions"])
         assert all(t["speaker"] in speakers and t["text"].strip() for _, t in turns.values())
         assert all(t["date"] == s["date"] for s in sessions for t in s["turns"])
         assert len(conversation["questions"]) >= 100
@@ -34,6 +37,15 @@ def test_every_question_points_at_turns_that_exist(name, splits):
             assert question["evidence"] and all(key in turns for key in question["evidence"]), question
             if question["kind"] == "multi-hop":
                 assert len({turns[key][0] for key in question["evidence"]}) >= 2, question
+
+
+def test_the_annotated_set_is_split_by_conversation_and_shares_no_turn_with_the_others():
+    annotated = conversations("conversations_annotated.json")
+    assert [c["split"] for c in annotated] == ["tuning"] * 4 + ["test"] * 4
+    others = {t["text"] for name in ("conversations_authored.json", "conversations_authored_train.json",
+                                     "conversations_annotated_train.json")
+              for c in conversations(name) for s in c["sessions"] for t in s["turns"]}
+    assert not others & {t["text"] for c in annotated for s in c["sessions"] for t in s["turns"] if len(t["text"]) > 40}
 
 
 def test_the_training_conversations_are_not_the_benchmarks():

@@ -212,3 +212,23 @@ def test_every_conversation_in_one_store_ranks_as_a_store_each():
     assert len(together) == 16 and any(row["recall@10"] > 0 for row in together)
     assert [(r["id"], r["recall@10"], r["mrr@10"]) for r in together] == \
         [(r["id"], r["recall@10"], r["mrr@10"]) for r in apart]
+
+
+def test_a_candidate_model_file_is_measured_like_the_shipped_model():
+    """`--embedder PATH.onnx[.gz]` runs a candidate file through the same adapter: the shipped file given by path
+    embeds exactly as the default does; a path that is not a model says so."""
+    from amfs_server.adapters.embedders import load_embedder
+    from amfs_server.adapters.onnx_embedder import VARIANTS
+    from amfs_server.core.embedding import EmbedderUnavailableError
+    from amfs_server.session_bench import bench_embedder
+
+    shipped = VARIANTS["chat-int8"][1]
+    candidate = bench_embedder(str(shipped))
+    assert candidate.name == "onnx-file:model_int8.onnx.gz"
+    text = "Jonah: We want to skydive for my birthday!"
+    assert candidate.embed([text]).tolist() == load_embedder().embed([text]).tolist()
+    assert bench_embedder(None) is None
+    with pytest.raises(EmbedderUnavailableError, match="does not exist"):
+        bench_embedder("/nonexistent/model_int8.onnx")
+    with pytest.raises(SystemExit):
+        bench.main(["--embedder", "/nonexistent/model_int8.onnx", "--conversations", "1"])
