@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--browser", action="store_true", help="Also time the page in headless Chromium.")
     args = parser.parse_args(argv)
+    if args.entries < 1 or args.repeat < 1:
+        parser.error("--entries and --repeat must be at least 1")
 
     import httpx2  # the default install's HTTP client (mcp's); httpx is a test dependency only
 
@@ -99,11 +101,14 @@ def main(argv: list[str] | None = None) -> None:
             warm = [first_view(client) for _ in range(args.repeat)]
             result["first_view_warm_median_ms"] = {name: ms(statistics.median(w[name] for w in warm)) for name in warm[0]}
             auth = {"Authorization": f"Bearer {KEY}"}
+            # Addresses of data this run loaded, so any --entries works (the figures in the README use 100,000).
+            probe = args.entries * 3 // 4
+            path = entity_path(probe)
             apis = {
-                "tree org-3 (20 children)": "/ui/api/tree?path=org-3",
-                "entries page (50 of 100)": "/ui/api/entries?path=org-3/team-3/svc-0&limit=50",
-                "entry detail": "/ui/api/entry?path=org-3/team-3/svc-0&key=note-000033",
-                "search (keyword; embedder off)": "/ui/api/search?q=note%2077777%20deploys",
+                "tree of one org": f"/ui/api/tree?path={path.split('/')[0]}",
+                "entries page (50)": f"/ui/api/entries?path={path}&limit=50",
+                "entry detail": f"/ui/api/entry?path={path}&key=note-{probe:06d}",
+                "search (keyword; embedder off)": f"/ui/api/search?q=note%20{probe}%20deploys",
                 "outcomes page": "/ui/api/outcomes",
             }
             result["apis_warm_median_ms"] = {
