@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -57,7 +57,8 @@ __all__ = [
     "Context",
     "context_passage",
     "context_passages",
-    "embedding_passages",
+    "EntryTexts",
+    "entry_texts",
     "embedding_text",
     "event_date_words",
 ]
@@ -192,9 +193,10 @@ def embedding_text(entity_path: str, key: str, value: object, event_at: datetime
 
 # How an entry's vectors are made from its text; recorded in the store's meta (ENTRY_VECTORS_META in service.py)
 # so that a store whose vectors were made another way is re-embedded rather than mixed. Earlier schemes:
-# "whole-entry" (one embedding of the whole text, no record), "sentence-mean" (the mean, no passage vectors) and
-# "sentence-mean+passages" (transcript turns embedded under their entity path and key, not TURN_HEADER).
-ENTRY_VECTORS = "sentence-mean+passages+turn-header"
+# "whole-entry" (one embedding of the whole text, no record), "sentence-mean" (the mean, no passage vectors),
+# "sentence-mean+passages" (transcript turns embedded under their entity path and key, not TURN_HEADER) and
+# "sentence-mean+passages+turn-header" (0.4.0: the vector of a several-sentence entry was its sentences' mean alone).
+ENTRY_VECTORS = "whole+sentence-mean+passages+turn-header"
 # A transcript turn ("Caroline: ...") whose key carries a number (a turn id: "s25-t11", "D1:3", a UUID) is embedded
 # under this fixed header instead of its entity path and key: ids are not what was said, yet as words in every
 # sentence they moved its vectors (on the tuning split, replacing them by a fixed header moved single conversations
@@ -219,29 +221,37 @@ def embedding_header(entity_path: str, key: str, label: str | None) -> tuple[str
     return entity_path, key
 
 
-def embedding_passages(entity_path: str, key: str, value: object, event_at: datetime | None = None) -> list[str]:
-    """The texts whose embeddings, averaged, make an entry's vector: one per sentence of a text value, each with
-    the entry's header (`embedding_header`: a turn's fixed one, else its path and key) and a transcript turn's
-    speaker (`"Caroline: ..."`), else the whole entry text.
+class EntryTexts(NamedTuple):
+    """The texts an entry's vectors are made of (`entry_texts`)."""
 
-    A mean-pooled embedding of a long, many-topic turn ("Ugh, Mondays. Meet Taco, my new Maine Coon kitten.")
-    is diluted by the small talk; averaging one embedding per sentence keeps each sentence's topic in the
-    vector (on the conversation set's tuning split: semantic recall@10 0.542 -> 0.635, README). Longer texts are
-    grouped into at most MAX_PASSAGES runs of sentences, so a write embeds a bounded number of passages.
+    whole: str  # the entry's whole text under its header (`embedding_text`)
+    sentences: list[str]  # one per sentence when the value has two or more, each under the header; else empty
+
+
+def entry_texts(entity_path: str, key: str, value: object, event_at: datetime | None = None) -> EntryTexts:
+    """The whole text of an entry and, for a text value of two or more sentences, one text per sentence, all with
+    the entry's header (`embedding_header`: a turn's fixed one, else its path and key) and each sentence with a
+    transcript turn's speaker (`"Caroline: ..."`).
+
+    The sentences' embeddings keep each sentence's topic, which a mean-pooled embedding of a long, many-topic turn
+    ("Ugh, Mondays. Meet Taco, my new Maine Coon kitten.") dilutes (on the conversation set's tuning split: semantic
+    recall@10 0.542 -> 0.635 with 0.3.x's model, README); the whole text is what the chat embedder was fine-tuned
+    on. Longer texts are grouped into at most MAX_PASSAGES runs of sentences, so a write embeds a bounded number.
     """
     label = speaker_label(value)
     entity_path, key = embedding_header(entity_path, key, label)
     whole = embedding_text(entity_path, key, value, event_at)
     if not isinstance(value, str):
-        return [whole]
+        return EntryTexts(whole, [])
     sentences = [s for s in (part.strip() for part in _SENTENCE_END.split(value.strip())) if s]
     if len(sentences) < 2:
-        return [whole]
+        return EntryTexts(whole, [])
     if len(sentences) > MAX_PASSAGES:
         size = -(-len(sentences) // MAX_PASSAGES)
         sentences = [" ".join(sentences[i:i + size]) for i in range(0, len(sentences), size)]
     prefix = f"{label}: " if label else ""
-    return [embedding_text(entity_path, key, s if i == 0 else prefix + s, event_at) for i, s in enumerate(sentences)]
+    return EntryTexts(whole, [embedding_text(entity_path, key, s if i == 0 else prefix + s, event_at)
+                              for i, s in enumerate(sentences)])
 
 
 @dataclass(frozen=True)
@@ -296,24 +306,34 @@ def context_passages(
     return contexts
 
 
-def embed_entries(embed: Callable[[list[str]], np.ndarray], passages: Sequence[Sequence[str]],
+def _unit(vector: np.ndarray) -> np.ndarray:
+    norm = float(np.linalg.norm(vector))
+    return vector / norm if norm > 0 else vector
+
+
+def embed_entries(embed: Callable[[list[str]], np.ndarray], texts: Sequence[EntryTexts],
                   contexts: Sequence[str | None] | None = None) -> EntryVectors:
-    """Each entry's vector, the normalised mean of its passages' embeddings, and the embeddings the best-sentence
-    look scores: those passages' (when two or more) and its context passage's (`contexts[i]`, when given; then
-    a one-passage entry keeps its own embedding too). One `embed` call for all."""
-    contexts = list(contexts) if contexts is not None else [None] * len(passages)
-    flat = [text for group in passages for text in group] + [text for text in contexts if text is not None]
+    """Each entry's vector and the embeddings its best-sentence look scores, in one `embed` call.
+
+    An entry of one sentence (or a structured value): its whole text's embedding is the vector. Of two or more:
+    the normalised sum of the whole text's embedding and the normalised mean of its sentences' (on both
+    conversation sets' tuning splits the sum beat the mean alone, by recall@10 and MRR, with the fine-tuned chat
+    embedder, which learned on whole turns; README), and its sentences' embeddings are kept for the look. A context
+    passage (`contexts[i]`) joins the look's embeddings, never the vector; then a one-sentence entry keeps its own
+    embedding there too."""
+    contexts = list(contexts) if contexts is not None else [None] * len(texts)
+    flat = [text for entry in texts for text in (entry.whole, *entry.sentences)]
+    flat += [text for text in contexts if text is not None]
     embedded = embed(flat)
-    out = np.zeros((len(passages), embedded.shape[1]), dtype=np.float32)
+    out = np.zeros((len(texts), embedded.shape[1]), dtype=np.float32)
     kept: list[np.ndarray | None] = []
     start = 0
-    extra = sum(len(group) for group in passages)
-    for i, group in enumerate(passages):
-        rows = embedded[start:start + len(group)]
-        start += len(group)
-        mean = rows.mean(axis=0)
-        norm = float(np.linalg.norm(mean))
-        out[i] = mean / norm if norm > 0 else mean
+    extra = sum(1 + len(entry.sentences) for entry in texts)
+    for i, entry in enumerate(texts):
+        whole = embedded[start]
+        rows = embedded[start + 1:start + 1 + len(entry.sentences)] if entry.sentences else embedded[start:start + 1]
+        start += 1 + len(entry.sentences)
+        out[i] = _unit(whole + _unit(rows.mean(axis=0))) if entry.sentences else whole
         if contexts[i] is not None:
             rows = np.vstack([rows, embedded[extra:extra + 1]])
             extra += 1

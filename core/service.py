@@ -28,7 +28,7 @@ from .embedding import (
     EntryVectors,
     context_passages,
     embed_entries,
-    embedding_passages,
+    entry_texts,
     embedding_text,
     entry_similarity,
 )
@@ -141,6 +141,7 @@ class ServiceConfig:
 PREVIOUS_ENTRY_VECTORS = {
     "sentence-mean": "without the sentence vectors this one also keeps",
     "sentence-mean+passages": "with transcript turns embedded under their entity path and key",
+    "sentence-mean+passages+turn-header": "with the vector of a several-sentence entry made of its sentences alone",
 }
 
 
@@ -208,7 +209,7 @@ class MemoryService:
             made = PREVIOUS_ENTRY_VECTORS.get(scheme or "", "from whole entries")
             raise StoreError(
                 f"This store's vectors were made by {recorded!r} {made}, by an earlier amfs-server; this "
-                f"one embeds entries sentence by sentence, transcript turns under a fixed header ({ENTRY_VECTORS}), "
+                f"one embeds entries whole and sentence by sentence, transcript turns under a fixed header ({ENTRY_VECTORS}), "
                 "and the two do not mix, so nothing was "
                 "changed. Re-embed the store once: `amfs-server memory reembed` (every version, a few ms each)."
             )
@@ -237,13 +238,13 @@ class MemoryService:
     async def _entry_vectors(
         self, entries: Sequence[tuple[str, str, Any, datetime | None]], contexts: Sequence[Context] | None = None,
     ) -> EntryVectors:
-        """Per (entity_path, key, value, event_at): its vector, the mean of its sentences' embeddings, and the
-        embeddings its best-sentence look scores, its context passage's included (see `embedding_passages`,
-        `context_passage`, `embed_entries`). Runs the embedder in a thread."""
+        """Per (entity_path, key, value, event_at): its vector, made of its whole text's and its sentences'
+        embeddings, and the embeddings its best-sentence look scores, its context passage's included (see
+        `entry_texts`, `context_passage`, `embed_entries`). Runs the embedder in a thread."""
         assert self.embedder is not None
-        passages = [embedding_passages(*entry) for entry in entries]
-        texts = None if contexts is None else [None if context is None else context[0] for context in contexts]
-        return await asyncio.to_thread(embed_entries, self.embedder.embed, passages, texts)
+        texts = [entry_texts(*entry) for entry in entries]
+        context_texts = None if contexts is None else [None if context is None else context[0] for context in contexts]
+        return await asyncio.to_thread(embed_entries, self.embedder.embed, texts, context_texts)
 
     async def _contexts_of_drafts(self, drafts: Sequence[NewEntry]) -> list[Context]:
         """Each draft's context passage (`context_passages`): a batch shares one written_at, so its drafts count as

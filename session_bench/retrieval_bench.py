@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..adapters.embedders import load_embedder
-from ..core.embedding import (ENTRY_VECTORS, EmbedderUnavailableError, EntryVectors, embed_entries, embedding_passages,
+from ..core.embedding import (ENTRY_VECTORS, EmbedderUnavailableError, EntryVectors, embed_entries, entry_texts,
                               embedding_text)
 from ..core.models import Actor, MemoryEntry, MemoryType, NewEntry, Provenance, utcnow
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
@@ -55,7 +55,7 @@ def dataset_snapshot(dataset: dict[str, Any], embedder) -> StoreSnapshot:
                     memory_type=MemoryType(memory["memory_type"]),
                 )
             )
-    made = embed_entries(embedder.embed, [embedding_passages(e.entity_path, e.key, e.value) for e in entries])
+    made = embed_entries(embedder.embed, [entry_texts(e.entity_path, e.key, e.value) for e in entries])
     return StoreSnapshot(entries=[
         e.with_changes(embedding=v.tolist(), passage_embeddings=None if p is None else p.tolist())
         for e, v, p in zip(entries, made.vectors, made.passages)])
@@ -193,7 +193,7 @@ def cached_vectors(notes: list[tuple[str, str, str]], embedder, cache_dir: Path)
     vectors, passages = [], []
     step = 2048
     for start in range(0, len(notes), step):
-        made = embed_entries(embedder.embed, [embedding_passages(p, k, t) for p, k, t in notes[start:start + step]])
+        made = embed_entries(embedder.embed, [entry_texts(p, k, t) for p, k, t in notes[start:start + step]])
         vectors.append(made.vectors)
         passages += made.passages
         log(f"[scale]   {min(start + step, len(notes))}/{len(notes)}")
@@ -230,9 +230,9 @@ def timing(samples: list[float]) -> Timing:
 
 async def measure_ingest(store_kind: str, embedder, workdir: Path, count: int) -> dict[str, float]:
     notes = synthetic_notes(count, seed=99)
-    passages = [embedding_passages(p, k, t) for p, k, t in notes]
+    texts = [entry_texts(p, k, t) for p, k, t in notes]
     started = time.perf_counter()
-    embed_entries(embedder.embed, passages)
+    embed_entries(embedder.embed, texts)
     embed_rate = count / (time.perf_counter() - started)
     store = await open_store(store_kind, workdir, embedder.dimension)
     try:

@@ -3,9 +3,12 @@
 The first three sessions of the development set's `conv-01` (39 turns) are written, turn by turn, into a fresh
 store of each kind with the real default embedder, then all 130 questions of that conversation are asked.
 
-What is identical, and asserted so: the semantic ranking. Both stores return every one of the 39 vectors
-(usearch's pool covers the whole index; pgvector's HNSW with ef_search >= 50 visits every node of so small a
-graph) and order them by exact cosine, so the semantic candidates are the same top 10 for every question.
+What is identical, and asserted so: the semantic ranking, up to ties. Both stores return every one of the 39
+vectors (usearch's pool covers the whole index; pgvector's HNSW with ef_search >= 50 visits every node of so small
+a graph) and order them by exact cosine, so the semantic candidates are the same top 10 with the same scores for
+every question, except that two entries whose cosines agree to float32 precision (within SEMANTIC_TIE) may come
+in either order, or trade the 10th place: each store sums the dot product in its own order. With 0.5.0's vectors
+123 of the 130 top 10s are identical and the other 7 differ only by such ties.
 
 What is not, and why (measured, see the report printed with -s): both stores rank keyword matches by the same
 formula (summed IDF of the matched words, df within scope, over the query's total word weight), but they do not
@@ -41,6 +44,7 @@ MIN_SAME_KEYWORD_MATCHES = 0.75
 MIN_MEAN_TOP10_OVERLAP = 0.93
 MIN_SAME_TOP1 = 0.80
 MIN_IDENTICAL_TOP10 = 0.6
+SEMANTIC_TIE = 1e-5  # two cosines this close are a tie in float32 arithmetic
 
 
 @pytest.fixture(scope="module")
@@ -73,18 +77,32 @@ async def _rankings(store, embedder, conversation: dict) -> dict[str, list]:
     for question, vector in zip(conversation["questions"], vectors):
         text = question["question"]
         fused = await service.retrieve(reader, text, entity_path=path, limit=10, count_as_read=False)
-        semantic = [
-            entry for entry, _ in await store.semantic_candidates(vector.tolist(), EntryFilter(entity_path=path), FIXED_NOW, 10)
-        ]
+        semantic = [(entry.key, score) for entry, score in
+                    await store.semantic_candidates(vector.tolist(), EntryFilter(entity_path=path), FIXED_NOW, 10)]
         terms = keyword_terms(text)
         common = await store.common_terms(terms, ServiceConfig().keyword_max_term_matches)
         matched = await store.keyword_candidates(
             [t for t in terms if t not in common], EntryFilter(entity_path=path), FIXED_NOW, 100
         )
         out["fused"].append([hit.entry.key for hit in fused])
-        out["semantic"].append([entry.key for entry in semantic])
+        out["semantic"].append(semantic)
         out["keyword"].append({entry.key for entry, _ in matched})
     return out
+
+
+def _same_up_to_ties(a: list[tuple[str, float]], b: list[tuple[str, float]]) -> bool:
+    """Two (key, cosine) top lists are the same ranking but for ties: the same cosine at every rank, the same
+    cosine for an entry both hold, and an entry only one holds tied with the other's last."""
+    if len(a) != len(b) or any(abs(x - y) > SEMANTIC_TIE for (_, x), (_, y) in zip(a, b)):
+        return False
+    scores_a, scores_b = dict(a), dict(b)
+    for key in scores_a.keys() | scores_b.keys():
+        if key in scores_a and key in scores_b:
+            if abs(scores_a[key] - scores_b[key]) > SEMANTIC_TIE:
+                return False
+        elif abs(scores_a.get(key, scores_b.get(key, 0.0)) - min(a[-1][1], b[-1][1])) > SEMANTIC_TIE:
+            return False
+    return True
 
 
 async def test_sqlite_and_postgres_rank_a_conversation_alike(tmp_path, embedder) -> None:
@@ -112,14 +130,16 @@ async def test_sqlite_and_postgres_rank_a_conversation_alike(tmp_path, embedder)
     questions = [q["question"] for q in conversation["questions"]]
     n = len(questions)
     assert n > 100 and all(len(ranked) == 10 for ranked in lite["fused"] + pg["fused"] + lite["semantic"] + pg["semantic"])
-    semantic_differs = [(q, a, b) for q, a, b in zip(questions, lite["semantic"], pg["semantic"]) if a != b]
+    semantic_identical = sum([k for k, _ in a] == [k for k, _ in b] for a, b in zip(lite["semantic"], pg["semantic"]))
+    semantic_differs = [(q, a, b) for q, a, b in zip(questions, lite["semantic"], pg["semantic"])
+                        if not _same_up_to_ties(a, b)]
     same_matches = sum(a == b for a, b in zip(lite["keyword"], pg["keyword"]))
     identical = sum(a == b for a, b in zip(lite["fused"], pg["fused"]))
     same_set = sum(set(a) == set(b) for a, b in zip(lite["fused"], pg["fused"]))
     overlap = sum(len(set(a) & set(b)) for a, b in zip(lite["fused"], pg["fused"])) / (10 * n)
     same_top1 = sum(a[0] == b[0] for a, b in zip(lite["fused"], pg["fused"]))
     print(
-        f"\n{n} questions: semantic-only top 10 identical {n - len(semantic_differs)}; keyword matches the same "
+        f"\n{n} questions: semantic-only top 10 identical {semantic_identical}, the same up to float ties {n - len(semantic_differs)}; keyword matches the same "
         f"entries {same_matches}; fused top 10 identical {identical}, same set {same_set}, mean overlap "
         f"{overlap:.3f}, same top-1 {same_top1}"
     )

@@ -15,7 +15,7 @@ import pytest
 
 from amfs_server.adapters import wordpiece
 from amfs_server.adapters.wordpiece import WordPieceTokenizer
-from amfs_server.core.embedding import embedding_passages
+from amfs_server.core.embedding import entry_texts
 
 TOKENIZER_JSON = Path(wordpiece.__file__).parent / "models" / "all-MiniLM-L6-v2" / "tokenizer.json"
 DATA = Path(wordpiece.__file__).parent.parent / "session_bench" / "data"
@@ -86,7 +86,7 @@ def conversation_texts() -> list[str]:
             for turn in session["turns"]:
                 value = f"{turn['speaker']}: {turn['text']}"  # as stored
                 texts += [turn["text"], f"chat message: {value}"]
-                texts += embedding_passages(conversation["conversation_id"], turn["key"], value)  # its sentences
+                texts += entry_texts(conversation["conversation_id"], turn["key"], value).sentences  # its sentences
         texts += [q["question"] for q in conversation["questions"]]
     return list(dict.fromkeys(texts))
 
@@ -97,9 +97,10 @@ def memory_texts() -> list[str]:
     texts = []
     for m in retrieval["memories"]:
         texts += [m["value"] if isinstance(m["value"], str) else json.dumps(m["value"])]
-        texts += embedding_passages(m["entity_path"], m["key"], m["value"])
+        whole, sentences = entry_texts(m["entity_path"], m["key"], m["value"])
+        texts += [whole, *sentences]
     for f in example["facts"]:
-        texts += [f["text"], *embedding_passages(f["entity_path"], f["key"], f["text"])]
+        texts += [f["text"], *entry_texts(f["entity_path"], f["key"], f["text"]).sentences]
     texts += [q["question"] for q in retrieval["questions"]] + [q["question"] for q in example["queries"]]
     return list(dict.fromkeys(texts))
 

@@ -238,7 +238,7 @@ async def test_a_store_of_whole_entry_vectors_from_an_earlier_release_is_refused
     await service.write(ACTOR, WriteRequest("svc/payments", "retry-policy", text))
     whole = MODEL_A.embed([embedding_text("svc/payments", "retry-policy", text)])[0]
     entry = await service.store.get_current("svc/payments", "retry-policy", service.now())
-    assert entry is not None and not np.allclose(entry.embedding, whole, atol=1e-3)  # two sentences: a mean now
+    assert entry is not None and not np.allclose(entry.embedding, whole, atol=1e-3)  # two sentences: joined now
     await service.reembed()
     await service.store.set_meta(ENTRY_VECTORS_META, None)
     snapshot = await service.store.export_snapshot()
@@ -277,16 +277,17 @@ async def test_a_store_of_sentence_means_without_passage_vectors_is_refused_unti
 
 
 async def test_a_store_of_turns_embedded_under_their_ids_is_refused_until_reembedded(make_store: StoreFactory) -> None:
-    from amfs_server.core.embedding import embed_entries, embedding_text
+    from amfs_server.core.embedding import EntryTexts, embed_entries, embedding_text
     from amfs_server.core.service import ENTRY_VECTORS_META
 
-    # What the previous release left: a transcript turn's sentences embedded under its path and key.
+    # What an earlier release left: a transcript turn's sentences embedded under its path and key.
     service = await open_service(make_store, MODEL_A)
     turn = "Jonah: Back from Kyoto! The bamboo forest was unreal."
     await service.write(ACTOR, WriteRequest("chat/c1", "t1", turn))
     snapshot = await service.store.export_snapshot()
-    old = embed_entries(MODEL_A.embed, [[embedding_text("chat/c1", "t1", "Jonah: Back from Kyoto!"),
-                                         embedding_text("chat/c1", "t1", "Jonah: The bamboo forest was unreal.")]])
+    old = embed_entries(MODEL_A.embed, [EntryTexts(embedding_text("chat/c1", "t1", turn), [
+        embedding_text("chat/c1", "t1", "Jonah: Back from Kyoto!"),
+        embedding_text("chat/c1", "t1", "Jonah: The bamboo forest was unreal.")])])
     await service.store.clear()
     await service.store.import_snapshot(replace(
         snapshot, entries=[e.with_changes(embedding=old.vectors[0].tolist(), passage_embeddings=old.passages[0].tolist())
@@ -300,32 +301,58 @@ async def test_a_store_of_turns_embedded_under_their_ids_is_refused_until_reembe
     await service.close()
 
 
-def test_an_entry_vector_is_the_mean_of_its_sentences_each_with_the_header_and_speaker() -> None:
-    from amfs_server.core.embedding import MAX_PASSAGES, embed_entries, embedding_passages
+async def test_a_store_of_0_4_0_sentence_mean_vectors_is_refused_until_reembedded(make_store: StoreFactory) -> None:
+    from amfs_server.core.embedding import EntryTexts, embed_entries, entry_texts
+    from amfs_server.core.service import ENTRY_VECTORS_META
 
-    # A transcript turn keyed by a turn id: each sentence under the fixed turn header with its speaker, whatever
-    # its path and id.
+    # What 0.4.0 left: a several-sentence entry's vector was its sentences' mean, without its whole text's embedding.
+    service = await open_service(make_store, MODEL_A)
+    turn = "Jonah: Back from Kyoto! The bamboo forest was unreal."
+    await service.write(ACTOR, WriteRequest("chat/c1", "t1", turn))
+    snapshot = await service.store.export_snapshot()
+    sentences = entry_texts("chat/c1", "t1", turn).sentences
+    mean = MODEL_A.embed(sentences).mean(axis=0)
+    await service.store.clear()
+    await service.store.import_snapshot(replace(
+        snapshot, entries=[e.with_changes(embedding=(mean / np.linalg.norm(mean)).tolist()) for e in snapshot.entries],
+        meta={EMBEDDER_META: "model-a", ENTRY_VECTORS_META: "sentence-mean+passages+turn-header"}))
+    await service.close()
+
+    service = await refused_then_reembedded(make_store, r"made of its sentences alone", versions=1)
+    again = (await service.store.export_snapshot()).entries
+    joined = embed_entries(MODEL_A.embed, [EntryTexts(f"chat message: {turn}", sentences)]).vectors[0]
+    assert np.allclose(again[0].embedding, joined, atol=1e-6) and np.allclose(snapshot.entries[0].embedding, joined, atol=1e-6)
+    await service.close()
+
+
+def test_an_entry_vector_joins_its_whole_text_and_its_sentences_each_with_the_header_and_speaker() -> None:
+    from amfs_server.core.embedding import MAX_PASSAGES, EntryTexts, embed_entries, entry_texts
+
+    # A transcript turn keyed by a turn id: the whole turn and each sentence under the fixed turn header with its
+    # speaker, whatever its path and id.
     turn = "Jonah: Ugh, Mondays. Meet Taco, my new kitten! She is a Maine Coon."
-    assert embedding_passages("chat/c1", "t7", turn) == [
+    assert entry_texts("chat/c1", "t7", turn) == EntryTexts(f"chat message: {turn}", [
         "chat message: Jonah: Ugh, Mondays.", "chat message: Jonah: Meet Taco, my new kitten!",
-        "chat message: Jonah: She is a Maine Coon."]
-    assert embedding_passages("users/ana/3f2a9c0e", "D25:11", turn) == embedding_passages("chat/c1", "t7", turn)
-    assert embedding_passages("chat/c1", "t8", "Felix: Cute!") == ["chat message: Felix: Cute!"]
+        "chat message: Jonah: She is a Maine Coon."])
+    assert entry_texts("users/ana/3f2a9c0e", "D25:11", turn) == entry_texts("chat/c1", "t7", turn)
+    assert entry_texts("chat/c1", "t8", "Felix: Cute!") == EntryTexts("chat message: Felix: Cute!", [])
     # A labelled note keyed by words is no turn id: it keeps the path and key that name its topic.
-    assert embedding_passages("ops/deploys", "deploy-process", "Deploys: Tuesdays only. Never on a Friday.") == [
+    assert entry_texts("ops/deploys", "deploy-process", "Deploys: Tuesdays only. Never on a Friday.").sentences == [
         "ops deploys deploy process: Deploys: Tuesdays only.", "ops deploys deploy process: Deploys: Never on a Friday."]
     # Anything else: under its own path and key.
-    assert embedding_passages("svc/payments", "timeout", "gateway timeout is 30 seconds") == [
-        "svc payments timeout: gateway timeout is 30 seconds"]  # one sentence: the whole text, as before
-    assert embedding_passages("svc/x", "k", {"summary": "One. Two."}) == ["svc x k: One. Two."]  # structured: whole
-    many = embedding_passages("doc", "long", " ".join(f"Sentence {i}." for i in range(50)))
+    assert entry_texts("svc/payments", "timeout", "gateway timeout is 30 seconds") == EntryTexts(
+        "svc payments timeout: gateway timeout is 30 seconds", [])  # one sentence: the whole text alone
+    assert entry_texts("svc/x", "k", {"summary": "One. Two."}) == EntryTexts("svc x k: One. Two.", [])  # structured
+    many = entry_texts("doc", "long", " ".join(f"Sentence {i}." for i in range(50))).sentences
     assert 1 < len(many) <= MAX_PASSAGES and "Sentence 0." in many[0] and "Sentence 49." in many[-1]
-    made = embed_entries(MODEL_A.embed, [["a. ", "b."], ["c"]])
-    expected = MODEL_A.embed(["a. ", "b."]).mean(axis=0)
+
+    made = embed_entries(MODEL_A.embed, [EntryTexts("x: a. b.", ["a. ", "b."]), EntryTexts("c", [])])
+    sentences = MODEL_A.embed(["a. ", "b."]).mean(axis=0)
+    expected = MODEL_A.embed(["x: a. b."])[0] + sentences / np.linalg.norm(sentences)
     assert np.allclose(made.vectors[0], expected / np.linalg.norm(expected), atol=1e-6)
     assert np.allclose(made.vectors[1], MODEL_A.embed(["c"])[0], atol=1e-6)
     assert np.allclose(np.linalg.norm(made.vectors, axis=1), 1.0, atol=1e-5)
-    # The passages are kept for the second look (one passage: none, its embedding is the entry vector).
+    # The sentences are kept for the second look (one sentence: none, its embedding is the entry vector).
     assert np.allclose(made.passages[0], MODEL_A.embed(["a. ", "b."]), atol=1e-6) and made.passages[1] is None
 
 
