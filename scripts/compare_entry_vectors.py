@@ -13,6 +13,8 @@ best passage's cosine (`entry_similarity`, share 0.5). Only the vector and the l
     whole + sentence-mean  0.5.0: the normalised sum of the two
     the same, in the look  the same, the whole turn also one of the look's passages
     sentence-mean, whole in the look
+    the chosen + context passage x0.5 / x1   the context passage's embedding also in the vector (tried after the
+                                             choice, on tuning splits: no gain)
 
     python scripts/compare_entry_vectors.py --dataset session_bench/data/conversations_annotated.json --split tuning
 
@@ -34,7 +36,7 @@ from amfs_server.session_bench.conversation_bench import DATASET, load_conversat
 
 CANDIDATES = 50  # the semantic strategy's pool
 SCHEMES = ("sentence-mean", "whole", "whole, in the look", "whole + sentence-mean", "the same, in the look",
-           "sentence-mean, whole in the look")
+           "sentence-mean, whole in the look", "the chosen + context passage x0.5", "the chosen + context passage x1")
 
 
 def unit(vector: np.ndarray) -> np.ndarray:
@@ -52,6 +54,8 @@ def vectors_and_looks(scheme: str, whole: np.ndarray, sentences: np.ndarray,
         vector = whole
     else:
         vector = unit(whole + mean)
+        if scheme.startswith("the chosen + context") and len(context):
+            vector = unit(whole + mean + (0.5 if scheme.endswith("x0.5") else 1.0) * context[0])
     in_look = scheme in ("whole, in the look", "the same, in the look", "sentence-mean, whole in the look")
     look = np.vstack([sentences, whole[None]]) if in_look else sentences
     return vector, np.vstack([look, context])

@@ -1,0 +1,68 @@
+"""scripts/compare_entry_vectors.py and scripts/where_retrieval_misses.py measure what the server does.
+
+The comparison's 0.5.0 row must be the vector the server writes, or its table says nothing about the shipped
+retrieval; the miss analysis must count every evidence turn and call a found one found. Real default embedder."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_comparisons_chosen_row_is_the_vector_the_server_writes() -> None:
+    from amfs_server.adapters.embedders import load_embedder
+    from amfs_server.core.embedding import embed_entries, entry_texts
+
+    compare = script("compare_entry_vectors")
+    embedder = load_embedder()
+    turn = "Jonah: Ugh, Mondays. Meet Taco, my new kitten! She is a Maine Coon."
+    texts = entry_texts("chat/c1", "t7", turn)
+    rows = embedder.embed([texts.whole, *texts.sentences])
+    served = embed_entries(embedder.embed, [texts])
+    vector, look = compare.vectors_and_looks("whole + sentence-mean", rows[0], rows[1:], np.zeros((0, rows.shape[1])))
+    assert np.allclose(vector, served.vectors[0], atol=1e-5)
+    assert np.allclose(look, served.passages[0], atol=1e-5)
+    # 0.4.0's row: the sentences' mean alone, which is not the served vector any more.
+    old, _ = compare.vectors_and_looks("sentence-mean", rows[0], rows[1:], np.zeros((0, rows.shape[1])))
+    mean = rows[1:].mean(axis=0)
+    assert np.allclose(old, mean / np.linalg.norm(mean), atol=1e-6) and not np.allclose(old, vector, atol=1e-3)
+
+
+def test_the_miss_analysis_counts_every_evidence_turn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    misses = script("where_retrieval_misses")
+    assert misses.band(["a", "b"], "b") == "top 10" and misses.band(["x"] * 12 + ["k"], "k") == "11-25"
+    assert misses.band(["a"], "z") == "below 25"
+    turns = [{"key": f"s01-t{i:02d}", "speaker": "Ana" if i % 2 else "Ben",
+              "text": f"Small talk number {i} about the weather and the week."} for i in range(1, 25)]
+    turns[6]["text"] = "I adopted a greyhound called Juniper from the rescue shelter."
+    data = {"conversations": [{
+        "conversation_id": "tiny-01", "split": "tuning",
+        "sessions": [{"date": "2024-03-01", "turns": turns}],
+        "questions": [{"question": "What is the name of the greyhound that was adopted?", "kind": "single-hop",
+                       "evidence": ["s01-t07"]},
+                      {"question": "What did they say about the weather?", "kind": "multi-hop",
+                       "evidence": ["s01-t01", "s01-t02", "s01-t03", "s01-t04", "s01-t05", "s01-t08", "s01-t09",
+                                    "s01-t10", "s01-t11", "s01-t12", "s01-t13", "s01-t14"]}],
+    }]}
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(data))
+    total, missed = misses.asyncio.run(misses.misses(path, "tuning"))
+    assert total == 13
+    assert all(m[3] != data["conversations"][0]["questions"][0]["question"] for m in missed)  # the greyhound is found
+    # Twelve evidence turns cannot all be in a top 10: at least two are missed, each in one of the bands.
+    assert len(missed) >= 2 and all(m[0] == "multi-hop" and m[1] in ("top 10", "11-25", "below 25") for m in missed)
+    assert misses.main(["--dataset", str(path)]) == 0
+    assert f"{len(missed)} of 13 evidence turns not in the fused top 10" in capsys.readouterr().out
