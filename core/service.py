@@ -209,9 +209,9 @@ class MemoryService:
             made = PREVIOUS_ENTRY_VECTORS.get(scheme or "", "from whole entries")
             raise StoreError(
                 f"This store's vectors were made by {recorded!r} {made}, by an earlier amfs-server; this "
-                f"one embeds entries whole and sentence by sentence, transcript turns under a fixed header ({ENTRY_VECTORS}), "
-                "and the two do not mix, so nothing was "
-                "changed. Re-embed the store once: `amfs-server memory reembed` (every version, a few ms each)."
+                "one embeds entries whole and sentence by sentence, transcript turns under a fixed header "
+                f"({ENTRY_VECTORS}), and the two do not mix, so nothing was changed. Re-embed the store once: "
+                "`amfs-server memory reembed` (every version, a few ms each)."
             )
         if recorded != self.embedder.name:
             if recorded in RETIRED_EMBEDDERS:  # keeping it is no option: its model is not installed any more
