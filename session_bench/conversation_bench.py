@@ -7,14 +7,15 @@ scored against its evidence turns: recall@10 (the fraction of the evidence in th
 
 Rows: the fusion as configured (the default weights), each single strategy (`weights={name: 1.0}`), and a
 plain Okapi BM25 over the conversation's turn values computed here, so the simple baseline is always printed
-beside ours. `--via-mcp` runs the fusion through the real MCP client against `amfs-server` over stdio.
+beside ours. `--via-mcp` runs the fusion through the real MCP client against `amfs-server` over stdio, on
+each store of `--stores` (PostgreSQL: a fresh schema per conversation, dropped after).
 
 The unit everything calls is a *ranker*: `async (service, conversation, questions) -> [[turn key, ...], ...]`
 (one ranked list per question, best first). A new stage is a new ranker added to `rankers()`.
 
     amfs-server bench retrieval conversations --split tuning
     amfs-server bench retrieval conversations --split test --stores sqlite,postgres --json out.json
-    amfs-server bench retrieval conversations --split tuning --conversations 1 --via-mcp
+    amfs-server bench retrieval conversations --split tuning --conversations 1 --via-mcp --stores sqlite,postgres
     amfs-server bench retrieval conversations --split tuning --with-dates   # each turn's date as event_at
     amfs-server bench retrieval conversations --split test --one-store      # every conversation in one store
     amfs-server bench retrieval conversations --split all --embedder all-mpnet-base-v2   # the [mpnet] extra
@@ -30,15 +31,17 @@ import random
 import re
 import statistics
 import tempfile
+import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..core.embedding import DEFAULT_EMBEDDER, EmbedderUnavailableError
 from ..core.models import Actor
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
-from . import SINGLE_STRATEGIES, alone, bench_embedder, close_store, log, open_store, pyplot
+from . import SINGLE_STRATEGIES, alone, bench_embedder, close_store, log, open_store, postgres_dsn, pyplot
 
 DATASET = Path(__file__).parent / "data" / "conversations_eval.json"
 SPLITS = ("tuning", "test", "all")
@@ -241,21 +244,47 @@ async def mcp_fusion_ranker(session: Any, conversation: dict[str, Any], question
     return ranked
 
 
-async def run_via_mcp(conversations: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """The fusion through `amfs-server` over stdio (a fresh server and SQLite store per conversation) next to BM25."""
+def _schema_dsn(dsn: str, schema: str) -> str:
+    """`dsn` with its search path set to `schema` (the server keeps its tables in the DSN's first schema)."""
+    parts = urlsplit(dsn)
+    query = [(name, value) for name, value in parse_qsl(parts.query) if name not in ("search_path", "options")]
+    return urlunsplit(parts._replace(query=urlencode(query + [("search_path", schema)])))
+
+
+async def _drop_schema(dsn: str, schema: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await conn.close()
+
+
+async def run_via_mcp(conversations: list[dict[str, Any]], store: str = "sqlite") -> dict[str, list[dict[str, Any]]]:
+    """The fusion through `amfs-server` over stdio, next to BM25: a fresh server per conversation, on a fresh SQLite
+    file or, with `store` "postgres", in a fresh schema of the benchmarks' PostgreSQL database (dropped after)."""
     from .mcp_latency import server_env, stdio_session
 
     rows: dict[str, list[dict[str, Any]]] = {FUSION + " via MCP": [], BM25_ROW: []}
     with tempfile.TemporaryDirectory(prefix="amfs-conv-mcp-") as tmp:
         for number, conversation in enumerate(conversations, start=1):
-            log(f"[conversations/mcp] conversation {number}/{len(conversations)} ({conversation['conversation_id']})")
-            async with stdio_session(server_env(Path(tmp) / conversation["conversation_id"])) as session:
-                for turn in turns_of(conversation):
-                    result = await session.call_tool("amfs_write", {
-                        "entity_path": conversation["conversation_id"], "key": turn["key"], "value": turn_value(turn)})
-                    if result.is_error:
-                        raise RuntimeError(f"amfs_write failed: {result.content[0].text}")
-                ranked = await mcp_fusion_ranker(session, conversation, conversation["questions"])
+            log(f"[conversations/mcp/{store}] conversation {number}/{len(conversations)} "
+                f"({conversation['conversation_id']})")
+            schema = f"amfs_bench_mcp_{uuid.uuid4().hex[:8]}"
+            extra = {"AMFS_POSTGRES_DSN": _schema_dsn(postgres_dsn(), schema)} if store == "postgres" else {}
+            try:
+                async with stdio_session(server_env(Path(tmp) / conversation["conversation_id"], **extra)) as session:
+                    for turn in turns_of(conversation):
+                        result = await session.call_tool("amfs_write", {
+                            "entity_path": conversation["conversation_id"], "key": turn["key"],
+                            "value": turn_value(turn)})
+                        if result.is_error:
+                            raise RuntimeError(f"amfs_write failed: {result.content[0].text}")
+                    ranked = await mcp_fusion_ranker(session, conversation, conversation["questions"])
+            finally:
+                if store == "postgres":
+                    await _drop_schema(postgres_dsn(), schema)
             rows[FUSION + " via MCP"] += score_conversation(conversation, ranked)
             rows[BM25_ROW] += score_conversation(conversation, await bm25_ranker(None, conversation, conversation["questions"]))
     return rows
@@ -340,7 +369,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--split", choices=SPLITS, default="tuning",
                         help="tuning (tune on it), test (report on it) or all (default: tuning)")
     parser.add_argument("--stores", default="sqlite", help="comma-separated: sqlite, postgres (default: sqlite)")
-    parser.add_argument("--via-mcp", action="store_true", help="the fusion through amfs-server over stdio (SQLite)")
+    parser.add_argument("--via-mcp", action="store_true",
+                        help="the fusion through amfs-server over stdio, on each of --stores")
     parser.add_argument("--conversations", type=int, default=None, help="only the first N conversations of the split")
     parser.add_argument("--dataset", type=Path, default=DATASET)
     parser.add_argument("--json", type=Path, default=None, help="also write the summary (and per-question scores) here")
@@ -378,9 +408,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               "questions": sum(len(c["questions"]) for c in conversations), "runs": {}}
     texts = []
     if args.via_mcp:
-        rows = asyncio.run(run_via_mcp(conversations))
-        report["runs"]["mcp-stdio"] = {"summary": summarise(rows), "questions": rows}
-        texts.append(markdown(report["runs"]["mcp-stdio"]["summary"], "amfs-server over MCP stdio (SQLite)"))
+        for store in stores:
+            rows = asyncio.run(run_via_mcp(conversations, store))
+            run = "mcp-stdio" if store == "sqlite" else f"mcp-stdio-{store}"
+            report["runs"][run] = {"summary": summarise(rows), "questions": rows}
+            texts.append(markdown(report["runs"][run]["summary"],
+                                  f"amfs-server over MCP stdio ({'SQLite' if store == 'sqlite' else 'PostgreSQL'})"))
     else:
         try:
             embedder = bench_embedder(args.embedder)

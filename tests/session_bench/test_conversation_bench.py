@@ -132,17 +132,35 @@ def test_harness_runs_every_ranker_end_to_end_on_sqlite(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_the_mcp_protocol_ranks_as_the_service_does_in_process():
-    """amfs_write per turn and amfs_retrieve per question over stdio (a real server) give the in-process ranking."""
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_the_mcp_protocol_ranks_as_the_service_does_in_process(store: str):
+    """amfs_write per turn and amfs_retrieve per question over stdio (a real server) give the in-process ranking,
+    on either store; the PostgreSQL run leaves no schema behind."""
     data = gen.build_dataset(seed=5, conversations=1, sessions=3)
     conversation = data["conversations"][0]
     conversation["questions"] = conversation["questions"][:8]
-    via_mcp = asyncio.run(bench.run_via_mcp([conversation]))[bench.FUSION + " via MCP"]
-    in_process = asyncio.run(bench.run_in_process([conversation], "sqlite",
+    schemas_before = asyncio.run(_bench_schemas()) if store == "postgres" else set()
+    via_mcp = asyncio.run(bench.run_via_mcp([conversation], store))[bench.FUSION + " via MCP"]
+    in_process = asyncio.run(bench.run_in_process([conversation], store,
                                                   selected={bench.FUSION: bench.service_ranker(None)}))[bench.FUSION]
+    if store == "postgres":
+        assert asyncio.run(_bench_schemas()) == schemas_before
     assert len(via_mcp) == 8 and any(row["recall@10"] > 0 for row in via_mcp)
     assert [(r["id"], r["recall@10"], r["mrr@10"]) for r in via_mcp] == \
         [(r["id"], r["recall@10"], r["mrr@10"]) for r in in_process]
+
+
+async def _bench_schemas() -> set[str]:
+    import asyncpg
+
+    from amfs_server.session_bench import postgres_dsn
+
+    conn = await asyncpg.connect(postgres_dsn())
+    try:
+        rows = await conn.fetch("SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE 'amfs_bench_mcp_%'")
+    finally:
+        await conn.close()
+    return {row["schema_name"] for row in rows}
 
 
 def test_rankers_return_one_ranked_list_per_question_from_the_conversation(tiny):
