@@ -18,6 +18,7 @@ The unit everything calls is a *ranker*: `async (service, conversation, question
     amfs-server bench retrieval conversations --split tuning --conversations 1 --via-mcp --stores sqlite,postgres
     amfs-server bench retrieval conversations --split tuning --with-dates   # each turn's date as event_at
     amfs-server bench retrieval conversations --split test --one-store      # every conversation in one store
+    amfs-server bench retrieval conversations --split test --one-store --via-mcp   # ... in one server
     amfs-server bench retrieval conversations --split all --embedder all-mpnet-base-v2   # the [mpnet] extra
 """
 
@@ -261,32 +262,38 @@ async def _drop_schema(dsn: str, schema: str) -> None:
         await conn.close()
 
 
-async def run_via_mcp(conversations: list[dict[str, Any]], store: str = "sqlite") -> dict[str, list[dict[str, Any]]]:
-    """The fusion through `amfs-server` over stdio, next to BM25: a fresh server per conversation, on a fresh SQLite
-    file or, with `store` "postgres", in a fresh schema of the benchmarks' PostgreSQL database (dropped after)."""
+async def run_via_mcp(conversations: list[dict[str, Any]], store: str = "sqlite",
+                      one_store: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """The fusion through `amfs-server` over stdio, next to BM25: a fresh server per conversation (with `one_store`,
+    one server holding every conversation, each question scoped to its own), on a fresh SQLite file or, with `store`
+    "postgres", in a fresh schema of the benchmarks' PostgreSQL database (dropped after)."""
     from .mcp_latency import server_env, stdio_session
 
     rows: dict[str, list[dict[str, Any]]] = {FUSION + " via MCP": [], BM25_ROW: []}
+    groups = [conversations] if one_store else [[conversation] for conversation in conversations]
     with tempfile.TemporaryDirectory(prefix="amfs-conv-mcp-") as tmp:
-        for number, conversation in enumerate(conversations, start=1):
-            log(f"[conversations/mcp/{store}] conversation {number}/{len(conversations)} "
-                f"({conversation['conversation_id']})")
+        for number, group in enumerate(groups, start=1):
+            log(f"[conversations/mcp/{store}] server {number}/{len(groups)}: "
+                f"{', '.join(c['conversation_id'] for c in group)}")
             schema = f"amfs_bench_mcp_{uuid.uuid4().hex[:8]}"
             extra = {"AMFS_POSTGRES_DSN": _schema_dsn(postgres_dsn(), schema)} if store == "postgres" else {}
             try:
-                async with stdio_session(server_env(Path(tmp) / conversation["conversation_id"], **extra)) as session:
-                    for turn in turns_of(conversation):
-                        result = await session.call_tool("amfs_write", {
-                            "entity_path": conversation["conversation_id"], "key": turn["key"],
-                            "value": turn_value(turn)})
-                        if result.is_error:
-                            raise RuntimeError(f"amfs_write failed: {result.content[0].text}")
-                    ranked = await mcp_fusion_ranker(session, conversation, conversation["questions"])
+                async with stdio_session(server_env(Path(tmp) / f"server-{number}", **extra)) as session:
+                    for conversation in group:
+                        for turn in turns_of(conversation):
+                            result = await session.call_tool("amfs_write", {
+                                "entity_path": conversation["conversation_id"], "key": turn["key"],
+                                "value": turn_value(turn)})
+                            if result.is_error:
+                                raise RuntimeError(f"amfs_write failed: {result.content[0].text}")
+                    ranked = [await mcp_fusion_ranker(session, c, c["questions"]) for c in group]
             finally:
                 if store == "postgres":
                     await _drop_schema(postgres_dsn(), schema)
-            rows[FUSION + " via MCP"] += score_conversation(conversation, ranked)
-            rows[BM25_ROW] += score_conversation(conversation, await bm25_ranker(None, conversation, conversation["questions"]))
+            for conversation, answers in zip(group, ranked):
+                rows[FUSION + " via MCP"] += score_conversation(conversation, answers)
+                rows[BM25_ROW] += score_conversation(
+                    conversation, await bm25_ranker(None, conversation, conversation["questions"]))
     return rows
 
 
@@ -387,13 +394,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="give this share (0-1) of the evidence turns to the other speaker: the speaker rule's "
                              "stress test (default 0)")
     parser.add_argument("--one-store", action="store_true",
-                        help="write every conversation into one store before asking (in process), as one server "
-                             "holding them all would; each question stays scoped to its conversation")
+                        help="write every conversation into one store before asking, as one server holding them all "
+                             "would (with --via-mcp: one server); each question stays scoped to its conversation")
     args = parser.parse_args(argv)
     if not 0.0 <= args.reattribute_evidence <= 1.0:
         parser.error(f"--reattribute-evidence takes a share between 0 and 1, got {args.reattribute_evidence}")
-    if (args.with_dates or args.embedder or args.one_store) and args.via_mcp:
-        parser.error("--with-dates, --embedder and --one-store run in process; drop --via-mcp")
+    if (args.with_dates or args.embedder) and args.via_mcp:
+        parser.error("--with-dates and --embedder run in process; drop --via-mcp")
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     unknown = set(stores) - {"sqlite", "postgres"}
     if unknown or not stores:
@@ -409,11 +416,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     texts = []
     if args.via_mcp:
         for store in stores:
-            rows = asyncio.run(run_via_mcp(conversations, store))
+            rows = asyncio.run(run_via_mcp(conversations, store, one_store=args.one_store))
             run = "mcp-stdio" if store == "sqlite" else f"mcp-stdio-{store}"
             report["runs"][run] = {"summary": summarise(rows), "questions": rows}
             texts.append(markdown(report["runs"][run]["summary"],
-                                  f"amfs-server over MCP stdio ({'SQLite' if store == 'sqlite' else 'PostgreSQL'})"))
+                                  f"amfs-server over MCP stdio ({'SQLite' if store == 'sqlite' else 'PostgreSQL'})"
+                                  + (", every conversation in one server" if args.one_store else "")))
     else:
         try:
             embedder = bench_embedder(args.embedder)

@@ -232,6 +232,21 @@ def test_every_conversation_in_one_store_ranks_as_a_store_each():
         [(r["id"], r["recall@10"], r["mrr@10"]) for r in apart]
 
 
+@pytest.mark.slow
+def test_one_server_holding_every_conversation_ranks_over_mcp_as_in_process():
+    """`--one-store --via-mcp`: one amfs-server over stdio holds both conversations; every question, scoped to its
+    own through amfs_retrieve, ranks as a store per conversation does in process."""
+    data = gen.build_dataset(seed=7, conversations=2, sessions=3)
+    for conversation in data["conversations"]:
+        conversation["questions"] = conversation["questions"][:6]
+    selected = {bench.FUSION: bench.service_ranker(None)}
+    apart = asyncio.run(bench.run_in_process(data["conversations"], "sqlite", selected=selected))[bench.FUSION]
+    one_server = asyncio.run(bench.run_via_mcp(data["conversations"], one_store=True))[bench.FUSION + " via MCP"]
+    assert len(one_server) == 12 and any(row["recall@10"] > 0 for row in one_server)
+    assert [(r["id"], r["recall@10"], r["mrr@10"]) for r in one_server] == \
+        [(r["id"], r["recall@10"], r["mrr@10"]) for r in apart]
+
+
 def test_a_candidate_model_file_is_measured_like_the_shipped_model():
     """`--embedder PATH.onnx[.gz]` runs a candidate file through the same adapter: the shipped file given by path
     embeds exactly as the default does; a path that is not a model says so."""
