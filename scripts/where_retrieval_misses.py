@@ -4,8 +4,8 @@ misses that neither strategy has in its top 25, question and turn side by side.
 
     python scripts/where_retrieval_misses.py --dataset session_bench/data/conversations_annotated.json --examples 10
 
-Each conversation is written into a fresh SQLite store as `amfs-server bench retrieval conversations` writes it,
-then every question is asked three times: fused (limit 10), semantic alone and keyword alone (limit 25).
+Each conversation is written into a fresh SQLite store by the benchmark's own loop (`run_in_process`), then every
+question is asked three times: fused (limit 10), semantic alone and keyword alone (limit 25).
 """
 
 from __future__ import annotations
@@ -14,17 +14,11 @@ import argparse
 import asyncio
 import collections
 import random
-import tempfile
 from pathlib import Path
 
-from amfs_server.adapters.embedders import load_embedder
 from amfs_server.core.models import Actor
-from amfs_server.core.service import MemoryService, ServiceConfig
-from amfs_server.session_bench import close_store, open_store
-from amfs_server.session_bench.conversation_bench import DATASET, load_conversations, turn_value, turns_of, write_conversation
-
-ALONE = {"semantic": {"semantic": 1.0, "keyword": 0.0, "temporal": 0.0, "confidence": 0.0},
-         "keyword": {"semantic": 0.0, "keyword": 1.0, "temporal": 0.0, "confidence": 0.0}}
+from amfs_server.session_bench import alone
+from amfs_server.session_bench.conversation_bench import DATASET, load_conversations, run_in_process, turn_value, turns_of
 
 
 def band(ranked: list[str], key: str) -> str:
@@ -34,32 +28,29 @@ def band(ranked: list[str], key: str) -> str:
 
 async def misses(dataset: Path, split: str) -> tuple[int, list[tuple[str, str, str, str, str]]]:
     """(evidence turns, [(kind, semantic band, keyword band, question, turn) for each one the fusion misses])."""
-    embedder = load_embedder()
-    total, missed = 0, []
-    for conversation in load_conversations(dataset, split):
-        path = conversation["conversation_id"]
-        with tempfile.TemporaryDirectory() as workdir:
-            store = await open_store("sqlite", Path(workdir), embedder.dimension)
-            try:
-                service = MemoryService(store, ServiceConfig(), embedder=embedder)
-                await service.open()
-                await write_conversation(service, conversation)
-                reader = Actor("bench/misses", path)
-                texts = {turn["key"]: turn_value(turn) for turn in turns_of(conversation)}
-                for question in conversation["questions"]:
-                    async def ranked(limit: int, weights: dict[str, float] | None = None) -> list[str]:
-                        hits = await service.retrieve(reader, question["question"], entity_path=path, limit=limit,
-                                                      weights=weights, count_as_read=False)
-                        return [hit.entry.key for hit in hits]
-                    fused = await ranked(10)
-                    semantic, keyword = await ranked(25, ALONE["semantic"]), await ranked(25, ALONE["keyword"])
-                    for key in question["evidence"]:
-                        total += 1
-                        if key not in fused:
-                            missed.append((question["kind"], band(semantic, key), band(keyword, key),
-                                           question["question"], texts[key]))
-            finally:
-                await close_store(store)
+    missed: list[tuple[str, str, str, str, str]] = []
+
+    async def fused_noting_misses(service, conversation, questions):  # a ranker of `run_in_process`
+        reader = Actor("bench/misses", conversation["conversation_id"])
+        texts = {turn["key"]: turn_value(turn) for turn in turns_of(conversation)}
+
+        async def ranked(question: dict, limit: int, weights: dict[str, float] | None = None) -> list[str]:
+            hits = await service.retrieve(reader, question["question"], entity_path=conversation["conversation_id"],
+                                          limit=limit, weights=weights, count_as_read=False)
+            return [hit.entry.key for hit in hits]
+
+        out = []
+        for question in questions:
+            fused = await ranked(question, 10)
+            semantic, keyword = await ranked(question, 25, alone("semantic")), await ranked(question, 25, alone("keyword"))
+            missed.extend((question["kind"], band(semantic, key), band(keyword, key), question["question"], texts[key])
+                          for key in question["evidence"] if key not in fused)
+            out.append(fused)
+        return out
+
+    conversations = load_conversations(dataset, split)
+    await run_in_process(conversations, "sqlite", selected={"fusion": fused_noting_misses})
+    total = sum(len(q["evidence"]) for conversation in conversations for q in conversation["questions"])
     return total, missed
 
 

@@ -39,6 +39,17 @@ def bench_embedder(spec: str | None):
     return load_embedder(spec)
 
 
+def embedder_option(parser: Any, spec: str | None):
+    """`bench_embedder(spec)` for a command line's `--embedder`: what is wrong with `spec` is `parser`'s usage
+    error (exit 2 with the message)."""
+    from ..core.embedding import EmbedderUnavailableError
+
+    try:
+        return bench_embedder(spec)
+    except (ValueError, EmbedderUnavailableError) as error:
+        parser.error(str(error))
+
+
 def pyplot() -> Any:
     """matplotlib's pyplot on the file-only Agg backend, or SystemExit with the install hint."""
     try:

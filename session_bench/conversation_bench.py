@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ..core.embedding import DEFAULT_EMBEDDER, EmbedderUnavailableError
+from ..core.embedding import DEFAULT_EMBEDDER
 from ..core.models import Actor
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
-from . import SINGLE_STRATEGIES, alone, bench_embedder, close_store, log, open_store, postgres_dsn, pyplot
+from . import SINGLE_STRATEGIES, alone, close_store, embedder_option, log, open_store, postgres_dsn, pyplot
 
 DATASET = Path(__file__).parent / "data" / "conversations_eval.json"
 SPLITS = ("tuning", "test", "all")
@@ -423,10 +423,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                   f"amfs-server over MCP stdio ({'SQLite' if store == 'sqlite' else 'PostgreSQL'})"
                                   + (", every conversation in one server" if args.one_store else "")))
     else:
-        try:
-            embedder = bench_embedder(args.embedder)
-        except (ValueError, EmbedderUnavailableError) as error:
-            parser.error(str(error))
+        embedder = embedder_option(parser, args.embedder)
         report["embedder"] = embedder.name if embedder is not None else DEFAULT_EMBEDDER
         for store in stores:
             rows = asyncio.run(run_in_process(conversations, store, embedder=embedder, with_dates=args.with_dates,

@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from ..adapters.embedders import load_embedder
-from ..core.embedding import (ENTRY_VECTORS, EmbedderUnavailableError, EntryVectors, embed_entries, entry_texts,
+from ..core.embedding import (ENTRY_VECTORS, EntryVectors, embed_entries, entry_texts,
                               embedding_text)
 from ..core.models import Actor, MemoryEntry, MemoryType, NewEntry, Provenance, utcnow
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
 from ..core.tiers import priority_score, tier_for
 from ..core.ports import StoreSnapshot
-from . import SINGLE_STRATEGIES, alone, bench_embedder, close_store, log, open_store, percentile, pyplot
+from . import SINGLE_STRATEGIES, alone, close_store, embedder_option, log, open_store, percentile, pyplot
 
 DATASET = Path(__file__).parent / "data" / "retrieval_eval.json"
 
@@ -373,10 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     if args.command == "quality":
-        try:
-            embedder = bench_embedder(args.embedder)
-        except (ValueError, EmbedderUnavailableError) as error:
-            parser.error(str(error))
+        embedder = embedder_option(parser, args.embedder)
         asyncio.run(run_quality(stores, args.out, embedder))
     else:
         sizes = [int(s) for s in args.sizes.split(",")]

@@ -20,9 +20,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..core.embedding import PASSAGE_SHARE, EmbedderUnavailableError
+from ..core.embedding import PASSAGE_SHARE
 from ..core.retrieval import HYBRID_WEIGHTS
-from . import bench_embedder
+from . import embedder_option
 from .conversation_bench import (
     DATASET, SPLITS, Ranker, load_conversations, mean_scores, reattribute_evidence, run_in_process, service_ranker,
 )
@@ -88,10 +88,7 @@ def main(argv: list[str] | None = None) -> dict[tuple[float, float], dict[str, f
     parser.add_argument("--embedder", default=None,
                         help="by name or an exported ONNX file (PATH.onnx[.gz]); default: the server's default")
     args = parser.parse_args(argv)
-    try:
-        embedder = bench_embedder(args.embedder)
-    except (ValueError, EmbedderUnavailableError) as error:
-        parser.error(str(error))
+    embedder = embedder_option(parser, args.embedder)
     if not 0.0 <= args.reattribute_evidence <= 1.0:
         parser.error(f"--reattribute-evidence takes a share between 0 and 1, got {args.reattribute_evidence}")
     weights = _numbers(parser, args.semantic_weights, "--semantic-weights")

@@ -51,9 +51,9 @@ def test_the_miss_analysis_counts_every_evidence_turn(tmp_path: Path, capsys: py
     data = {"conversations": [{
         "conversation_id": "tiny-01", "split": "tuning",
         "sessions": [{"date": "2024-03-01", "turns": turns}],
-        "questions": [{"question": "What is the name of the greyhound that was adopted?", "kind": "single-hop",
-                       "evidence": ["s01-t07"]},
-                      {"question": "What did they say about the weather?", "kind": "multi-hop",
+        "questions": [{"id": "tiny-01-q1", "question": "What is the name of the greyhound that was adopted?",
+                       "kind": "single-hop", "evidence": ["s01-t07"]},
+                      {"id": "tiny-01-q2", "question": "What did they say about the weather?", "kind": "multi-hop",
                        "evidence": ["s01-t01", "s01-t02", "s01-t03", "s01-t04", "s01-t05", "s01-t08", "s01-t09",
                                     "s01-t10", "s01-t11", "s01-t12", "s01-t13", "s01-t14"]}],
     }]}
