@@ -78,3 +78,38 @@ def test_pairs_are_turns_as_the_server_embeds_them_with_a_hard_negative_that_is_
     before = loss()
     finetune.train(model, tokenizer, list(batch), "cpu", 1, random.Random(0))
     assert loss() < before
+
+
+def test_the_blend_is_each_weight_between_the_base_and_the_fine_tuned_model(tmp_path: Path) -> None:
+    """scripts/interpolate_embedder.py: share 0 is the base model, 1 the fine-tuned one, 0.25 a quarter of the way;
+    a share outside 0-1 is refused before anything is written."""
+    pytest.importorskip("torch", reason="the blend needs the [lm] extra")
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from amfs_server.adapters.torch_embedder import MiniLMEmbedder
+
+    spec = importlib.util.spec_from_file_location("interpolate_embedder", ROOT / "scripts" / "interpolate_embedder.py")
+    blend = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(blend)
+    base_dir = MiniLMEmbedder().model_dir()
+    tuned = AutoModel.from_pretrained(str(base_dir), local_files_only=True)
+    with torch.no_grad():
+        for parameter in tuned.parameters():
+            parameter.add_(1.0)  # a stand-in "fine-tuned" model: every weight moved by exactly 1
+    tuned.save_pretrained(str(tmp_path / "tuned"))
+    AutoTokenizer.from_pretrained(str(base_dir), local_files_only=True).save_pretrained(str(tmp_path / "tuned"))
+
+    with pytest.raises(SystemExit):
+        blend.main(["--fine-tuned", str(tmp_path / "tuned"), "--share", "1.5", "--out", str(tmp_path / "bad")])
+    assert not (tmp_path / "bad").exists()
+
+    base = AutoModel.from_pretrained(str(base_dir), local_files_only=True).state_dict()
+    for share in (0.0, 0.25, 1.0):
+        out = tmp_path / f"blend-{share}"
+        assert blend.main(["--fine-tuned", str(tmp_path / "tuned"), "--share", str(share), "--out", str(out)]) == 0
+        blended = AutoModel.from_pretrained(str(out), local_files_only=True).state_dict()
+        for name, weights in blended.items():
+            if weights.is_floating_point():
+                assert torch.allclose(weights, base[name] + share, atol=1e-5), (name, share)
+        assert (out / "tokenizer.json").is_file()
