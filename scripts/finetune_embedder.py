@@ -141,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--negatives-from", type=Path, default=None, metavar="MODEL_DIR",
+                        help="rank the hard negatives with this model (e.g. an earlier fine-tune) instead of the base")
     args = parser.parse_args(argv)
 
     import torch
@@ -155,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
     model = AutoModel.from_pretrained(str(base), local_files_only=True).to(device)
     conversations = load_pairs(args.data)
-    examples = triplets(model, tokenizer, conversations, device, rng)
+    miner = model if args.negatives_from is None else AutoModel.from_pretrained(
+        str(args.negatives_from), local_files_only=True).to(device)
+    examples = triplets(miner, tokenizer, conversations, device, rng)
+    del miner
     print(f"{len(conversations)} conversations, {len(examples)} training pairs, {args.epochs} epochs on {device}",
           file=sys.stderr)
     train(model, tokenizer, examples, device, args.epochs, rng)
