@@ -144,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--negatives-from", type=Path, default=None, metavar="MODEL_DIR",
                         help="rank the hard negatives with this model (e.g. an earlier fine-tune) instead of the base")
     args = parser.parse_args(argv)
+    if args.negatives_from is not None and not (args.negatives_from / "config.json").is_file():
+        parser.error(f"--negatives-from {args.negatives_from}: no model there (expected a folder this script wrote)")
 
     import torch
     from transformers import AutoModel, AutoTokenizer

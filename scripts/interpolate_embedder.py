@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0.0 <= args.share <= 1.0:
         parser.error(f"--share {args.share}: must be between 0 and 1")
+    if not (args.fine_tuned / "config.json").is_file():
+        parser.error(f"--fine-tuned {args.fine_tuned}: no model there (expected the folder scripts/finetune_embedder.py "
+                     "writes, with config.json)")
 
     from transformers import AutoModel, AutoTokenizer
 

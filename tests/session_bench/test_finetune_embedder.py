@@ -102,6 +102,8 @@ def test_the_blend_is_each_weight_between_the_base_and_the_fine_tuned_model(tmp_
 
     with pytest.raises(SystemExit):
         blend.main(["--fine-tuned", str(tmp_path / "tuned"), "--share", "1.5", "--out", str(tmp_path / "bad")])
+    with pytest.raises(SystemExit):
+        blend.main(["--fine-tuned", str(tmp_path / "missing"), "--share", "0.5", "--out", str(tmp_path / "bad")])
     assert not (tmp_path / "bad").exists()
 
     base = AutoModel.from_pretrained(str(base_dir), local_files_only=True).state_dict()
@@ -113,3 +115,11 @@ def test_the_blend_is_each_weight_between_the_base_and_the_fine_tuned_model(tmp_
             if weights.is_floating_point():
                 assert torch.allclose(weights, base[name] + share, atol=1e-5), (name, share)
         assert (out / "tokenizer.json").is_file()
+
+
+def test_a_negatives_model_that_is_not_there_is_refused_before_training(tmp_path: Path) -> None:
+    finetune = script()
+    with pytest.raises(SystemExit):
+        finetune.main(["--out", str(tmp_path / "out"), "--data", f"{AUTHORED}:tuning",
+                       "--negatives-from", str(tmp_path / "missing")])
+    assert not (tmp_path / "out").exists()
