@@ -159,6 +159,9 @@ class OnnxEmbedder:
         if variant not in VARIANTS:
             raise ValueError(f"Unknown ONNX embedder variant {variant!r}; known: {', '.join(VARIANTS)}")
         self.name, self._bundled, default_package, self._hint = VARIANTS[variant]
+        if model_path is not None:
+            # Another file makes other vectors: a store it writes must not be recorded as the variant's.
+            self.name = f"onnx-file:{Path(model_path).name}"
         self.variant = variant
         if batch_size is None:
             # Dynamic int8 quantises activations with one scale per tensor, so in a batch a text's

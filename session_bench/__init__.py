@@ -32,7 +32,6 @@ def bench_embedder(spec: str | None):
 
         embedder = OnnxEmbedder(model_path=spec)
         embedder.check_available()
-        embedder.name = f"onnx-file:{Path(spec).name}"
         return embedder
     from ..adapters.embedders import load_embedder
 

@@ -144,8 +144,11 @@ def test_the_bundled_model_is_stored_compressed_and_leaves_no_inflated_copy_behi
     assert BUNDLED is not None and BUNDLED.name == "model_int8.onnx.gz" and int8.model_path() == BUNDLED
     plain = tmp_path / "model_int8.onnx"
     plain.write_bytes(gzip.decompress(BUNDLED.read_bytes()))
-    from_plain = OnnxEmbedder(model_path=plain).embed(SENTENCES)
+    plain_embedder = OnnxEmbedder(model_path=plain)
+    from_plain = plain_embedder.embed(SENTENCES)
     assert np.array_equal(int8.embed(SENTENCES), from_plain)  # the same model, bit for bit
+    # A file given by path is named after it, never as the bundled default, so a store records which file wrote it.
+    assert plain_embedder.name == "onnx-file:model_int8.onnx" != int8.name
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
