@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     miner = model if args.negatives_from is None else AutoModel.from_pretrained(
         str(args.negatives_from), local_files_only=True).to(device)
     examples = triplets(miner, tokenizer, conversations, device, rng)
-    del miner
+    del miner  # a separate miner's weights are not needed for training
     print(f"{len(conversations)} conversations, {len(examples)} training pairs, {args.epochs} epochs on {device}",
           file=sys.stderr)
     train(model, tokenizer, examples, device, args.epochs, rng)

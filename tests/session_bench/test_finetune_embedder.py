@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 AUTHORED = ROOT / "session_bench" / "data" / "conversations_authored.json"
 
 
-def script():
-    spec = importlib.util.spec_from_file_location("finetune_embedder", ROOT / "scripts" / "finetune_embedder.py")
+def script(name: str = "finetune_embedder"):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -89,9 +89,7 @@ def test_the_blend_is_each_weight_between_the_base_and_the_fine_tuned_model(tmp_
 
     from amfs_server.adapters.torch_embedder import MiniLMEmbedder
 
-    spec = importlib.util.spec_from_file_location("interpolate_embedder", ROOT / "scripts" / "interpolate_embedder.py")
-    blend = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(blend)
+    blend = script("interpolate_embedder")
     base_dir = MiniLMEmbedder().model_dir()
     tuned = AutoModel.from_pretrained(str(base_dir), local_files_only=True)
     with torch.no_grad():
