@@ -1,0 +1,328 @@
+"""Score fusion variants offline over the candidates the real service found, in seconds instead of minutes.
+
+`dump` runs the shipped retrieval (in process, SQLite, the default embedder) over one data set's split and keeps,
+for every question, what the fusion was handed: each strategy's ranked candidates with raw scores and the weights
+it used. `score` re-fuses those candidates with each variant of `VARIANTS` and prints recall@10 / MRR@10 overall
+and per question kind next to every single strategy, so a variant is judged against the best single strategy on
+each kind (the retrieval issue's "fusion that never loses to its best single strategy"). The `shipped` variant is
+`core.retrieval.fuse_hybrid` itself and must reproduce the benchmark's figures exactly: that is the harness's check.
+
+    python scripts/fusion_lab.py dump --set annotated --split tuning --out /tmp/lab/ann-tuning.pkl
+    python scripts/fusion_lab.py dump --set generated --split tuning --out /tmp/lab/gen-tuning.pkl
+    python scripts/fusion_lab.py dump --set generated --split tuning --reattribute-evidence 0.1 --out /tmp/lab/gen-r10.pkl
+    python scripts/fusion_lab.py dump --set agent --out /tmp/lab/agent.pkl          # both halves; score picks one
+    python scripts/fusion_lab.py score /tmp/lab/ann-tuning.pkl /tmp/lab/gen-tuning.pkl --variants shipped,semantic_floor
+
+Only ever dump a test split to report a variant already chosen on the tuning splits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import pickle
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from amfs_server.core import retrieval, service as service_module
+from amfs_server.core.retrieval import HYBRID_POOL, RankedList, fuse_hybrid, normalised
+
+Fusion = Callable[[list[RankedList], dict[str, float]], list[str]]
+
+
+# -- dumping -----------------------------------------------------------------------------------------------------
+
+
+class recording:
+    """Within the block the service fuses through a Recorder (yielded); the real `fuse_hybrid` is put back after."""
+
+    def __enter__(self) -> Recorder:
+        self.recorder = Recorder()
+        service_module.fuse_hybrid = self.recorder
+        return self.recorder
+
+    def __exit__(self, *_exc: object) -> None:
+        service_module.fuse_hybrid = fuse_hybrid
+
+
+class Recorder:
+    """Stands in for `fuse_hybrid` inside the service: records its arguments, then fuses as shipped."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[RankedList], dict[str, float]]] = []
+
+    def __call__(self, rankings, weights, pool=HYBRID_POOL):
+        self.calls.append(([RankedList(r.strategy, list(r.keys), list(r.scores)) for r in rankings], dict(weights)))
+        return fuse_hybrid(rankings, weights, pool)
+
+
+async def dump_conversations(dataset: Path | None, split: str, reattribute: float) -> list[dict[str, Any]]:
+    from amfs_server.adapters.embedders import load_embedder
+    from amfs_server.core.models import Actor
+    from amfs_server.core.service import MemoryService, ServiceConfig
+    from amfs_server.session_bench import close_store, open_store
+    from amfs_server.session_bench.conversation_bench import (
+        DATASET, load_conversations, reattribute_evidence, write_conversation)
+
+    conversations = load_conversations(dataset or DATASET, split)
+    if reattribute:
+        reattribute_evidence(conversations, reattribute)
+    embedder = load_embedder()
+    rows: list[dict[str, Any]] = []
+    with recording() as recorder, tempfile.TemporaryDirectory(prefix="amfs-fusion-lab-") as tmp:
+        for number, conversation in enumerate(conversations, start=1):
+            print(f"{conversation['conversation_id']} ({number}/{len(conversations)})", file=sys.stderr, flush=True)
+            store = await open_store("sqlite", Path(tmp) / str(number), embedder.dimension)
+            try:
+                service = MemoryService(store, ServiceConfig(), embedder=embedder)
+                await service.open()
+                await write_conversation(service, conversation)
+                actor = Actor("bench/conversation", f"{conversation['conversation_id']}-questions")
+                prefix = conversation["conversation_id"] + "/"
+                for question in conversation["questions"]:
+                    recorder.calls.clear()
+                    results = await service.retrieve(
+                        actor, question["question"], entity_path=conversation["conversation_id"], limit=10)
+                    rankings, weights = recorder.calls[-1]
+                    rows.append({"kind": question["kind"], "conversation": conversation["conversation_id"],
+                                 "gold": [prefix + key for key in question["evidence"]], "rankings": rankings,
+                                 "weights": weights, "returned": [hit.entry.entry_key for hit in results]})
+            finally:
+                await close_store(store)
+    return rows
+
+
+async def dump_agent() -> list[dict[str, Any]]:
+    import json
+
+    from amfs_server.adapters.embedders import load_embedder
+    from amfs_server.core.models import Actor
+    from amfs_server.core.service import MemoryService, ServiceConfig
+    from amfs_server.session_bench import close_store, open_store
+    from amfs_server.session_bench.retrieval_bench import DATASET, dataset_snapshot
+
+    dataset = json.loads(DATASET.read_text())
+    embedder = load_embedder()
+    rows: list[dict[str, Any]] = []
+    with recording() as recorder, tempfile.TemporaryDirectory(prefix="amfs-fusion-lab-") as tmp:
+        store = await open_store("sqlite", Path(tmp), embedder.dimension)
+        try:
+            service = MemoryService(store, ServiceConfig(), embedder=embedder)
+            await service.open()
+            await service.import_snapshot(dataset_snapshot(dataset, embedder))
+            for number, question in enumerate(dataset["questions"]):
+                recorder.calls.clear()
+                results = await service.retrieve(Actor("bench", f"q{number}"), question["question"],
+                                                 entity_path=question.get("entity_path"), limit=10)
+                rankings, weights = recorder.calls[-1]
+                rows.append({"kind": question["kind"], "half": "even" if number % 2 == 0 else "odd",
+                             "gold": list(question["gold"]), "rankings": rankings, "weights": weights,
+                             "returned": [hit.entry.entry_key for hit in results]})
+        finally:
+            await close_store(store)
+    return rows
+
+
+# -- the variants ------------------------------------------------------------------------------------------------
+
+
+def keys_of(fused: Sequence[tuple[str, float, Any]]) -> list[str]:
+    return [key for key, _, _ in fused]
+
+
+def shipped(rankings: list[RankedList], weights: dict[str, float]) -> list[str]:
+    return keys_of(fuse_hybrid(rankings, weights))
+
+
+def single(name: str) -> Fusion:
+    return lambda rankings, _weights: keys_of(fuse_hybrid(rankings, {name: 1.0}))
+
+
+def by_name(rankings: list[RankedList]) -> dict[str, RankedList]:
+    return {r.strategy: r for r in rankings}
+
+
+def scaled_scores(ranking: RankedList) -> dict[str, float]:
+    if ranking.strategy in retrieval.ABSOLUTE_SCORES:
+        return {key: min(1.0, max(0.0, raw)) for key, raw in zip(ranking.keys, ranking.scores)}
+    return normalised(ranking)
+
+
+def weighted_sum(rankings: list[RankedList], weights: dict[str, float],
+                 transform: Callable[[str, dict[str, float]], dict[str, float]] | None = None) -> list[str]:
+    """The shipped sum with each strategy's 0..1 scores optionally transformed first; ties keep first-seen order."""
+    fused: dict[str, float] = {}
+    for ranking in rankings:
+        scores = scaled_scores(ranking)
+        if transform is not None:
+            scores = transform(ranking.strategy, scores)
+        for key in ranking.keys:
+            fused[key] = fused.get(key, 0.0) + weights.get(ranking.strategy, 0.0) * scores.get(key, 0.0)
+    return sorted(fused, key=lambda key: fused[key], reverse=True)
+
+
+def keyword_power(power: float) -> Fusion:
+    """Keyword share raised to `power`: a partial match counts less, a whole one the same."""
+    def transform(strategy: str, scores: dict[str, float]) -> dict[str, float]:
+        return {k: v ** power for k, v in scores.items()} if strategy == "keyword" else scores
+    return lambda rankings, weights: weighted_sum(rankings, weights, transform)
+
+
+def keyword_threshold(floor: float) -> Fusion:
+    """Keyword share below `floor` counts nothing, the rest rescaled to 0..1 (an incidental word is no evidence)."""
+    def transform(strategy: str, scores: dict[str, float]) -> dict[str, float]:
+        if strategy != "keyword":
+            return scores
+        return {k: max(0.0, v - floor) / (1.0 - floor) for k, v in scores.items()}
+    return lambda rankings, weights: weighted_sum(rankings, weights, transform)
+
+
+def semantic_floor(depth: int) -> Fusion:
+    """Semantic min-max with the `depth`-th best as 0 instead of the pool's last: wider gaps among the best."""
+    def fusion(rankings: list[RankedList], weights: dict[str, float]) -> list[str]:
+        def transform(strategy: str, scores: dict[str, float]) -> dict[str, float]:
+            return normalised(by_name(rankings)["semantic"], depth) if strategy == "semantic" else scores
+        return weighted_sum(rankings, weights, transform)
+    return fusion
+
+
+def semantic_top(count: int, base: Fusion = shipped) -> Fusion:
+    """`base`'s order, with semantic search's own top `count` kept in the ten (they replace its tail)."""
+    def fusion(rankings: list[RankedList], weights: dict[str, float]) -> list[str]:
+        order = base(rankings, weights)
+        keep = [key for key in by_name(rankings)["semantic"].keys[:count] if key not in order[:10]]
+        if not keep:
+            return order
+        head = [key for key in order[:10 - len(keep)]] + keep
+        return head + [key for key in order if key not in head]
+    return fusion
+
+
+def keyword_by_best_share(floor: float) -> Fusion:
+    """Keyword weight x (floor + (1 - floor) x the best keyword share of the question); semantic keeps its own."""
+    def fusion(rankings: list[RankedList], weights: dict[str, float]) -> list[str]:
+        kw = by_name(rankings)["keyword"]
+        best = min(1.0, kw.scores[0]) if kw.scores else 0.0
+        scaled = dict(weights, keyword=weights["keyword"] * (floor + (1.0 - floor) * best))
+        return weighted_sum(rankings, scaled)
+    return fusion
+
+
+VARIANTS: dict[str, Fusion] = {
+    "shipped": shipped,
+    **{f"kw_power{p}": keyword_power(p) for p in (1.5, 2.0)},
+    **{f"kw_threshold{t}": keyword_threshold(t) for t in (0.1, 0.2, 0.3)},
+    **{f"sem_floor{d}": semantic_floor(d) for d in (10, 20, 30)},
+    **{f"sem_top{c}": semantic_top(c) for c in (1, 2, 3)},
+    **{f"kw_by_best{f}": keyword_by_best_share(f) for f in (0.0, 0.6)},
+}
+
+
+# -- scoring -----------------------------------------------------------------------------------------------------
+
+
+def score(ranked: Sequence[str], gold: Sequence[str], k: int = 10) -> dict[str, float]:
+    wanted = set(gold)
+    first = next((i for i, key in enumerate(ranked[:k], start=1) if key in wanted), None)
+    return {"recall@5": len(wanted & set(ranked[:5])) / len(wanted),
+            "recall@10": len(wanted & set(ranked[:k])) / len(wanted), "mrr@10": 1.0 / first if first else 0.0}
+
+
+def table(rows: list[dict[str, Any]], names: list[str], fusions: dict[str, Fusion]) -> dict[str, dict[str, dict]]:
+    """{variant: {slice: {metric: mean, 'n': count}}}, slices 'all' and each question kind."""
+    out: dict[str, dict[str, dict]] = {}
+    for name in names:
+        per_slice: dict[str, list[dict[str, float]]] = {}
+        for row in rows:
+            scores = score(fusions[name](row["rankings"], row["weights"]), row["gold"])
+            for slice_name in ("all", row["kind"]):
+                per_slice.setdefault(slice_name, []).append(scores)
+        out[name] = {s: {**{m: statistics.fmean(x[m] for x in v) for m in v[0]}, "n": len(v)}
+                     for s, v in per_slice.items()}
+    return out
+
+
+def paired(rows: list[dict[str, Any]], name: str, against: str, fusions: dict[str, Fusion]) -> dict[str, tuple[int, int]]:
+    """Per slice, on how many questions `name` has a higher / lower recall@10 than `against`."""
+    out: dict[str, list[int]] = {}
+    for row in rows:
+        mine = score(fusions[name](row["rankings"], row["weights"]), row["gold"])["recall@10"]
+        theirs = score(fusions[against](row["rankings"], row["weights"]), row["gold"])["recall@10"]
+        for slice_name in ("all", row["kind"]):
+            counts = out.setdefault(slice_name, [0, 0])
+            counts[0] += mine > theirs
+            counts[1] += mine < theirs
+    return {s: (c[0], c[1]) for s, c in out.items()}
+
+
+def check_reproduces(rows: list[dict[str, Any]], path: Path) -> None:
+    """The harness's own check: the shipped fusion over the dumped candidates gives what the service returned."""
+    differ = sum(shipped(row["rankings"], row["weights"])[:len(row["returned"])] != row["returned"] for row in rows)
+    if differ:
+        raise SystemExit(f"{path}: the shipped fusion re-fused gives another top 10 than the service returned for "
+                         f"{differ} of {len(rows)} questions (dumped with other code?): re-run dump")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("dump", help="record the fusion's inputs for every question of one split")
+    d.add_argument("--set", choices=("annotated", "generated", "authored", "agent"), required=True)
+    d.add_argument("--split", choices=("tuning", "test", "all"), default="tuning")
+    d.add_argument("--reattribute-evidence", type=float, default=0.0, metavar="SHARE")
+    d.add_argument("--out", type=Path, required=True)
+    s = sub.add_parser("score", help="re-fuse dumped candidates with each variant")
+    s.add_argument("dumps", nargs="+", type=Path)
+    s.add_argument("--variants", default="shipped", help=f"comma-separated, of: {', '.join(VARIANTS)}")
+    s.add_argument("--paired-against", default="semantic alone", metavar="NAME",
+                   help="also count, per variant and slice, the questions it wins / loses against NAME by recall@10")
+    s.add_argument("--half", choices=("even", "odd", "both"), default="even", help="agent set only (default: even)")
+    args = parser.parse_args(argv)
+
+    if args.command == "dump":
+        data = Path(__file__).resolve().parents[1] / "session_bench" / "data"
+        datasets = {"annotated": data / "conversations_annotated.json", "generated": None,
+                    "authored": data / "conversations_authored.json"}
+        rows = (asyncio.run(dump_agent()) if args.set == "agent"
+                else asyncio.run(dump_conversations(datasets[args.set], args.split, args.reattribute_evidence)))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_bytes(pickle.dumps(rows))
+        print(f"{len(rows)} questions -> {args.out}", file=sys.stderr)
+        return 0
+
+    wanted = [name.strip() for name in args.variants.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variant(s) {unknown}; known: {list(VARIANTS)}")
+    fusions = {**VARIANTS, **{f"{n} alone": single(n) for n in ("semantic", "keyword")}}
+    names = [*wanted, "semantic alone", "keyword alone"]
+    if args.paired_against not in fusions:
+        parser.error(f"--paired-against {args.paired_against!r}: not one of {list(fusions)}")
+    for path in args.dumps:
+        rows = pickle.loads(path.read_bytes())
+        check_reproduces(rows, path)
+        if rows and "half" in rows[0] and args.half != "both":
+            rows = [row for row in rows if row["half"] == args.half]
+        result = table(rows, names, fusions)
+        slices = ["all", *sorted(s for s in result[names[0]] if s != "all")]
+        print(f"\n{path.name} ({len(rows)} questions): recall@10 / MRR@10 (recall@5 first for 'all')")
+        print("| variant | " + " | ".join(f"{s} ({result[names[0]][s]['n']})" for s in slices) + " |")
+        for name in names:
+            cells = []
+            for s in slices:
+                m = result[name][s]
+                cells.append((f"{m['recall@5']:.3f} / " if s == "all" else "") + f"{m['recall@10']:.3f} / {m['mrr@10']:.3f}")
+            print(f"| {name} | " + " | ".join(cells) + " |")
+        print(f"questions won / lost by recall@10 against {args.paired_against}:")
+        for name in wanted:
+            counts = paired(rows, name, args.paired_against, fusions)
+            print(f"| {name} | " + " | ".join(f"+{counts[s][0]} / -{counts[s][1]}" for s in slices) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

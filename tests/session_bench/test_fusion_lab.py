@@ -1,0 +1,68 @@
+"""scripts/fusion_lab.py: its dump is what the service fused, and re-fusing it as shipped gives what was returned.
+
+Uses the real default embedder on the first two sessions of one annotated tuning conversation."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from amfs_server.core import service as service_module
+from amfs_server.core.retrieval import RankedList, fuse_hybrid
+
+ROOT = Path(__file__).resolve().parents[2]
+ANNOTATED = ROOT / "session_bench" / "data" / "conversations_annotated.json"
+
+
+def lab():
+    spec = importlib.util.spec_from_file_location("fusion_lab", ROOT / "scripts" / "fusion_lab.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def dumped(tmp_path_factory):
+    data = json.loads(ANNOTATED.read_text())
+    conversation = data["conversations"][0]  # ann-01, tuning split
+    conversation["sessions"] = conversation["sessions"][:2]
+    kept = {turn["key"] for session in conversation["sessions"] for turn in session["turns"]}
+    conversation["questions"] = [q for q in conversation["questions"] if set(q["evidence"]) <= kept][:6]
+    assert len(conversation["questions"]) >= 3
+    data["conversations"] = [conversation]
+    path = tmp_path_factory.mktemp("lab") / "small.json"
+    path.write_text(json.dumps(data))
+    return lab(), asyncio.run(lab().dump_conversations(path, "tuning", 0.0))
+
+
+def test_re_fusing_the_dump_as_shipped_gives_what_the_service_returned(dumped):
+    module, rows = dumped
+    assert all(len(row["returned"]) == 10 for row in rows)
+    module.check_reproduces(rows, Path("small"))  # raises when any top 10 differs
+    assert service_module.fuse_hybrid is fuse_hybrid  # the recorder is taken out again
+    assert {r.strategy for r in rows[0]["rankings"]} >= {"semantic", "keyword", "temporal", "confidence"}
+
+
+def test_a_dump_from_other_code_is_refused(dumped):
+    module, rows = dumped
+    tampered = [dict(rows[0], returned=list(reversed(rows[0]["returned"]))), *rows[1:]]
+    with pytest.raises(SystemExit, match="1 of"):
+        module.check_reproduces(tampered, Path("small"))
+
+
+def test_the_variants_on_known_candidates():
+    module = lab()
+    rankings = [RankedList("semantic", ["a", "b", "c"], [0.9, 0.8, 0.1]),
+                RankedList("keyword", ["c", "b"], [0.15, 0.9])]
+    weights = {"semantic": 0.5, "keyword": 0.5}
+    # shipped: a 0.5; b 0.5 x 0.875 + 0.45 = 0.8875; c 0.075
+    assert module.shipped(rankings, weights) == ["b", "a", "c"]
+    assert module.keyword_threshold(0.0)(rankings, weights) == module.shipped(rankings, weights)
+    # a keyword share under the threshold counts nothing (c's 0.15); b keeps most of its 0.9
+    assert module.keyword_threshold(0.2)(rankings, weights) == ["b", "a", "c"]
+    assert module.single("keyword")(rankings, weights)[:2] == ["b", "c"]
+    assert module.score(["x", "a", "b"], ["a", "z"]) == {"recall@5": 0.5, "recall@10": 0.5, "mrr@10": 0.5}
