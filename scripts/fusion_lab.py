@@ -259,6 +259,28 @@ def paired(rows: list[dict[str, Any]], name: str, against: str, fusions: dict[st
     return {s: (c[0], c[1]) for s, c in out.items()}
 
 
+def headroom(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per slice, mean recall@10 of: the shipped fusion; an oracle that picks, per question and knowing its answer,
+    the best semantic / keyword split (0, 0.1, ..., 1; the query-blind strategies as shipped), which bounds any
+    query-adaptive weighting of these two; the evidence in either strategy's own top 10; and in their candidate pools
+    (50 each), which bounds any re-ranking of them."""
+    sums: dict[str, list[float]] = {}
+    for row in rows:
+        found = by_name(row["rankings"])
+        gold = set(row["gold"])
+        best = max(score(weighted_sum(row["rankings"], dict(row["weights"], semantic=w / 10, keyword=1 - w / 10)),
+                         row["gold"])["recall@10"] for w in range(11))
+        values = [score(shipped(row["rankings"], row["weights"]), row["gold"])["recall@10"], best,
+                  len(gold & (set(found["semantic"].keys[:10]) | set(found["keyword"].keys[:10]))) / len(gold),
+                  len(gold & (set(found["semantic"].keys) | set(found["keyword"].keys))) / len(gold), 1.0]
+        for slice_name in ("all", row["kind"]):
+            total = sums.setdefault(slice_name, [0.0] * len(values))
+            for i, value in enumerate(values):
+                total[i] += value
+    names = ("shipped", "best weight per question", "either top 10", "either pool")
+    return {s: {**{n: t[i] / t[-1] for i, n in enumerate(names)}, "n": t[-1]} for s, t in sums.items()}
+
+
 def check_reproduces(rows: list[dict[str, Any]], path: Path) -> None:
     """The harness's own check: the shipped fusion over the dumped candidates gives what the service returned."""
     differ = sum(shipped(row["rankings"], row["weights"])[:len(row["returned"])] != row["returned"] for row in rows)
@@ -280,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--variants", default="shipped", help=f"comma-separated, of: {', '.join(VARIANTS)}")
     s.add_argument("--paired-against", default="semantic alone", metavar="NAME",
                    help="also count, per variant and slice, the questions it wins / loses against NAME by recall@10")
+    s.add_argument("--headroom", action="store_true",
+                   help="also print what an oracle weighting and a perfect re-ranking of these candidates could reach")
     s.add_argument("--half", choices=("even", "odd", "both"), default="even", help="agent set only (default: even)")
     args = parser.parse_args(argv)
 
@@ -321,6 +345,13 @@ def main(argv: list[str] | None = None) -> int:
         for name in wanted:
             counts = paired(rows, name, args.paired_against, fusions)
             print(f"| {name} | " + " | ".join(f"+{counts[s][0]} / -{counts[s][1]}" for s in slices) + " |")
+        if args.headroom:
+            bounds = headroom(rows)
+            print("recall@10 bounds (shipped | best semantic/keyword weight per question, an oracle | evidence in "
+                  "either strategy's top 10 | in either pool of 50):")
+            for s in slices:
+                b = bounds[s]
+                print(f"| {s} ({int(b['n'])}) | " + " | ".join(f"{b[n]:.3f}" for n in b if n != "n") + " |")
     return 0
 
 

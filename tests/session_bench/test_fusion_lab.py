@@ -66,3 +66,16 @@ def test_the_variants_on_known_candidates():
     assert module.keyword_threshold(0.2)(rankings, weights) == ["b", "a", "c"]
     assert module.single("keyword")(rankings, weights)[:2] == ["b", "c"]
     assert module.score(["x", "a", "b"], ["a", "z"]) == {"recall@5": 0.5, "recall@10": 0.5, "mrr@10": 0.5}
+
+
+def test_the_headroom_bounds_on_known_candidates():
+    module = lab()
+    keys = [f"k{i}" for i in range(12)]
+    # The answer is semantic search's 12th and keyword search's only hit, with a small share: the shipped split
+    # leaves it 12th, keyword search alone would put it first.
+    row = {"kind": "single-hop", "gold": ["k11"], "weights": {"semantic": 0.5, "keyword": 0.5},
+           "rankings": [RankedList("semantic", keys, [1.0 - i / 20 for i in range(12)]),
+                        RankedList("keyword", ["k11"], [0.05])]}
+    bounds = module.headroom([row])["all"]
+    assert bounds == {"shipped": 0.0, "best weight per question": 1.0, "either top 10": 1.0, "either pool": 1.0,
+                      "n": 1.0}
