@@ -202,6 +202,8 @@ class OnnxEmbedder:
         else:
             raise EmbedderUnavailableError(f"The embedder {self.name!r} {RETIRED_EMBEDDERS[self.name]}")
         if not path.is_file():
+            if self._model_path_override is not None:  # a file the caller named, not one the install should hold
+                raise EmbedderUnavailableError(f"ONNX model {path} does not exist: check the path.")
             raise EmbedderUnavailableError(f"ONNX model {path} does not exist. Reinstall amfs-server or: {self._hint}")
         # A git-lfs pointer instead of real weights is ~130 bytes.
         if path.stat().st_size < 1_000_000:

@@ -50,11 +50,76 @@ def load_pairs(specs: list[str]) -> list[dict]:
             turns = {turn["key"]: embedding_text(TURN_HEADER, "", f"{turn['speaker']}: {turn['text']}")
                      for session in conversation["sessions"] for turn in session["turns"]}
             conversations.append({"id": conversation["conversation_id"], "turns": turns,
+                                  "served": served_texts(conversation),
                                   "questions": [{"q": q["question"], "evidence": q["evidence"]}
                                                 for q in conversation["questions"]]})
     if not conversations:
         raise SystemExit("no conversations selected: check the FILE:split arguments")
     return conversations
+
+
+def served_texts(conversation: dict) -> dict[str, tuple[str, ...]]:
+    """Per turn key, the texts the server embeds for it when the turns are written in order: its whole text, its
+    sentences (when two or more) and its context passage (`core.embedding.entry_texts`, `context_passage`), as
+    (whole, *sentences, context or ""). `--served-score` trains on the score these make (`served_scores`)."""
+    from amfs_server.core.embedding import context_passage, entry_texts
+
+    out: dict[str, tuple[str, ...]] = {}
+    previous = None
+    for session in conversation["sessions"]:
+        for turn in session["turns"]:
+            value = f"{turn['speaker']}: {turn['text']}"
+            texts = entry_texts(conversation["conversation_id"], turn["key"], value)
+            context = None if previous is None else context_passage(
+                conversation["conversation_id"], turn["key"], previous, value)
+            out[turn["key"]] = (texts.whole, *texts.sentences, context or "")
+            previous = value
+    return out
+
+
+def served_scores(questions, documents: list[tuple[str, ...]], encode_rows):
+    """The server's semantic score of each question for each document (`core.embedding.embed_entries` and
+    `entry_similarity`, differentiable): (1 - share) x the cosine to the entry vector (the unit sum of the whole
+    text's embedding and its sentences' unit mean) + share x the best cosine among its passages (its sentences, or
+    its whole text, then its context passage), or the vector's cosine alone where that leaves one passage.
+    `encode_rows(texts)` gives unit embeddings; `questions` are already unit rows."""
+    import torch
+
+    from amfs_server.core.embedding import PASSAGE_SHARE
+
+    flat, spans = [], []
+    for whole, *rest in documents:
+        sentences, context = rest[:-1], rest[-1]
+        spans.append((len(flat), len(sentences), bool(context)))
+        flat += [whole, *sentences, *([context] if context else [])]
+    rows = encode_rows(flat)
+    columns = []
+    for start, sentences, has_context in spans:
+        whole = rows[start]
+        if sentences:
+            mean = torch.nn.functional.normalize(rows[start + 1:start + 1 + sentences].mean(0), dim=0)
+            vector = torch.nn.functional.normalize(whole + mean, dim=0)
+            passages = rows[start + 1:start + 1 + sentences]
+        else:
+            vector, passages = whole, rows[start:start + 1]
+        if has_context:
+            passages = torch.cat([passages, rows[start + 1 + sentences:start + 2 + sentences]])
+        cosine = questions @ vector
+        if len(passages) > 1:
+            cosine = (1 - PASSAGE_SHARE) * cosine + PASSAGE_SHARE * (questions @ passages.T).max(1).values
+        columns.append(cosine)
+    return torch.stack(columns, dim=1)
+
+
+def by_length(texts: list[str], encode_rows, chunk: int = 48):
+    """`encode_rows` over texts sorted by length in chunks, rows back in the given order: a batch of short
+    sentences and long context passages padded to one length costs several times the compute."""
+    import torch
+
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    rows = torch.cat([encode_rows([texts[i] for i in order[start:start + chunk]])
+                      for start in range(0, len(order), chunk)])
+    return rows[torch.argsort(torch.tensor(order))]
 
 
 def pool(hidden, mask):
@@ -97,7 +162,10 @@ def triplets(model, tokenizer, conversations: list[dict], device: str, rng: rand
     return out
 
 
-def train(model, tokenizer, examples: list[tuple], device: str, epochs: int, rng: random.Random) -> None:
+def train(model, tokenizer, examples: list[tuple], device: str, epochs: int, rng: random.Random,
+          served: dict[str, tuple[str, ...]] | None = None) -> None:
+    """In-batch softmax over the batch's turns. Scored by the cosine of the question to each turn's whole text, or,
+    with `served` (whole text -> `served_texts` tuple), by the server's semantic score (`served_scores`)."""
     import torch
 
     optimiser = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.01)
@@ -114,12 +182,20 @@ def train(model, tokenizer, examples: list[tuple], device: str, epochs: int, rng
             batch = examples[start:start + BATCH]
             questions = [b[0] for b in batch]
             documents = [b[1] for b in batch] + [b[2] for b in batch]
-            enc = tokenizer(questions + documents, padding=True, truncation=True, max_length=MAX_TOKENS,
-                            return_tensors="pt").to(device)
-            with autocast:
-                hidden = model(**enc).last_hidden_state
-            vectors = pool(hidden.float(), enc["attention_mask"])
-            logits = vectors[:BATCH] @ vectors[BATCH:].T * SCALE
+
+            def encode_rows(texts: list[str]):
+                enc = tokenizer(texts, padding=True, truncation=True, max_length=MAX_TOKENS,
+                                return_tensors="pt").to(device)
+                with autocast:
+                    hidden = model(**enc).last_hidden_state
+                return pool(hidden.float(), enc["attention_mask"])
+
+            if served is None:
+                vectors = encode_rows(questions + documents)
+                logits = vectors[:BATCH] @ vectors[BATCH:].T * SCALE
+            else:
+                logits = served_scores(encode_rows(questions), [served[d] for d in documents],
+                                       lambda texts: by_length(texts, encode_rows)) * SCALE
             # Another evidence turn of the same question is not a negative.
             mask = torch.tensor([[c != r and documents[c] in batch[r][3] for c in range(len(documents))]
                                  for r in range(BATCH)], device=device)
@@ -141,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--served-score", action="store_true",
+                        help="train on the server's semantic score (entry vector and best passage, context passage "
+                             "included) instead of the whole turn's cosine; about 3x slower")
     parser.add_argument("--negatives-from", type=Path, default=None, metavar="MODEL_DIR",
                         help="rank the hard negatives with this model (e.g. an earlier fine-tune) instead of the base")
     args = parser.parse_args(argv)
@@ -165,7 +244,13 @@ def main(argv: list[str] | None = None) -> int:
     del miner  # a separate miner's weights are not needed for training
     print(f"{len(conversations)} conversations, {len(examples)} training pairs, {args.epochs} epochs on {device}",
           file=sys.stderr)
-    train(model, tokenizer, examples, device, args.epochs, rng)
+    served = None
+    if args.served_score:
+        served = {}
+        for conversation in conversations:
+            for key, whole in conversation["turns"].items():
+                served.setdefault(whole, conversation["served"][key])
+    train(model, tokenizer, examples, device, args.epochs, rng, served)
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(args.out))
     tokenizer.save_pretrained(str(args.out))

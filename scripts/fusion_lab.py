@@ -11,7 +11,7 @@ each kind (the retrieval issue's "fusion that never loses to its best single str
     python scripts/fusion_lab.py dump --set generated --split tuning --out /tmp/lab/gen-tuning.pkl
     python scripts/fusion_lab.py dump --set generated --split tuning --reattribute-evidence 0.1 --out /tmp/lab/gen-r10.pkl
     python scripts/fusion_lab.py dump --set agent --out /tmp/lab/agent.pkl          # both halves; score picks one
-    python scripts/fusion_lab.py score /tmp/lab/ann-tuning.pkl /tmp/lab/gen-tuning.pkl --variants shipped,semantic_floor
+    python scripts/fusion_lab.py score /tmp/lab/ann-tuning.pkl /tmp/lab/gen-tuning.pkl --variants shipped,kw_threshold0.1 --headroom
 
 Only ever dump a test split to report a variant already chosen on the tuning splits.
 """
@@ -24,7 +24,8 @@ import pickle
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,18 +36,6 @@ Fusion = Callable[[list[RankedList], dict[str, float]], list[str]]
 
 
 # -- dumping -----------------------------------------------------------------------------------------------------
-
-
-class recording:
-    """Within the block the service fuses through a Recorder (yielded); the real `fuse_hybrid` is put back after."""
-
-    def __enter__(self) -> Recorder:
-        self.recorder = Recorder()
-        service_module.fuse_hybrid = self.recorder
-        return self.recorder
-
-    def __exit__(self, *_exc: object) -> None:
-        service_module.fuse_hybrid = fuse_hybrid
 
 
 class Recorder:
@@ -60,7 +49,18 @@ class Recorder:
         return fuse_hybrid(rankings, weights, pool)
 
 
-async def dump_conversations(dataset: Path | None, split: str, reattribute: float) -> list[dict[str, Any]]:
+@contextmanager
+def recording() -> Iterator[Recorder]:
+    """Within the block the service fuses through a Recorder; the real `fuse_hybrid` is put back after."""
+    recorder = Recorder()
+    service_module.fuse_hybrid = recorder
+    try:
+        yield recorder
+    finally:
+        service_module.fuse_hybrid = fuse_hybrid
+
+
+async def dump_conversations(dataset: Path | None, split: str, reattribute: float, embedder=None) -> list[dict[str, Any]]:
     from amfs_server.adapters.embedders import load_embedder
     from amfs_server.core.models import Actor
     from amfs_server.core.service import MemoryService, ServiceConfig
@@ -71,7 +71,7 @@ async def dump_conversations(dataset: Path | None, split: str, reattribute: floa
     conversations = load_conversations(dataset or DATASET, split)
     if reattribute:
         reattribute_evidence(conversations, reattribute)
-    embedder = load_embedder()
+    embedder = embedder or load_embedder()
     rows: list[dict[str, Any]] = []
     with recording() as recorder, tempfile.TemporaryDirectory(prefix="amfs-fusion-lab-") as tmp:
         for number, conversation in enumerate(conversations, start=1):
@@ -96,7 +96,7 @@ async def dump_conversations(dataset: Path | None, split: str, reattribute: floa
     return rows
 
 
-async def dump_agent() -> list[dict[str, Any]]:
+async def dump_agent(embedder=None) -> list[dict[str, Any]]:
     import json
 
     from amfs_server.adapters.embedders import load_embedder
@@ -106,7 +106,7 @@ async def dump_agent() -> list[dict[str, Any]]:
     from amfs_server.session_bench.retrieval_bench import DATASET, dataset_snapshot
 
     dataset = json.loads(DATASET.read_text())
-    embedder = load_embedder()
+    embedder = embedder or load_embedder()
     rows: list[dict[str, Any]] = []
     with recording() as recorder, tempfile.TemporaryDirectory(prefix="amfs-fusion-lab-") as tmp:
         store = await open_store("sqlite", Path(tmp), embedder.dimension)
@@ -294,9 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("dump", help="record the fusion's inputs for every question of one split")
     d.add_argument("--set", choices=("annotated", "generated", "authored", "agent"), required=True)
-    d.add_argument("--split", choices=("tuning", "test", "all"), default="tuning")
+    d.add_argument("--split", choices=("tuning", "test", "all"), default="tuning",
+                   help="conversation sets only; the agent set is dumped whole and `score --half` picks a half")
     d.add_argument("--reattribute-evidence", type=float, default=0.0, metavar="SHARE")
     d.add_argument("--out", type=Path, required=True)
+    d.add_argument("--embedder", default=None, metavar="NAME_OR_ONNX",
+                   help="another embedder (a name, or an .onnx / .onnx.gz file as export_embedder_onnx.py writes)")
     s = sub.add_parser("score", help="re-fuse dumped candidates with each variant")
     s.add_argument("dumps", nargs="+", type=Path)
     s.add_argument("--variants", default="shipped", help=f"comma-separated, of: {', '.join(VARIANTS)}")
@@ -308,11 +311,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "dump":
+        from amfs_server.session_bench import embedder_option
+
+        embedder = embedder_option(d, args.embedder)
         data = Path(__file__).resolve().parents[1] / "session_bench" / "data"
         datasets = {"annotated": data / "conversations_annotated.json", "generated": None,
                     "authored": data / "conversations_authored.json"}
-        rows = (asyncio.run(dump_agent()) if args.set == "agent"
-                else asyncio.run(dump_conversations(datasets[args.set], args.split, args.reattribute_evidence)))
+        rows = (asyncio.run(dump_agent(embedder)) if args.set == "agent"
+                else asyncio.run(dump_conversations(datasets[args.set], args.split, args.reattribute_evidence, embedder)))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_bytes(pickle.dumps(rows))
         print(f"{len(rows)} questions -> {args.out}", file=sys.stderr)

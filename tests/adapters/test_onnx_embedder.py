@@ -128,6 +128,12 @@ def test_missing_onnxruntime_raises_with_install_hint(monkeypatch: pytest.Monkey
         OnnxEmbedder(variant="chat-int8").load()
 
 
+def test_a_named_model_file_that_is_not_there_says_so_without_a_reinstall_hint(tmp_path) -> None:
+    with pytest.raises(EmbedderUnavailableError, match="missing.onnx does not exist: check the path") as raised:
+        OnnxEmbedder(model_path=tmp_path / "missing.onnx").check_available()
+    assert "Reinstall" not in str(raised.value) and "pip install" not in str(raised.value)
+
+
 def test_placeholder_model_file_is_rejected(tmp_path) -> None:
     pointer = tmp_path / "model.onnx"
     pointer.write_text("version https://git-lfs.github.com/spec/v1\n")

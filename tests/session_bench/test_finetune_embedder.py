@@ -121,3 +121,49 @@ def test_a_negatives_model_that_is_not_there_is_refused_before_training(tmp_path
         finetune.main(["--out", str(tmp_path / "out"), "--data", f"{AUTHORED}:tuning",
                        "--negatives-from", str(tmp_path / "missing")])
     assert not (tmp_path / "out").exists()
+
+
+def test_the_served_score_it_can_train_on_is_the_score_the_server_computes(tmp_path: Path) -> None:
+    """`--served-score` trains on `served_scores`; with the same model it must equal what the server scores a turn
+    by (`embed_entries` then `entry_similarity`), for turns of one, several sentences, with and without context."""
+    pytest.importorskip("torch", reason="fine-tuning needs the [lm] extra")
+    import numpy as np
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from amfs_server.adapters.torch_embedder import MiniLMEmbedder
+    from amfs_server.core.embedding import EntryTexts, embed_entries, entry_similarity
+
+    finetune = script()
+    conversation = finetune.load_pairs([f"{one_conversation(tmp_path)}:tuning"])[0]
+    served = conversation["served"]
+    assert all(served[key][0] == whole for key, whole in conversation["turns"].items())
+    keys = list(served)
+    first = keys[0]
+    several = next(key for key in keys[1:] if len(served[key]) > 3)  # whole, 2+ sentences, context
+    single = next(key for key in keys[1:] if len(served[key]) == 2)  # whole and context only
+    assert served[first][-1] == ""  # the first turn has no turn before it
+    chosen = [first, several, single]
+
+    base = MiniLMEmbedder().model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
+    model = AutoModel.from_pretrained(str(base), local_files_only=True).eval()
+
+    def encode_rows(texts: list[str]):
+        enc = tokenizer(texts, padding=True, truncation=True, max_length=finetune.MAX_TOKENS, return_tensors="pt")
+        return finetune.pool(model(**enc).last_hidden_state, enc["attention_mask"])
+
+    questions = [q["q"] for q in conversation["questions"][:3]]
+    with torch.no_grad():
+        # Encoding in chunks sorted by length (how training calls it) gives the same rows in the same order.
+        texts = [text for key in chosen for text in served[key] if text]
+        assert torch.allclose(finetune.by_length(texts, encode_rows, chunk=2), encode_rows(texts), atol=1e-5)
+        query_rows = encode_rows(questions)
+        trained_on = finetune.served_scores(query_rows, [served[key] for key in chosen], encode_rows).numpy()
+        made = embed_entries(lambda texts: encode_rows(texts).numpy(),
+                             [EntryTexts(served[key][0], list(served[key][1:-1])) for key in chosen],
+                             [served[key][-1] or None for key in chosen])
+    for qi, query in enumerate(query_rows.numpy()):
+        for di in range(len(chosen)):
+            server = entry_similarity(float(made.vectors[di] @ query), made.passages[di], query)
+            assert np.isclose(trained_on[qi, di], server, atol=1e-4), (questions[qi], chosen[di])
