@@ -9,6 +9,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from amfs_server.core import service as service_module
@@ -79,3 +80,26 @@ def test_the_headroom_bounds_on_known_candidates():
     bounds = module.headroom([row])["all"]
     assert bounds == {"shipped": 0.0, "best weight per question": 1.0, "either top 10": 1.0, "either pool": 1.0,
                       "n": 1.0}
+
+
+def probe():
+    spec = importlib.util.spec_from_file_location("probe_cross_encoder", ROOT / "scripts" / "probe_cross_encoder.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cross_encoder_probe_refuses_test_splits_before_anything_runs(tmp_path):
+    module = probe()
+    for spec in (f"{ANNOTATED}:test", f"{ANNOTATED}:all", str(ANNOTATED)):
+        with pytest.raises(SystemExit, match="test splits are refused"):
+            module.main(["--train", f"{ANNOTATED}:tuning", "--eval", spec])
+
+
+def test_the_probe_mixes_scores_within_the_fused_top_and_keeps_the_rest():
+    module = probe()
+    row = {"keys": ["a", "b", "c"], "fused": [0.9, 0.5, 0.1], "tail": ["d", "e"]}
+    cross = np.array([0.0, 0.0, 5.0])  # the cross-encoder puts c first
+    assert module.mixed_order(row, cross, 0.0) == ["a", "b", "c", "d", "e"]  # a = 0 is the shipped fusion
+    assert module.mixed_order(row, cross, 1.0)[0] == "c"
+    assert module.mixed_order(row, cross, 1.0)[3:] == ["d", "e"]
