@@ -225,37 +225,40 @@ VARIANTS: dict[str, Fusion] = {
 # -- scoring -----------------------------------------------------------------------------------------------------
 
 
-def score(ranked: Sequence[str], gold: Sequence[str], k: int = 10) -> dict[str, float]:
-    wanted = set(gold)
-    first = next((i for i, key in enumerate(ranked[:k], start=1) if key in wanted), None)
-    return {"recall@5": len(wanted & set(ranked[:5])) / len(wanted),
-            "recall@10": len(wanted & set(ranked[:k])) / len(wanted), "mrr@10": 1.0 / first if first else 0.0}
+def score(ranked: Sequence[str], gold: Sequence[str]) -> dict[str, float]:
+    """recall@5, recall@10 and MRR of the first ten, as the agent-memory benchmark scores them."""
+    from amfs_server.session_bench.retrieval_bench import score_question
+
+    return score_question(list(ranked[:10]), list(gold))
 
 
-def table(rows: list[dict[str, Any]], names: list[str], fusions: dict[str, Fusion]) -> dict[str, dict[str, dict]]:
+def scored(rows: list[dict[str, Any]], names: list[str], fusions: dict[str, Fusion]) -> dict[str, list[dict]]:
+    """Each variant's scores, one per row, each variant fused once."""
+    return {name: [score(fusions[name](row["rankings"], row["weights"]), row["gold"]) for row in rows]
+            for name in names}
+
+
+def table(rows: list[dict[str, Any]], scores: dict[str, list[dict]]) -> dict[str, dict[str, dict]]:
     """{variant: {slice: {metric: mean, 'n': count}}}, slices 'all' and each question kind."""
     out: dict[str, dict[str, dict]] = {}
-    for name in names:
+    for name, per_row in scores.items():
         per_slice: dict[str, list[dict[str, float]]] = {}
-        for row in rows:
-            scores = score(fusions[name](row["rankings"], row["weights"]), row["gold"])
+        for row, row_scores in zip(rows, per_row):
             for slice_name in ("all", row["kind"]):
-                per_slice.setdefault(slice_name, []).append(scores)
+                per_slice.setdefault(slice_name, []).append(row_scores)
         out[name] = {s: {**{m: statistics.fmean(x[m] for x in v) for m in v[0]}, "n": len(v)}
                      for s, v in per_slice.items()}
     return out
 
 
-def paired(rows: list[dict[str, Any]], name: str, against: str, fusions: dict[str, Fusion]) -> dict[str, tuple[int, int]]:
-    """Per slice, on how many questions `name` has a higher / lower recall@10 than `against`."""
+def paired(rows: list[dict[str, Any]], mine: list[dict], theirs: list[dict]) -> dict[str, tuple[int, int]]:
+    """Per slice, on how many questions `mine` has a higher / lower recall@10 than `theirs` (per-row scores)."""
     out: dict[str, list[int]] = {}
-    for row in rows:
-        mine = score(fusions[name](row["rankings"], row["weights"]), row["gold"])["recall@10"]
-        theirs = score(fusions[against](row["rankings"], row["weights"]), row["gold"])["recall@10"]
+    for row, a, b in zip(rows, mine, theirs):
         for slice_name in ("all", row["kind"]):
             counts = out.setdefault(slice_name, [0, 0])
-            counts[0] += mine > theirs
-            counts[1] += mine < theirs
+            counts[0] += a["recall@10"] > b["recall@10"]
+            counts[1] += a["recall@10"] < b["recall@10"]
     return {s: (c[0], c[1]) for s, c in out.items()}
 
 
@@ -337,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         check_reproduces(rows, path)
         if rows and "half" in rows[0] and args.half != "both":
             rows = [row for row in rows if row["half"] == args.half]
-        result = table(rows, names, fusions)
+        per_row = scored(rows, list(dict.fromkeys([*names, args.paired_against])), fusions)
+        result = table(rows, {name: per_row[name] for name in names})
         slices = ["all", *sorted(s for s in result[names[0]] if s != "all")]
         print(f"\n{path.name} ({len(rows)} questions): recall@10 / MRR@10 (recall@5 first for 'all')")
         print("| variant | " + " | ".join(f"{s} ({result[names[0]][s]['n']})" for s in slices) + " |")
@@ -345,11 +349,11 @@ def main(argv: list[str] | None = None) -> int:
             cells = []
             for s in slices:
                 m = result[name][s]
-                cells.append((f"{m['recall@5']:.3f} / " if s == "all" else "") + f"{m['recall@10']:.3f} / {m['mrr@10']:.3f}")
+                cells.append((f"{m['recall@5']:.3f} / " if s == "all" else "") + f"{m['recall@10']:.3f} / {m['mrr']:.3f}")
             print(f"| {name} | " + " | ".join(cells) + " |")
         print(f"questions won / lost by recall@10 against {args.paired_against}:")
         for name in wanted:
-            counts = paired(rows, name, args.paired_against, fusions)
+            counts = paired(rows, per_row[name], per_row[args.paired_against])
             print(f"| {name} | " + " | ".join(f"+{counts[s][0]} / -{counts[s][1]}" for s in slices) + " |")
         if args.headroom:
             bounds = headroom(rows)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import sys
 import time
@@ -30,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fusion_lab  # noqa: E402  (the sibling script)
+import finetune_embedder  # noqa: E402  (sibling scripts)
+import fusion_lab  # noqa: E402
 
 TOP = 20  # the fused candidates re-ranked
 NEGATIVES = 7  # per evidence turn, from the fused top 20
@@ -49,19 +49,16 @@ def split_spec(spec: str) -> tuple[Path, str]:
 
 def candidates(spec: str) -> list[dict]:
     """The fusion's top TOP for every question of FILE:split, with the question's text and every turn's text as the
-    server embeds it."""
-    from amfs_server.core.embedding import TURN_HEADER, embedding_text
+    server embeds it (the fine-tune's `load_pairs`, which also refuses a test split)."""
     from amfs_server.core.retrieval import fuse_hybrid
 
     path, split = split_spec(spec)
-    data = [c for c in json.loads(path.read_text())["conversations"] if c.get("split") == split]
+    conversations = finetune_embedder.load_pairs([spec])
     # The benchmark's loader knows tuning / test / all; a training file is all "train", so it is dumped whole.
     rows = asyncio.run(fusion_lab.dump_conversations(path, split if split == "tuning" else "all", 0.0))
-    wanted = {c["conversation_id"] for c in data}
-    rows = [row for row in rows if row["conversation"] in wanted]
-    texts = {c["conversation_id"] + "/" + t["key"]: embedding_text(TURN_HEADER, "", f"{t['speaker']}: {t['text']}")
-             for c in data for s in c["sessions"] for t in s["turns"]}
-    questions = [q["question"] for c in data for q in c["questions"]]
+    rows = [row for row in rows if row["conversation"] in {c["id"] for c in conversations}]
+    texts = {c["id"] + "/" + key: text for c in conversations for key, text in c["turns"].items()}
+    questions = [q["q"] for c in conversations for q in c["questions"]]
     assert len(questions) == len(rows), "the dump follows the file's order"
     for row, question in zip(rows, questions):
         fused = fuse_hybrid(row["rankings"], row["weights"])
@@ -155,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         for mix in MIXES:
             results = [fusion_lab.score(mixed_order(row, s, mix), row["gold"]) for row, s in zip(rows, scores)]
             cells.append(f"{np.mean([r['recall@10'] for r in results]):.3f} / "
-                         f"{np.mean([r['mrr@10'] for r in results]):.3f}")
+                         f"{np.mean([r['mrr'] for r in results]):.3f}")
         print(f"| {spec} | " + " | ".join(cells) + " |", flush=True)
     return 0
 
