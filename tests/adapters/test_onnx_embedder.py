@@ -72,8 +72,12 @@ def test_rows_follow_input_order_across_length_sorted_batches() -> None:
     emb = OnnxEmbedder(variant="chat-int8", batch_size=2)
     batched = emb.embed(texts)
     one_by_one = np.vstack([emb.embed([t]) for t in texts])
-    # Batchmates shift the shared activation scale a little (see the batch_size default).
-    assert np.sum(batched * one_by_one, axis=1).min() > 0.98
+    # Each row is its own text's: nearest to that text embedded alone, and close to it. Not identical: batchmates
+    # shift the shared int8 activation scale (see the batch_size default), by how much depends on the CPU's int8
+    # kernels (0.974 at worst on one machine, above 0.98 on another).
+    similarity = batched @ one_by_one.T
+    assert list(similarity.argmax(axis=1)) == list(range(len(texts)))
+    assert np.diag(similarity).min() > 0.95
 
 
 def test_paraphrase_scores_above_unrelated_text(int8: OnnxEmbedder) -> None:

@@ -167,3 +167,120 @@ def test_the_served_score_it_can_train_on_is_the_score_the_server_computes(tmp_p
         for di in range(len(chosen)):
             server = entry_similarity(float(made.vectors[di] @ query), made.passages[di], query)
             assert np.isclose(trained_on[qi, di], server, atol=1e-4), (questions[qi], chosen[di])
+
+
+def test_a_teacher_that_is_not_there_is_refused_before_training(tmp_path: Path) -> None:
+    finetune = script()
+    with pytest.raises(SystemExit):
+        finetune.main(["--out", str(tmp_path / "out"), "--data", f"{AUTHORED}:tuning",
+                       "--teacher", str(tmp_path / "missing")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_teacher_vectors_embed_only_what_the_cache_lacks(tmp_path: Path) -> None:
+    """Texts the cache holds are taken from it; the rest are embedded by the teacher (here all-MiniLM-L6-v2, which
+    names no prompts: a turn is its raw `Speaker: text`, without the student's header) and added to the cache."""
+    pytest.importorskip("sentence_transformers", reason="the teacher runs on the [lm] extra")
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from amfs_server.adapters.torch_embedder import MiniLMEmbedder
+
+    finetune = script()
+    conversations = finetune.load_pairs([f"{one_conversation(tmp_path)}:tuning"])
+    conversation = conversations[0]
+    turn_keys = list(conversation["turns"])
+    keys = [conversation["turns"][key] for key in turn_keys] + [q["q"] for q in conversation["questions"]]
+    cached = keys[1:-1]  # the first turn and the last question are left to the teacher
+    vectors = np.random.default_rng(0).normal(size=(len(cached), 384)).astype(np.float32)
+    cache = tmp_path / "teacher.npz"
+    np.savez(cache, keys=np.array(cached), vectors=vectors)
+
+    got = finetune.teacher_vectors(MiniLMEmbedder().model_dir(), conversations, cache)
+    assert set(got) == set(keys)
+    assert np.array_equal(got[cached[5]], vectors[5])
+    teacher = SentenceTransformer(str(MiniLMEmbedder().model_dir()), device="cpu")
+    first_turn = conversation["raw"][turn_keys[0]]
+    assert first_turn == keys[0].removeprefix("chat message: ")
+    expected = teacher.encode([first_turn, keys[-1]], normalize_embeddings=True)
+    assert np.allclose(got[keys[0]], expected[0], atol=1e-5) and np.allclose(got[keys[-1]], expected[1], atol=1e-5)
+    held = np.load(cache)
+    assert len(held["keys"]) == len(keys)  # the two new texts were added to the cache
+
+
+@pytest.mark.parametrize("distill", ["kl", "margin"])
+def test_the_teacher_term_pulls_the_students_scores_toward_the_teachers(tmp_path: Path, distill: str) -> None:
+    """With a stand-in teacher (random vectors, so scores the student does not share), one training step with a
+    large distillation weight brings the student closer to it: the KL divergence of its in-batch softmax from the
+    teacher's (`kl`), or the squared gap between the two margins of evidence turn over hard negative (`margin`)."""
+    pytest.importorskip("torch", reason="fine-tuning needs the [lm] extra")
+    import numpy as np
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from amfs_server.adapters.torch_embedder import MiniLMEmbedder
+
+    finetune = script()
+    conversations = finetune.load_pairs([f"{one_conversation(tmp_path)}:tuning"])
+    base = MiniLMEmbedder().model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
+    model = AutoModel.from_pretrained(str(base), local_files_only=True)
+    examples = finetune.triplets(model, tokenizer, conversations, "cpu", random.Random(0))
+    batch = examples[: finetune.BATCH]
+    rng = np.random.default_rng(0)
+    texts = {text for b in batch for text in (b[0], b[1], b[2])}
+    teacher = {}
+    for text in texts:
+        row = rng.normal(size=16).astype(np.float32)
+        teacher[text] = row / np.linalg.norm(row)
+    questions = [b[0] for b in batch]
+    documents = [b[1] for b in batch] + [b[2] for b in batch]
+    mask = torch.tensor([[c != r and documents[c] in batch[r][3] for c in range(len(documents))]
+                         for r in range(len(batch))])
+    rows = torch.arange(len(batch))
+
+    def gap() -> float:
+        with torch.no_grad():
+            enc = tokenizer(questions + documents, padding=True, truncation=True, max_length=finetune.MAX_TOKENS,
+                            return_tensors="pt")
+            vectors = finetune.pool(model(**enc).last_hidden_state, enc["attention_mask"])
+            logits = (vectors[: len(batch)] @ vectors[len(batch):].T * finetune.SCALE).masked_fill(mask, -1e4)
+            asked = torch.tensor(np.stack([teacher[q] for q in questions]))
+            turns = torch.tensor(np.stack([teacher[d] for d in documents]))
+            taught = asked @ turns.T * finetune.TEACHER_SCALE
+            if distill == "margin":
+                return float(torch.nn.functional.mse_loss(logits[rows, rows] - logits[rows, rows + len(batch)],
+                                                          taught[rows, rows] - taught[rows, rows + len(batch)]))
+            target = torch.softmax(taught.masked_fill(mask, -1e4), dim=1)
+            return float(torch.nn.functional.kl_div(torch.log_softmax(logits, dim=1), target, reduction="batchmean"))
+
+    torch.manual_seed(0)
+    before = gap()
+    finetune.train(model, tokenizer, list(batch), "cpu", 1, random.Random(0), teacher=teacher, distill_weight=50.0,
+                   distill=distill)
+    assert gap() < before
+
+
+def test_teacher_negatives_are_the_teachers_near_misses_never_evidence(tmp_path: Path) -> None:
+    """`--teacher-negatives`: each pair's hard negative is one of the teacher's ranks 3-15 among the question's
+    non-evidence turns (a stand-in teacher of random vectors, so the ranking is known here)."""
+    import numpy as np
+
+    finetune = script()
+    conversations = finetune.load_pairs([f"{one_conversation(tmp_path)}:tuning"])
+    conversation = conversations[0]
+    rng = np.random.default_rng(1)
+    teacher = {}
+    for text in list(conversation["turns"].values()) + [q["q"] for q in conversation["questions"]]:
+        row = rng.normal(size=16).astype(np.float32)
+        teacher[text] = row / np.linalg.norm(row)
+    examples = finetune.teacher_triplets(conversations, teacher, random.Random(0))
+    assert len(examples) == sum(len(q["evidence"]) for q in conversation["questions"])
+    keys = list(conversation["turns"])
+    by_question = {q["q"]: q for q in conversation["questions"]}
+    for question, positive, negative, evidence in examples:
+        evidence_keys = set(by_question[question]["evidence"])
+        ranked = sorted((key for key in keys if key not in evidence_keys),
+                        key=lambda key: -float(teacher[conversation["turns"][key]] @ teacher[question]))
+        near_misses = {conversation["turns"][key] for key in ranked[finetune.HARD_FROM:finetune.HARD_TO]}
+        assert negative in near_misses and negative not in evidence and positive in evidence
