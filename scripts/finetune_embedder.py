@@ -38,11 +38,12 @@ HARD_FROM, HARD_TO = 2, 15  # the hard negative: one of the base model's ranks 3
 TEACHER_SCALE = 20.0  # the teacher's softmax temperature over its cosines: the student's, fixed before any run
 
 
-def teacher_vectors(teacher_dir: Path, conversations: list[dict], cache: Path | None) -> dict[str, "object"]:
+def teacher_vectors(teacher_dir: Path, conversations: list[dict], cache: Path | None) -> dict:
     """A sentence-transformers teacher's unit embedding of every training text, keyed by the text the student
     embeds: a turn as `title: none | text: Speaker: text` (the teacher's document prompt, without the student's
     turn header), a question with the teacher's query prompt (`prompts` in its config_sentence_transformers.json,
-    e.g. EmbeddingGemma's; a model that names none embeds the text alone). `cache` (.npz) keeps them between runs; only texts it lacks are embedded."""
+    e.g. EmbeddingGemma's; a model that names none embeds the text alone). `cache` (.npz) keeps them between runs;
+    only texts it lacks are embedded."""
     import numpy as np
 
     wanted: dict[str, tuple[str, str]] = {}
@@ -51,7 +52,7 @@ def teacher_vectors(teacher_dir: Path, conversations: list[dict], cache: Path | 
             wanted[student] = ("document", conversation["raw"][key])
         for question in conversation["questions"]:
             wanted[question["q"]] = ("query", question["q"])
-    known: dict[str, object] = {}
+    known: dict = {}
     if cache is not None and cache.is_file():
         held = np.load(cache, allow_pickle=False)
         known = dict(zip(held["keys"].tolist(), held["vectors"]))
@@ -233,6 +234,7 @@ def train(model, tokenizer, examples: list[tuple], device: str, epochs: int, rng
     `teacher` (text -> unit vector, `teacher_vectors`) the loss adds `distill_weight` x, by `distill`, the KL
     divergence of the student's in-batch softmax from the teacher's over the same question and turns (`kl`), or the
     squared difference of the two margins between each pair's evidence turn and its hard negative (`margin`)."""
+    import numpy as np
     import torch
 
     optimiser = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.01)
@@ -269,8 +271,6 @@ def train(model, tokenizer, examples: list[tuple], device: str, epochs: int, rng
             logits = logits.masked_fill(mask, -1e4)
             loss = torch.nn.functional.cross_entropy(logits, torch.arange(BATCH, device=device))
             if teacher is not None:
-                import numpy as np
-
                 asked = torch.tensor(np.stack([teacher[q] for q in questions]), device=device)
                 turns = torch.tensor(np.stack([teacher[d] for d in documents]), device=device)
                 taught = asked @ turns.T * TEACHER_SCALE

@@ -284,3 +284,12 @@ def test_teacher_negatives_are_the_teachers_near_misses_never_evidence(tmp_path:
                         key=lambda key: -float(teacher[conversation["turns"][key]] @ teacher[question]))
         near_misses = {conversation["turns"][key] for key in ranked[finetune.HARD_FROM:finetune.HARD_TO]}
         assert negative in near_misses and negative not in evidence and positive in evidence
+
+
+def test_the_served_pipeline_harness_refuses_conversations_outside_the_tuning_split(tmp_path: Path) -> None:
+    """scripts/served_st_embedder.py scores tuning conversations only, and says which ids it refused."""
+    served = script("served_st_embedder")
+    with pytest.raises(SystemExit):
+        served.main(["--st-dir", str(tmp_path), "--conversations", "ann-01,ann-05"])
+    with pytest.raises(SystemExit):  # a tuning conversation, but no model folder there
+        served.main(["--st-dir", str(tmp_path), "--conversations", "ann-01"])

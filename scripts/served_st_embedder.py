@@ -1,0 +1,102 @@
+"""A sentence-transformers model (e.g. EmbeddingGemma-300M) as the server's embedder, scored in the served pipeline
+(SQLite, in process) on tuning conversations: the turns written with the shipped `write_conversation`, the questions
+asked with the shipped `retrieve`, the fusion as configured and semantic search alone, beside the shipped default
+on the same conversations. The model's `document` prompt goes before every text written, its `query` prompt before
+every question (the server has one embed call for both, so the harness switches between them). Research only: the
+server does not offer such an embedder (README, Retrieval, "EmbeddingGemma-300M").
+
+    python scripts/served_st_embedder.py --st-dir DIR --conversations ann-01,ann-02
+
+Refuses conversations outside the tuning split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from amfs_server.core.service import MemoryService, ServiceConfig
+from amfs_server.session_bench import alone, close_store, open_store
+from amfs_server.session_bench.conversation_bench import (FUSION, load_conversations, score_conversation,
+                                                          service_ranker, write_conversation)
+
+ANNOTATED = Path(__file__).resolve().parent.parent / "session_bench" / "data" / "conversations_annotated.json"
+
+
+class PromptedEmbedder:
+    """The Embedder port over a sentence-transformers model, with the prompt of the current `mode`."""
+
+    def __init__(self, model_dir: Path):
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        torch.set_num_threads(1)  # two threads fight over these two shared cores (README)
+        self.model = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
+        self.name = f"st:{model_dir.name}"
+        self.dimension = self.model.get_sentence_embedding_dimension()
+        self.mode = "document"
+
+    def check_available(self) -> None:
+        pass
+
+    def load(self) -> None:
+        pass
+
+    def embed(self, texts) -> np.ndarray:
+        if not len(texts):
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        prompt = self.model.prompts.get(self.mode, "")
+        return self.model.encode([prompt + text for text in texts], normalize_embeddings=True,
+                                 batch_size=32).astype(np.float32)
+
+
+async def score(embedder, conversations: list[dict]) -> dict[str, tuple[float, float]]:
+    selected = {FUSION: service_ranker(None), "semantic alone": service_ranker(alone("semantic"))}
+    rows: dict[str, list] = {name: [] for name in selected}
+    with tempfile.TemporaryDirectory() as tmp:
+        for conversation in conversations:
+            store = await open_store("sqlite", Path(tmp) / conversation["conversation_id"], embedder.dimension)
+            try:
+                service = MemoryService(store, ServiceConfig(), embedder=embedder)
+                await service.open()
+                embedder.mode = "document"
+                await write_conversation(service, conversation)
+                embedder.mode = "query"
+                for name, ranker in selected.items():
+                    rows[name] += score_conversation(conversation, await ranker(service, conversation,
+                                                                                conversation["questions"]))
+            finally:
+                await close_store(store)
+    return {name: (float(np.mean([r["recall@10"] for r in got])), float(np.mean([r["mrr@10"] for r in got])))
+            for name, got in rows.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--st-dir", type=Path, required=True, help="a sentence-transformers model folder")
+    parser.add_argument("--dataset", type=Path, default=ANNOTATED)
+    parser.add_argument("--conversations", required=True, help="comma-separated conversation ids (tuning split)")
+    args = parser.parse_args(argv)
+    wanted = args.conversations.split(",")
+    tuning = {c["conversation_id"]: c for c in load_conversations(args.dataset, "tuning")}
+    outside = [cid for cid in wanted if cid not in tuning]
+    if outside:
+        parser.error(f"not in the tuning split of {args.dataset.name}: {', '.join(outside)}")
+    if not (args.st_dir / "modules.json").is_file():
+        parser.error(f"--st-dir {args.st_dir}: no sentence-transformers model folder (modules.json) there")
+    from amfs_server.adapters.embedders import load_embedder
+
+    conversations = [tuning[cid] for cid in wanted]
+    shipped = load_embedder()
+    for label, embedder in ((shipped.name, shipped), (args.st_dir.name, PromptedEmbedder(args.st_dir))):
+        for name, (recall, mrr) in asyncio.run(score(embedder, conversations)).items():
+            print(f"{label}, {name}: recall@10 {recall:.3f} / MRR@10 {mrr:.3f} ({', '.join(wanted)})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
