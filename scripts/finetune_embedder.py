@@ -226,6 +226,25 @@ def mine(conversations: list[dict], vectors, rng: random.Random) -> list[tuple]:
     return out
 
 
+def distillation_term(logits, teacher: dict, questions: list[str], documents: list[str], mask, distill: str):
+    """How far the student's masked in-batch `logits` (questions x documents, at SCALE) are from the teacher's:
+    the KL divergence of the two softmaxes (`kl`), or the mean squared difference of each pair's margin of its
+    evidence turn (column r) over its hard negative (column len(questions) + r) (`margin`)."""
+    import numpy as np
+    import torch
+
+    asked = torch.tensor(np.stack([teacher[q] for q in questions]), device=logits.device)
+    turns = torch.tensor(np.stack([teacher[d] for d in documents]), device=logits.device)
+    taught = asked @ turns.T * TEACHER_SCALE
+    if distill == "kl":
+        target = torch.softmax(taught.masked_fill(mask, -1e4), dim=1)
+        return torch.nn.functional.kl_div(torch.log_softmax(logits, dim=1), target, reduction="batchmean")
+    rows = torch.arange(len(questions), device=logits.device)
+    negatives = rows + len(questions)
+    return torch.nn.functional.mse_loss(logits[rows, rows] - logits[rows, negatives],
+                                        taught[rows, rows] - taught[rows, negatives])
+
+
 def train(model, tokenizer, examples: list[tuple], device: str, epochs: int, rng: random.Random,
           served: dict[str, tuple[str, ...]] | None = None, teacher: dict | None = None,
           distill_weight: float = 1.0, distill: str = "kl") -> None:
@@ -234,7 +253,6 @@ def train(model, tokenizer, examples: list[tuple], device: str, epochs: int, rng
     `teacher` (text -> unit vector, `teacher_vectors`) the loss adds `distill_weight` x, by `distill`, the KL
     divergence of the student's in-batch softmax from the teacher's over the same question and turns (`kl`), or the
     squared difference of the two margins between each pair's evidence turn and its hard negative (`margin`)."""
-    import numpy as np
     import torch
 
     optimiser = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.01)
@@ -271,17 +289,7 @@ def train(model, tokenizer, examples: list[tuple], device: str, epochs: int, rng
             logits = logits.masked_fill(mask, -1e4)
             loss = torch.nn.functional.cross_entropy(logits, torch.arange(BATCH, device=device))
             if teacher is not None:
-                asked = torch.tensor(np.stack([teacher[q] for q in questions]), device=device)
-                turns = torch.tensor(np.stack([teacher[d] for d in documents]), device=device)
-                taught = asked @ turns.T * TEACHER_SCALE
-                if distill == "kl":
-                    target = torch.softmax(taught.masked_fill(mask, -1e4), dim=1)
-                    term = torch.nn.functional.kl_div(torch.log_softmax(logits, dim=1), target, reduction="batchmean")
-                else:  # margin: column r is pair r's evidence turn, column BATCH + r its hard negative
-                    rows = torch.arange(BATCH, device=device)
-                    term = torch.nn.functional.mse_loss(logits[rows, rows] - logits[rows, rows + BATCH],
-                                                        taught[rows, rows] - taught[rows, rows + BATCH])
-                loss = loss + distill_weight * term
+                loss = loss + distill_weight * distillation_term(logits, teacher, questions, documents, mask, distill)
             loss.backward()
             optimiser.step()
             schedule.step()

@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from amfs_server.core.service import MemoryService, ServiceConfig
-from amfs_server.session_bench import alone, close_store, open_store
-from amfs_server.session_bench.conversation_bench import (FUSION, load_conversations, score_conversation,
-                                                          service_ranker, write_conversation)
+from amfs_server.session_bench import alone
+from amfs_server.session_bench.conversation_bench import (FUSION, load_conversations, mean_scores, run_in_process,
+                                                          service_ranker)
 
 ANNOTATED = Path(__file__).resolve().parent.parent / "session_bench" / "data" / "conversations_annotated.json"
 
@@ -54,25 +52,21 @@ class PromptedEmbedder:
                                  batch_size=32).astype(np.float32)
 
 
-async def score(embedder, conversations: list[dict]) -> dict[str, tuple[float, float]]:
-    selected = {FUSION: service_ranker(None), "semantic alone": service_ranker(alone("semantic"))}
-    rows: dict[str, list] = {name: [] for name in selected}
-    with tempfile.TemporaryDirectory() as tmp:
-        for conversation in conversations:
-            store = await open_store("sqlite", Path(tmp) / conversation["conversation_id"], embedder.dimension)
+def score(embedder, conversations: list[dict]) -> dict[str, dict[str, float]]:
+    """The shipped in-process benchmark run (`run_in_process`, SQLite), each ranker asking with the query prompt:
+    a conversation's turns are all written before its questions are asked."""
+    def asking(ranker):
+        async def ask(service, conversation, questions):
+            embedder.mode = "query"
             try:
-                service = MemoryService(store, ServiceConfig(), embedder=embedder)
-                await service.open()
-                embedder.mode = "document"
-                await write_conversation(service, conversation)
-                embedder.mode = "query"
-                for name, ranker in selected.items():
-                    rows[name] += score_conversation(conversation, await ranker(service, conversation,
-                                                                                conversation["questions"]))
+                return await ranker(service, conversation, questions)
             finally:
-                await close_store(store)
-    return {name: (float(np.mean([r["recall@10"] for r in got])), float(np.mean([r["mrr@10"] for r in got])))
-            for name, got in rows.items()}
+                embedder.mode = "document"
+        return ask
+
+    selected = {FUSION: asking(service_ranker(None)), "semantic alone": asking(service_ranker(alone("semantic")))}
+    rows = asyncio.run(run_in_process(conversations, "sqlite", embedder=embedder, selected=selected))
+    return {name: mean_scores(got) for name, got in rows.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     conversations = [tuning[cid] for cid in wanted]
     shipped = load_embedder()
     for label, embedder in ((shipped.name, shipped), (args.st_dir.name, PromptedEmbedder(args.st_dir))):
-        for name, (recall, mrr) in asyncio.run(score(embedder, conversations)).items():
-            print(f"{label}, {name}: recall@10 {recall:.3f} / MRR@10 {mrr:.3f} ({', '.join(wanted)})", flush=True)
+        for name, means in score(embedder, conversations).items():
+            print(f"{label}, {name}: recall@10 {means['recall@10']:.3f} / MRR@10 {means['mrr@10']:.3f} "
+                  f"({', '.join(wanted)})", flush=True)
     return 0
 
 

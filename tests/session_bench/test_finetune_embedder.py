@@ -22,6 +22,18 @@ def script(name: str = "finetune_embedder"):
     return module
 
 
+def stand_in_teacher(texts, seed: int) -> dict:
+    """Random unit vectors for `texts`: a teacher whose scores the student does not share, and known here."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    teacher = {}
+    for text in texts:
+        row = rng.normal(size=16).astype(np.float32)
+        teacher[text] = row / np.linalg.norm(row)
+    return teacher
+
+
 def one_conversation(tmp_path: Path) -> Path:
     data = json.loads(AUTHORED.read_text())
     data["conversations"] = data["conversations"][:1]  # auth-01, tuning split
@@ -227,17 +239,11 @@ def test_the_teacher_term_pulls_the_students_scores_toward_the_teachers(tmp_path
     model = AutoModel.from_pretrained(str(base), local_files_only=True)
     examples = finetune.triplets(model, tokenizer, conversations, "cpu", random.Random(0))
     batch = examples[: finetune.BATCH]
-    rng = np.random.default_rng(0)
-    texts = {text for b in batch for text in (b[0], b[1], b[2])}
-    teacher = {}
-    for text in texts:
-        row = rng.normal(size=16).astype(np.float32)
-        teacher[text] = row / np.linalg.norm(row)
+    teacher = stand_in_teacher(sorted({text for b in batch for text in (b[0], b[1], b[2])}), seed=0)
     questions = [b[0] for b in batch]
     documents = [b[1] for b in batch] + [b[2] for b in batch]
     mask = torch.tensor([[c != r and documents[c] in batch[r][3] for c in range(len(documents))]
                          for r in range(len(batch))])
-    rows = torch.arange(len(batch))
 
     def gap() -> float:
         with torch.no_grad():
@@ -245,14 +251,17 @@ def test_the_teacher_term_pulls_the_students_scores_toward_the_teachers(tmp_path
                             return_tensors="pt")
             vectors = finetune.pool(model(**enc).last_hidden_state, enc["attention_mask"])
             logits = (vectors[: len(batch)] @ vectors[len(batch):].T * finetune.SCALE).masked_fill(mask, -1e4)
-            asked = torch.tensor(np.stack([teacher[q] for q in questions]))
-            turns = torch.tensor(np.stack([teacher[d] for d in documents]))
-            taught = asked @ turns.T * finetune.TEACHER_SCALE
-            if distill == "margin":
-                return float(torch.nn.functional.mse_loss(logits[rows, rows] - logits[rows, rows + len(batch)],
-                                                          taught[rows, rows] - taught[rows, rows + len(batch)]))
-            target = torch.softmax(taught.masked_fill(mask, -1e4), dim=1)
-            return float(torch.nn.functional.kl_div(torch.log_softmax(logits, dim=1), target, reduction="batchmean"))
+            return float(finetune.distillation_term(logits, teacher, questions, documents, mask, distill))
+
+    # The term itself: nothing to pull where the student scores as the teacher does; a margin off by 2 costs 2^2.
+    asked = torch.tensor(np.stack([teacher[q] for q in questions]))
+    taught = (asked @ torch.tensor(np.stack([teacher[d] for d in documents])).T * finetune.TEACHER_SCALE)
+    taught = taught.masked_fill(mask, -1e4)
+    assert float(finetune.distillation_term(taught, teacher, questions, documents, mask, distill)) < 1e-6
+    if distill == "margin":
+        shifted = taught.clone()
+        shifted[torch.arange(len(batch)), torch.arange(len(batch)) + len(batch)] -= 2.0
+        assert abs(float(finetune.distillation_term(shifted, teacher, questions, documents, mask, distill)) - 4.0) < 1e-4
 
     torch.manual_seed(0)
     before = gap()
@@ -264,16 +273,10 @@ def test_the_teacher_term_pulls_the_students_scores_toward_the_teachers(tmp_path
 def test_teacher_negatives_are_the_teachers_near_misses_never_evidence(tmp_path: Path) -> None:
     """`--teacher-negatives`: each pair's hard negative is one of the teacher's ranks 3-15 among the question's
     non-evidence turns (a stand-in teacher of random vectors, so the ranking is known here)."""
-    import numpy as np
-
     finetune = script()
     conversations = finetune.load_pairs([f"{one_conversation(tmp_path)}:tuning"])
     conversation = conversations[0]
-    rng = np.random.default_rng(1)
-    teacher = {}
-    for text in list(conversation["turns"].values()) + [q["q"] for q in conversation["questions"]]:
-        row = rng.normal(size=16).astype(np.float32)
-        teacher[text] = row / np.linalg.norm(row)
+    teacher = stand_in_teacher(list(conversation["turns"].values()) + [q["q"] for q in conversation["questions"]], seed=1)
     examples = finetune.teacher_triplets(conversations, teacher, random.Random(0))
     assert len(examples) == sum(len(q["evidence"]) for q in conversation["questions"])
     keys = list(conversation["turns"])
@@ -286,10 +289,13 @@ def test_teacher_negatives_are_the_teachers_near_misses_never_evidence(tmp_path:
         assert negative in near_misses and negative not in evidence and positive in evidence
 
 
-def test_the_served_pipeline_harness_refuses_conversations_outside_the_tuning_split(tmp_path: Path) -> None:
+def test_the_served_pipeline_harness_refuses_conversations_outside_the_tuning_split(tmp_path: Path, capsys) -> None:
     """scripts/served_st_embedder.py scores tuning conversations only, and says which ids it refused."""
     served = script("served_st_embedder")
+    (tmp_path / "modules.json").write_text("[]")  # looks like a model folder, so only the split can be refused
     with pytest.raises(SystemExit):
         served.main(["--st-dir", str(tmp_path), "--conversations", "ann-01,ann-05"])
+    assert "not in the tuning split of conversations_annotated.json: ann-05" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # a tuning conversation, but no model folder there
-        served.main(["--st-dir", str(tmp_path), "--conversations", "ann-01"])
+        served.main(["--st-dir", str(tmp_path / "missing"), "--conversations", "ann-01"])
+    assert "no sentence-transformers model folder" in capsys.readouterr().err
