@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import threading
+from pathlib import Path
 from typing import Any
 
-from ..core.embedding import CHAT_MINILM, DEFAULT_EMBEDDER, MINILM_INT8, MPNET, TORCH_MINILM
+from ..core.embedding import CHAT_MINILM, DEFAULT_EMBEDDER, GEMMA, MINILM_INT8, MPNET, TORCH_MINILM
 from ..core.ports import Embedder
+
+
+def model_cache_dir() -> Path:
+    """Where models unpacked or fetched from packages live: AMFS_MODEL_CACHE, else ~/.cache/amfs-server/models."""
+    configured = os.environ.get("AMFS_MODEL_CACHE")
+    return Path(configured) if configured else Path.home() / ".cache" / "amfs-server" / "models"
 
 
 def _onnx_embedder(variant: str) -> Any:
@@ -27,6 +35,12 @@ def _mpnet_embedder() -> Any:
     return MpnetEmbedder()
 
 
+def _gemma_embedder() -> Any:
+    from .gemma_embedder import GemmaEmbedder  # on use: tokenizers is the [gemma] extra
+
+    return GemmaEmbedder()
+
+
 # canonical name -> constructor; aliases map onto canonical names.
 KNOWN_EMBEDDERS: dict[str, Any] = {
     TORCH_MINILM: _torch_embedder,
@@ -34,6 +48,7 @@ KNOWN_EMBEDDERS: dict[str, Any] = {
     MINILM_INT8: lambda: _onnx_embedder("int8"),
     "all-MiniLM-L6-v2-onnx": lambda: _onnx_embedder("fp32"),
     MPNET: _mpnet_embedder,
+    GEMMA: _gemma_embedder,
 }
 _ALIASES = {
     "all-minilm-l6-v2": TORCH_MINILM,
@@ -48,6 +63,10 @@ _ALIASES = {
     "all-mpnet-base-v2": MPNET,
     "sentence-transformers/all-mpnet-base-v2": MPNET,
     "mpnet": MPNET,
+    "embeddinggemma-300m-onnx-int8": GEMMA,
+    "embeddinggemma-300m": GEMMA,
+    "embeddinggemma": GEMMA,
+    "google/embeddinggemma-300m": GEMMA,
 }
 
 _cache: dict[str, Embedder] = {}

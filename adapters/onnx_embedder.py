@@ -43,7 +43,7 @@ import numpy as np
 from ..core.embedding import CHAT_MINILM, MINILM_INT8, RETIRED_EMBEDDERS, EmbedderUnavailableError, embed_in_batches
 from .wordpiece import WordPieceTokenizer
 
-__all__ = ["OnnxEmbedder", "ONNX_INSTALL_HINT", "VARIANTS"]
+__all__ = ["OnnxEmbedder", "ONNX_INSTALL_HINT", "VARIANTS", "cpu_session_options"]
 
 ONNX_INSTALL_HINT = "pip install onnxruntime"
 
@@ -132,6 +132,21 @@ def _model_source(path: Path) -> Iterator[str | bytes]:
         yield str(plain)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def cpu_session_options(num_threads: int | None) -> Any:
+    """onnxruntime options for an embedder on a small shared CPU: every graph optimisation, `num_threads` intra-op
+    threads (None: onnxruntime's default), and no spinning: idle pool threads spinning for work steal time slices
+    from the server's event loop and from other processes."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.inter_op_num_threads = 1
+    if num_threads is not None:
+        options.intra_op_num_threads = int(num_threads)
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
 
 
 class OnnxEmbedder:
@@ -242,14 +257,7 @@ class OnnxEmbedder:
             try:
                 tokenizer = WordPieceTokenizer.from_file(self._tokenizer_path)
                 pad_id = tokenizer.token_to_id("[PAD]")
-                options = ort.SessionOptions()
-                options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-                options.inter_op_num_threads = 1
-                if self.num_threads is not None:
-                    options.intra_op_num_threads = int(self.num_threads)
-                # Idle pool threads spinning for work steal time slices from the
-                # server's event loop and from other processes on a small CPU.
-                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+                options = cpu_session_options(self.num_threads)
                 with _model_source(path) as model:
                     session = ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
             except Exception as exc:

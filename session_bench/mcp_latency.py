@@ -37,8 +37,10 @@ TOPICS = ["payments", "retries", "timeouts", "deploys", "caching", "auth tokens"
 
 
 def server_env(data_dir: Path, **extra: str) -> dict[str, str]:
-    """The parent environment without AMFS_* settings, plus a data dir and `extra` (AMFS_EMBEDDER=none...)."""
-    env = {name: value for name, value in os.environ.items() if not name.startswith("AMFS_")}
+    """The parent environment without AMFS_* settings (but AMFS_MODEL_CACHE, where fetched models are), plus a data
+    dir and `extra` (AMFS_EMBEDDER=none...)."""
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith("AMFS_") or name == "AMFS_MODEL_CACHE"}
     env.update({"AMFS_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}, **extra)
     return env
 
@@ -258,7 +260,7 @@ def query_embedding_latency(embedder_name: str | None, calls: int, warmup: int) 
     """One query at a time through the embedder the server uses (built the same way, in this process): the part
     of a retrieve that the model costs. None with embeddings off."""
     from ..adapters.embedders import load_embedder
-    from ..core.embedding import DEFAULT_EMBEDDER
+    from ..core.embedding import DEFAULT_EMBEDDER, embed_queries
 
     name = DEFAULT_EMBEDDER if embedder_name is None else embedder_name
     if name.strip().lower() in {"", "none", "off"}:
@@ -269,7 +271,7 @@ def query_embedding_latency(embedder_name: str | None, calls: int, warmup: int) 
     timings, cpu = [], []
     for query in queries[warmup:]:
         started, started_cpu = time.perf_counter(), time.process_time()
-        embedder.embed([query])
+        embed_queries(embedder, [query])
         timings.append((time.perf_counter() - started) * 1000)
         cpu.append((time.process_time() - started_cpu) * 1000)
     # CPU time (all threads of this otherwise idle process) is what a query costs on a quiet core; wall time on a

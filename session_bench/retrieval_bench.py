@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..adapters.embedders import load_embedder
-from ..core.embedding import (ENTRY_VECTORS, EntryVectors, embed_entries, entry_texts,
+from ..core.embedding import (ENTRY_VECTORS, EntryVectors, embed_entries, embed_queries, entry_texts,
                               embedding_text)
 from ..core.models import Actor, MemoryEntry, MemoryType, NewEntry, Provenance, utcnow
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
@@ -284,7 +284,7 @@ async def run_scale(stores: list[str], sizes: list[int], queries: int, ingest_co
                     embed_times, retrieve_times = [], []
                     for question in questions:
                         started = time.perf_counter()
-                        embedder.embed([question])
+                        embed_queries(embedder, [question])
                         embed_times.append(time.perf_counter() - started)
                         started = time.perf_counter()
                         await service.retrieve(actor, question, limit=10)

@@ -469,3 +469,19 @@ def test_resolve_weights_gives_an_identifier_question_the_keyword_share_unless_o
     assert (named["semantic"], named["keyword"]) == pytest.approx((0.3, 0.7))
     assert resolve_weights({"keyword": 0.6}, learned_available=False, query="ERR_LEDGER_409?")["semantic"] == 0.5
     assert resolve_weights(None, learned_available=False, fusion="rrf", query="ERR_LEDGER_409?")["keyword"] == 0.2
+
+
+def test_an_embedder_with_its_own_semantic_share_gets_it_unless_overridden_or_an_identifier_is_named() -> None:
+    from amfs_server.core.embedding import GEMMA
+    from amfs_server.core.retrieval import EMBEDDER_SEMANTIC_SHARE
+
+    assert EMBEDDER_SEMANTIC_SHARE[GEMMA] == 0.8  # keyed by the embedder's real name
+    own = resolve_weights(None, learned_available=False, query="what did Caroline paint?", embedder=GEMMA)
+    assert (own["semantic"], own["keyword"]) == pytest.approx((0.8, 0.2))
+    default = resolve_weights(None, learned_available=False, query="what did Caroline paint?", embedder="other")
+    assert (default["semantic"], default["keyword"]) == (0.5, 0.5)
+    named = resolve_weights(None, learned_available=False, query="was ERR_LEDGER_409 fixed?", embedder=GEMMA)
+    assert (named["semantic"], named["keyword"]) == pytest.approx((0.3, 0.7))
+    chosen = resolve_weights({"semantic": 0.4}, learned_available=False, query="what?", embedder=GEMMA)
+    assert (chosen["semantic"], chosen["keyword"]) == (0.4, 0.5)
+    assert resolve_weights(None, learned_available=False, fusion="rrf", embedder=GEMMA)["semantic"] == 0.4

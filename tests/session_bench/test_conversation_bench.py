@@ -265,3 +265,35 @@ def test_a_candidate_model_file_is_measured_like_the_shipped_model():
         bench_embedder("/nonexistent/model_int8.onnx")
     with pytest.raises(SystemExit):
         bench.main(["--embedder", "/nonexistent/model_int8.onnx", "--conversations", "1"])
+
+
+def test_via_mcp_serves_with_the_embedder_asked_for_and_refuses_a_model_file(monkeypatch):
+    """`--via-mcp --embedder NAME` starts each server with AMFS_EMBEDDER=NAME (a fetched model's cache travels with
+    it); a model file cannot be handed to a server, so it is refused before anything runs."""
+    from contextlib import asynccontextmanager
+
+    from amfs_server.session_bench import mcp_latency
+
+    started: list[dict[str, str]] = []
+
+    class Stop(Exception):
+        pass
+
+    @asynccontextmanager
+    async def recording_session(env):
+        started.append(env)
+        raise Stop
+        yield  # pragma: no cover - never reached
+
+    monkeypatch.setattr(mcp_latency, "stdio_session", recording_session)
+    monkeypatch.setenv("AMFS_MODEL_CACHE", "/models/here")
+    monkeypatch.setenv("AMFS_DATA_DIR", "/not/for/the/bench")
+    conversation = gen.build_dataset(seed=5, conversations=1, sessions=2)["conversations"][0]
+    with pytest.raises(Stop):
+        asyncio.run(bench.run_via_mcp([conversation], embedder="embeddinggemma"))
+    assert started[0]["AMFS_EMBEDDER"] == "embeddinggemma"
+    assert started[0]["AMFS_MODEL_CACHE"] == "/models/here" and started[0]["AMFS_DATA_DIR"] != "/not/for/the/bench"
+    with pytest.raises(SystemExit):
+        bench.main(["--via-mcp", "--embedder", "/tmp/candidate/model_int8.onnx", "--conversations", "1"])
+    with pytest.raises(SystemExit):
+        bench.main(["--via-mcp", "--with-dates", "--conversations", "1"])
