@@ -305,14 +305,14 @@ class GemmaEmbedder:
             from tokenizers import Tokenizer
 
             folder = self.model_dir()
-            tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
-            tokenizer.enable_truncation(self.max_length)
             try:
+                tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
+                tokenizer.enable_truncation(self.max_length)
                 session = ort.InferenceSession(str(folder / MODEL_FILE), sess_options=cpu_session_options(self.num_threads),
                                                providers=["CPUExecutionProvider"])
-            except Exception as exc:
+            except Exception as exc:  # a damaged file: fetching again replaces both
                 raise EmbedderUnavailableError(
-                    f"Failed to load {folder / MODEL_FILE}: {exc}. Delete {folder} and run: {GEMMA_FETCH_HINT}"
+                    f"Failed to load EmbeddingGemma from {folder}: {exc}. Delete {folder} and run: {GEMMA_FETCH_HINT}"
                 ) from exc
             self._tokenizer = tokenizer
             self._session = session  # set last: publishes the loaded state

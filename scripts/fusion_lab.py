@@ -213,8 +213,9 @@ def keyword_by_best_share(floor: float) -> Fusion:
 
 
 def semantic_weight(share: float) -> Fusion:
-    """The shipped fusion with semantic / keyword at `share` / 1 - `share` where they were the defaults (a question
-    naming an identifier keeps its own split): an embedder's weight, chosen again for a stronger model."""
+    """The shipped fusion with semantic / keyword at `share` / 1 - `share` where the dump holds them equal (0.5.0's
+    default; a question naming an identifier keeps its own split, and so does every question of a dump made with an
+    embedder that has its own share): an embedder's weight, chosen again for a stronger model."""
     def fusion(rankings: list[RankedList], weights: dict[str, float]) -> list[str]:
         if abs(weights.get("semantic", 0.0) - weights.get("keyword", 0.0)) > 1e-9:
             return shipped(rankings, weights)

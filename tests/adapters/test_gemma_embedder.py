@@ -101,6 +101,15 @@ def test_an_unfetched_model_names_the_fetch_command(tmp_path: Path, monkeypatch:
         ge.GemmaEmbedder().embed_query(["a question"])
 
 
+def test_a_damaged_fetched_model_says_to_fetch_again(tmp_path: Path) -> None:
+    folder = tmp_path / ge.GEMMA_DIR
+    folder.mkdir()
+    (folder / ge.MODEL_FILE).write_bytes(b"not an onnx graph")
+    (folder / ge.TOKENIZER_FILE).write_text("{}")
+    with pytest.raises(EmbedderUnavailableError, match=r"Failed to load EmbeddingGemma.*Delete .* and run: pip install"):
+        ge.GemmaEmbedder(model_dir=folder).embed(["a memory"])
+
+
 def test_fetching_asks_for_the_terms_first_and_fetches_nothing_without_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AMFS_MODEL_CACHE", str(tmp_path / "cache"))
