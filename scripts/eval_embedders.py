@@ -46,6 +46,7 @@ MODELS = (
     "me5-small-q4",
     "me5-small-enpt-q4",
     "chat-minilm-int8",
+    "embeddinggemma-int8",
     "sentence-transformers",
 )
 
@@ -68,6 +69,14 @@ def make_candidate(name: str, threads: int, args: argparse.Namespace) -> Candida
         emb = OnnxEmbedder(variant="chat-int8", num_threads=threads)
         return Candidate("ORT int8 dynamic (the shipped default)", 384, emb.model_path().stat().st_size / 1e6,
                          emb.embed, emb.embed, emb.load, turn=lambda text: embedding_text(TURN_HEADER, "", text))
+    if name == "embeddinggemma-int8":
+        from amfs_server.adapters.gemma_embedder import MODEL_FILE, GemmaEmbedder
+
+        gemma = GemmaEmbedder(num_threads=threads)
+        gemma.check_available()  # fetched with `amfs-server embedder fetch embeddinggemma` (AMFS_MODEL_CACHE)
+        return Candidate("ORT int8 dynamic (AMFS_EMBEDDER=embeddinggemma)", 768,
+                         (gemma.model_dir() / MODEL_FILE).stat().st_size / 1e6, gemma.embed_query, gemma.embed,
+                         gemma.load)
     if name == "sentence-transformers":
         if args.st_dir is None or not (args.st_dir / "modules.json").is_file():
             raise SystemExit(f"--st-dir {args.st_dir}: no sentence-transformers model folder (modules.json) there")
