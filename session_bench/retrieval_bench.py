@@ -255,8 +255,8 @@ async def measure_ingest(store_kind: str, embedder, workdir: Path, count: int) -
 
 
 async def run_scale(stores: list[str], sizes: list[int], queries: int, ingest_count: int, out_dir: Path,
-                    cache_dir: Path) -> dict[str, Any]:
-    embedder = load_embedder()
+                    cache_dir: Path, embedder=None) -> dict[str, Any]:
+    embedder = embedder or load_embedder()
     embedder.embed(["warm up"])
     dataset = json.loads(DATASET.read_text())
     questions = [q["question"] for q in dataset["questions"]][:queries]
@@ -370,6 +370,8 @@ def main(argv: list[str] | None = None) -> None:
     scale.add_argument("--ingest-count", type=int, default=2000)
     scale.add_argument("--out", type=Path, default=Path("reports/retrieval"))
     scale.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "amfs-server" / "bench")
+    scale.add_argument("--embedder", default=None,
+                       help="the embedder, by name or an exported ONNX file (PATH.onnx[.gz]; default: the server's)")
     args = parser.parse_args(argv)
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     if args.command == "quality":
@@ -377,7 +379,8 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(run_quality(stores, args.out, embedder))
     else:
         sizes = [int(s) for s in args.sizes.split(",")]
-        asyncio.run(run_scale(stores, sizes, args.queries, args.ingest_count, args.out, args.cache_dir))
+        embedder = embedder_option(parser, args.embedder)
+        asyncio.run(run_scale(stores, sizes, args.queries, args.ingest_count, args.out, args.cache_dir, embedder))
 
 
 if __name__ == "__main__":
