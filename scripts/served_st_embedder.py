@@ -2,8 +2,8 @@
 (SQLite, in process) on tuning conversations: the turns written with the shipped `write_conversation`, the questions
 asked with the shipped `retrieve`, the fusion as configured and semantic search alone, beside the shipped default
 on the same conversations. The model's `document` prompt goes before every text written, its `query` prompt before
-every question (the server has one embed call for both, so the harness switches between them). Research only: the
-server does not offer such an embedder (README, Retrieval, "EmbeddingGemma-300M").
+every question (the embedder port's `embed` and `embed_query`). Research: the model on torch in float, as it ships;
+the server's own EmbeddingGemma is the int8 export (`AMFS_EMBEDDER=embeddinggemma`, README, Retrieval).
 
     python scripts/served_st_embedder.py --st-dir DIR --conversations ann-01,ann-02
 
@@ -26,7 +26,8 @@ ANNOTATED = Path(__file__).resolve().parent.parent / "session_bench" / "data" / 
 
 
 class PromptedEmbedder:
-    """The Embedder port over a sentence-transformers model, with the prompt of the current `mode`."""
+    """The Embedder port over a sentence-transformers model: stored texts after its `document` prompt, questions
+    after its `query` prompt."""
 
     def __init__(self, model_dir: Path):
         import torch
@@ -36,7 +37,6 @@ class PromptedEmbedder:
         self.model = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
         self.name = f"st:{model_dir.name}"
         self.dimension = self.model.get_sentence_embedding_dimension()
-        self.mode = "document"
 
     def check_available(self) -> None:
         pass
@@ -45,26 +45,22 @@ class PromptedEmbedder:
         pass
 
     def embed(self, texts) -> np.ndarray:
+        return self._encode("document", texts)
+
+    def embed_query(self, texts) -> np.ndarray:
+        return self._encode("query", texts)
+
+    def _encode(self, kind: str, texts) -> np.ndarray:
         if not len(texts):
             return np.zeros((0, self.dimension), dtype=np.float32)
-        prompt = self.model.prompts.get(self.mode, "")
+        prompt = self.model.prompts.get(kind, "")
         return self.model.encode([prompt + text for text in texts], normalize_embeddings=True,
                                  batch_size=32).astype(np.float32)
 
 
 def score(embedder, conversations: list[dict]) -> dict[str, dict[str, float]]:
-    """The shipped in-process benchmark run (`run_in_process`, SQLite), each ranker asking with the query prompt:
-    a conversation's turns are all written before its questions are asked."""
-    def asking(ranker):
-        async def ask(service, conversation, questions):
-            embedder.mode = "query"
-            try:
-                return await ranker(service, conversation, questions)
-            finally:
-                embedder.mode = "document"
-        return ask
-
-    selected = {FUSION: asking(service_ranker(None)), "semantic alone": asking(service_ranker(alone("semantic")))}
+    """The shipped in-process benchmark run (`run_in_process`, SQLite): the fusion as configured and semantic alone."""
+    selected = {FUSION: service_ranker(None), "semantic alone": service_ranker(alone("semantic"))}
     rows = asyncio.run(run_in_process(conversations, "sqlite", embedder=embedder, selected=selected))
     return {name: mean_scores(got) for name, got in rows.items()}
 
