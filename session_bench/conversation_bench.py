@@ -191,7 +191,8 @@ def reattribute_evidence(conversations: list[dict[str, Any]], share: float, seed
 
 def score_conversation(conversation: dict[str, Any], ranked: list[list[str]]) -> list[dict[str, Any]]:
     return [
-        {"id": q["id"], "kind": q["kind"], "split": conversation["split"], **score_question(r, q["evidence"])}
+        {"id": q["id"], "conversation": conversation["conversation_id"], "kind": q["kind"], "split": conversation["split"],
+         **score_question(r, q["evidence"])}
         for q, r in zip(conversation["questions"], ranked, strict=True)
     ]
 

@@ -354,10 +354,17 @@ def main(argv: list[str] | None = None) -> None:
 
         conversations_main(argv[1:])
         return
+    if argv[:1] == ["intervals"]:
+        from .intervals import main as intervals_main
+
+        intervals_main(argv[1:])
+        return
     parser = argparse.ArgumentParser(prog="amfs-server bench retrieval", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("conversations", add_help=False,
                    help="recall@10 / MRR@10 on multi-session conversations (options: conversations --help)")
+    sub.add_parser("intervals", add_help=False,
+                   help="95%% bootstrap intervals for a `conversations --json` report (options: intervals --help)")
     quality = sub.add_parser("quality", help="recall@k / MRR per strategy and for the fusion")
     quality.add_argument("--stores", default="sqlite")
     quality.add_argument("--out", type=Path, default=Path("reports/retrieval"))

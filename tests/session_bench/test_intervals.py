@@ -1,0 +1,106 @@
+"""`amfs-server bench retrieval intervals`: bootstrap intervals and paired differences over a benchmark report."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from amfs_server.session_bench import intervals, retrieval_bench
+from amfs_server.session_bench.conversation_bench import FUSION
+
+
+def rows(scores: list[tuple[float, float]], conversations: int = 4) -> list[dict]:
+    return [{"id": f"c{n % conversations}-q{n:03d}", "conversation": f"c{n % conversations}", "kind": "single-hop",
+             "split": "test", "recall@10": recall, "mrr@10": mrr} for n, (recall, mrr) in enumerate(scores)]
+
+
+def report(path: Path, rankers: dict[str, list[dict]], run: str = "sqlite") -> Path:
+    path.write_text(json.dumps({"split": "test", "runs": {run: {"summary": {}, "questions": rankers}}}))
+    return path
+
+
+def test_the_interval_holds_the_mean_narrows_with_more_questions_and_repeats_for_a_seed():
+    rng = random.Random(5)
+    few = [float(rng.random() < 0.7) for _ in range(50)]
+    many = [float(rng.random() < 0.7) for _ in range(2000)]
+    mean, low, high = intervals.interval(few, resamples=2000)
+    assert low < mean < high and mean == pytest.approx(sum(few) / 50)
+    _, low_many, high_many = intervals.interval(many, resamples=2000)
+    assert high_many - low_many < (high - low) / 3  # ~sqrt(40) narrower
+    assert intervals.interval(few, resamples=2000) == (mean, low, high)
+    assert intervals.interval([0.5] * 30, resamples=500) == (0.5, 0.5, 0.5)
+
+
+def test_a_ranker_ahead_on_every_question_is_ahead_with_certainty_and_in_every_conversation():
+    better = rows([(1.0, 1.0)] * 40)
+    worse = rows([(0.5, 0.25)] * 40)
+    result = intervals.paired(better, worse, "mrr@10", resamples=500)
+    assert result["difference"] == pytest.approx(0.75) and result["low"] == pytest.approx(0.75)
+    assert (result["ahead"], result["behind"], result["conversations"]) == (4, 0, 4)
+
+
+def test_a_difference_resting_on_two_questions_of_forty_is_not_called_certain():
+    base = [(0.0, 0.0)] * 40
+    two_better = list(base)
+    two_better[3] = two_better[17] = (1.0, 1.0)
+    result = intervals.paired(rows(two_better), rows(base), "recall@10", resamples=5000)
+    assert result["difference"] == pytest.approx(0.05)
+    assert result["low"] <= 0.0 < result["high"]  # could be luck: the interval reaches zero
+    assert (result["ahead"], result["behind"]) == (2, 0)  # q003 is in c3, q017 in c1; c0 and c2 unchanged
+
+
+def test_runs_of_different_questions_are_refused_rather_than_paired():
+    with pytest.raises(intervals.ReportError, match="different questions"):
+        intervals.paired(rows([(1.0, 1.0)] * 10), rows([(1.0, 1.0)] * 11), "recall@10", resamples=200)
+
+
+def test_the_command_prints_every_ranker_and_the_fusion_against_each(tmp_path: Path, capsys):
+    rng = random.Random(1)
+    fusion = rows([(rng.choice([0.0, 0.5, 1.0]), rng.choice([0.0, 0.5, 1.0])) for _ in range(60)])
+    bm25 = [dict(r, **{"recall@10": r["recall@10"] / 2, "mrr@10": r["mrr@10"] / 2}) for r in fusion]
+    path = report(tmp_path / "run.json", {FUSION: fusion, "bm25 (baseline)": bm25})
+    retrieval_bench.main(["intervals", str(path), "--resamples", "500"])
+    out = capsys.readouterr().out
+    assert "60 questions, 4 conversations" in out
+    assert f"| {FUSION} | " in out and "| bm25 (baseline) | " in out
+    assert f"| {FUSION} minus |" in out
+    line = next(l for l in out.splitlines() if l.startswith("| bm25 (baseline) | +"))
+    assert line.count("up /") == 2
+
+
+def test_against_pairs_the_same_run_of_two_files(tmp_path: Path, capsys):
+    mine = report(tmp_path / "gemma.json", {FUSION: rows([(1.0, 1.0)] * 20)})
+    theirs = report(tmp_path / "minilm.json", {FUSION: rows([(0.0, 0.0)] * 20)})
+    text = intervals.main([str(mine), "--against", str(theirs), "--resamples", "200"])
+    assert "gemma.json minus minilm.json" in text
+    assert "| sqlite | 20 | +1.000 [+1.000, +1.000] | +1.000 [+1.000, +1.000] | 4 up / 0 down of 4 |" in text
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file"),
+    ("{not json", "not JSON"),
+    (json.dumps({"summary": {}}), "not a report"),
+    (json.dumps({"runs": {"sqlite": {"questions": {FUSION: [{"id": "a"}]}}}}), "rows without"),
+])
+def test_a_file_that_is_not_a_report_is_named_with_what_is_wrong(tmp_path: Path, capsys, content, message):
+    path = tmp_path / "x.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SystemExit) as exit_info:
+        intervals.main([str(path)])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_files_without_a_common_run_or_ranker_are_refused(tmp_path: Path, capsys):
+    sqlite = report(tmp_path / "a.json", {FUSION: rows([(1.0, 1.0)] * 8)})
+    postgres = report(tmp_path / "b.json", {FUSION: rows([(1.0, 1.0)] * 8)}, run="postgres")
+    with pytest.raises(SystemExit):
+        intervals.main([str(sqlite), "--against", str(postgres)])
+    assert "share no run" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        intervals.main([str(sqlite), "--ranker", "semantic"])
+    assert "has no ranker 'semantic'" in capsys.readouterr().err
