@@ -117,7 +117,16 @@ def _ahead(result: dict[str, Any]) -> str:
     return f"{result['ahead']} up / {result['behind']} down of {result['conversations']}"
 
 
-def within_run(name: str, rankers: dict[str, Rows], reference: str, resamples: int = RESAMPLES) -> str:
+def reference_of(rankers: dict[str, Rows], asked: str | None) -> str:
+    """The ranker the others are compared with: the one asked for, else the fusion as configured (named
+    `... via MCP` in a `--via-mcp` report)."""
+    if asked is not None:
+        return asked
+    return next((name for name in (FUSION, FUSION + " via MCP") if name in rankers), FUSION)
+
+
+def within_run(name: str, rankers: dict[str, Rows], asked: str | None, resamples: int = RESAMPLES) -> str:
+    reference = reference_of(rankers, asked)
     if reference not in rankers:
         raise ReportError(f"run {name!r} has no ranker {reference!r} (it has: {', '.join(rankers)})")
     rows = rankers[reference]
@@ -139,12 +148,13 @@ def within_run(name: str, rankers: dict[str, Rows], reference: str, resamples: i
     return "\n".join(lines + [""])
 
 
-def across_reports(mine: dict[str, dict[str, Rows]], theirs: dict[str, dict[str, Rows]], reference: str,
+def across_reports(mine: dict[str, dict[str, Rows]], theirs: dict[str, dict[str, Rows]], asked: str | None,
                    labels: tuple[str, str], resamples: int = RESAMPLES) -> str:
     common = [name for name in mine if name in theirs]
     if not common:
         raise ReportError(f"the two files share no run (one has {', '.join(mine)}, the other {', '.join(theirs)}): "
                           "run both with the same --stores / --via-mcp")
+    reference = reference_of(mine[common[0]], asked)
     lines = [f"### {labels[0]} minus {labels[1]}, ranker {reference!r}: 95% intervals, questions resampled "
              f"{resamples:,} times", "",
              "| run | questions | recall@10 | MRR@10 | conversations, recall@10 | conversations, MRR@10 |",
@@ -165,7 +175,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("report", type=Path, help="a file written by `amfs-server bench retrieval conversations --json`")
     parser.add_argument("--against", type=Path, default=None,
                         help="another such file: compare the two files' reference rankers question by question")
-    parser.add_argument("--ranker", default=FUSION, help=f"the reference ranker (default: {FUSION!r})")
+    parser.add_argument("--ranker", default=None,
+                        help=f"the reference ranker (default: {FUSION!r}, or the same via MCP in a --via-mcp report)")
     parser.add_argument("--resamples", type=int, default=RESAMPLES, help=f"bootstrap resamples (default {RESAMPLES:,})")
     args = parser.parse_args(argv)
     if args.resamples < 100:

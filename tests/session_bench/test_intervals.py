@@ -104,3 +104,12 @@ def test_files_without_a_common_run_or_ranker_are_refused(tmp_path: Path, capsys
     with pytest.raises(SystemExit):
         intervals.main([str(sqlite), "--ranker", "semantic"])
     assert "has no ranker 'semantic'" in capsys.readouterr().err
+
+
+def test_a_via_mcp_report_is_compared_against_its_fusion_through_mcp(tmp_path: Path):
+    fusion = rows([(1.0, 1.0)] * 12)
+    path = report(tmp_path / "mcp.json", {FUSION + " via MCP": fusion, "bm25 (baseline)": rows([(0.0, 0.0)] * 12)},
+                  run="mcp-stdio")
+    text = intervals.main([str(path), "--resamples", "200"])
+    assert f"| {FUSION} via MCP minus |" in text
+    assert "| bm25 (baseline) | +1.000 [+1.000, +1.000]" in text
