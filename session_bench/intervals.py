@@ -1,20 +1,21 @@
-"""How sure a conversation benchmark's figures are: paired bootstrap intervals over its questions.
+"""How sure a retrieval benchmark's figures are: paired bootstrap intervals over its questions.
 
-Reads what `amfs-server bench retrieval conversations --json FILE` wrote (every question's recall@10 and MRR@10 per
-ranker). For one file: each ranker's mean with its 95% interval, and the reference ranker (the fusion as configured)
-against every other ranker, question by question. With `--against OTHER`: the reference ranker of FILE against the
-same ranker of OTHER (another embedder, another release), paired on the question ids, run by run (sqlite with
-sqlite, ...).
+Reads what `amfs-server bench retrieval conversations --json FILE` wrote, or the `quality.json` of `amfs-server bench
+retrieval quality` (the agent-memory set): every question's scores per ranker. For one file: each ranker's mean with
+its 95% interval, and the reference ranker (the fusion as configured) against every other ranker, question by
+question. With `--against OTHER`: the reference ranker of FILE against the same ranker of OTHER (another embedder,
+another release), paired on the question ids, run by run (sqlite with sqlite, ...).
 
-Intervals resample the questions (10,000 times, percentile method, a fixed seed). Questions of one conversation are
-not independent (one chat's style makes several of its questions easy or hard together), and resampling questions
-treats them as if they were, so the intervals are narrower than the uncertainty about another conversation; the
-last column, how many conversations each difference points the same way in, is the cruder check on that.
+Intervals resample the questions (10,000 times, percentile method, a fixed seed). Questions of one conversation (or,
+on the agent-memory set, of one service) are not independent, and resampling questions treats them as if they were,
+so the intervals are narrower than the uncertainty about another conversation; the last columns, how many
+conversations (services) each difference points the same way in, are the cruder check on that.
 
     amfs-server bench retrieval conversations --dataset session_bench/data/conversations_annotated.json --split test --json minilm.json
     amfs-server bench retrieval intervals minilm.json
     amfs-server bench retrieval conversations --dataset ... --split test --embedder embeddinggemma --json gemma.json
     amfs-server bench retrieval intervals gemma.json --against minilm.json
+    amfs-server bench retrieval quality --out reports/retrieval && amfs-server bench retrieval intervals reports/retrieval/quality.json --half odd
 """
 
 from __future__ import annotations
@@ -27,8 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from .conversation_bench import FUSION, METRICS
+from .conversation_bench import FUSION
 
+# The scores a report may hold per question, in the order they are printed, with their printed names.
+METRICS = {"recall@5": "recall@5", "recall@10": "recall@10", "mrr@10": "MRR@10", "mrr": "MRR"}
+# The agent-memory benchmark's name for the default fusion (`retrieval_bench.run_quality`).
+QUALITY_FUSION = "fusion: hybrid (the default)"
 RESAMPLES = 10_000
 SEED = 20261128
 LEVEL = 0.95
@@ -57,12 +62,18 @@ def interval(values: Sequence[float], resamples: int = RESAMPLES, seed: int = SE
     return float(data.mean()), float(low), float(high)
 
 
-def conversation_of(row: dict[str, Any]) -> str:
-    """The conversation a scored question belongs to (rows written before the field existed: from the question id,
-    `ann-01-q001` -> `ann-01`)."""
-    if "conversation" in row:
-        return str(row["conversation"])
+def group_of(row: dict[str, Any]) -> str:
+    """The conversation (agent-memory set: the service) a scored question belongs to; rows written before either
+    field existed: from the question id, `ann-01-q001` -> `ann-01`."""
+    for field in ("group", "conversation"):
+        if field in row:
+            return str(row[field])
     return str(row["id"]).rsplit("-q", 1)[0]
+
+
+def metrics_of(rows: Rows) -> list[str]:
+    """The scores every row holds, in print order."""
+    return [m for m in METRICS if all(m in row for row in rows)]
 
 
 def paired(mine: Rows, theirs: Rows, metric: str, resamples: int = RESAMPLES) -> dict[str, Any]:
@@ -78,34 +89,50 @@ def paired(mine: Rows, theirs: Rows, metric: str, resamples: int = RESAMPLES) ->
     mean, low, high = interval(differences, resamples)
     per_conversation: dict[str, list[float]] = {}
     for row, difference in zip(mine, differences):
-        per_conversation.setdefault(conversation_of(row), []).append(difference)
+        per_conversation.setdefault(group_of(row), []).append(difference)
     signs = [float(np.mean(values)) for values in per_conversation.values()]
     return {"difference": mean, "low": low, "high": high, "conversations": len(signs),
             "ahead": sum(s > 1e-12 for s in signs), "behind": sum(s < -1e-12 for s in signs)}
 
 
-def load_report(path: Path) -> dict[str, dict[str, Rows]]:
-    """run name -> ranker -> scored questions, from a `conversations --json` file."""
+class Report:
+    """A loaded report: run name -> ranker -> scored questions, and what its questions are grouped by."""
+
+    def __init__(self, runs: dict[str, dict[str, Rows]], unit: str) -> None:
+        self.runs, self.unit = runs, unit
+
+
+def load_report(path: Path, half: str | None = None) -> Report:
+    """A `conversations --json` file (its runs) or a `quality.json` (its stores); `half` keeps the agent-memory
+    set's even (tuning) or odd (held-out) questions."""
     try:
         report = json.loads(path.read_text())
     except FileNotFoundError:
         raise ReportError(f"{path}: no such file (write one with `amfs-server bench retrieval conversations "
-                          "... --json FILE`)") from None
+                          "... --json FILE` or `amfs-server bench retrieval quality`)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ReportError(f"{path}: not JSON ({error})") from None
-    runs = report.get("runs") if isinstance(report, dict) else None
+    runs = None
+    if isinstance(report, dict):
+        runs = report.get("runs") if "runs" in report else report.get("stores")
     if not isinstance(runs, dict) or not runs or not all(
             isinstance(run, dict) and isinstance(run.get("questions"), dict) for run in runs.values()):
-        raise ReportError(f"{path}: not a report of `amfs-server bench retrieval conversations --json` (it has no "
-                          "runs with per-question scores)")
+        raise ReportError(f"{path}: not a report of `amfs-server bench retrieval conversations --json` or `quality` "
+                          "with per-question scores (a quality.json from before `intervals` existed has none: run the benchmark again)")
     loaded: dict[str, dict[str, Rows]] = {}
     for name, run in runs.items():
         rankers = {ranker: rows for ranker, rows in run["questions"].items() if rows}
         for ranker, rows in rankers.items():
-            if not all(isinstance(r, dict) and "id" in r and all(m in r for m in METRICS) for r in rows):
-                raise ReportError(f"{path}: run {name!r}, ranker {ranker!r}: rows without an id or {METRICS}")
+            if not all(isinstance(r, dict) and "id" in r for r in rows) or "recall@10" not in metrics_of(rows):
+                raise ReportError(f"{path}: run {name!r}, ranker {ranker!r}: rows without an id or scores")
+            if half is not None:
+                if not all("half" in r for r in rows):
+                    raise ReportError(f"{path}: --half is for the agent-memory set's quality.json; this report's "
+                                      "questions have no halves")
+                rankers[ranker] = [r for r in rows if r["half"] == half]
         loaded[name] = rankers
-    return loaded
+    first = next(rows for rankers in loaded.values() for rows in rankers.values())
+    return Report(loaded, "services" if "group" in first[0] else "conversations")
 
 
 def _cell(mean: float, low: float, high: float, signed: bool = False) -> str:
@@ -118,76 +145,88 @@ def _ahead(result: dict[str, Any]) -> str:
 
 
 def reference_of(rankers: dict[str, Rows], asked: str | None) -> str:
-    """The ranker the others are compared with: the one asked for, else the fusion as configured (named
-    `... via MCP` in a `--via-mcp` report)."""
+    """The ranker the others are compared with: the one asked for, else the default fusion (named `... via MCP`
+    in a `--via-mcp` report, and otherwise in the agent-memory benchmark's)."""
     if asked is not None:
         return asked
-    return next((name for name in (FUSION, FUSION + " via MCP") if name in rankers), FUSION)
+    return next((name for name in (FUSION, FUSION + " via MCP", QUALITY_FUSION) if name in rankers), FUSION)
 
 
-def within_run(name: str, rankers: dict[str, Rows], asked: str | None, resamples: int = RESAMPLES) -> str:
+def _table_head(first: str, metrics: list[str], unit: str) -> list[str]:
+    names = [METRICS[m] for m in metrics]
+    head = f"| {first} | " + " | ".join(names) + " | " + " | ".join(f"{unit}, {n}" for n in names) + " |"
+    return [head, "| --- |" + " --- |" * (2 * len(names))]
+
+
+def _difference_cells(mine: Rows, theirs: Rows, metrics: list[str], resamples: int) -> str:
+    results = [paired(mine, theirs, m, resamples) for m in metrics]
+    return (" | ".join(_cell(r["difference"], r["low"], r["high"], signed=True) for r in results)
+            + " | " + " | ".join(_ahead(r) for r in results))
+
+
+def within_run(name: str, rankers: dict[str, Rows], asked: str | None, unit: str = "conversations",
+               resamples: int = RESAMPLES) -> str:
     reference = reference_of(rankers, asked)
     if reference not in rankers:
         raise ReportError(f"run {name!r} has no ranker {reference!r} (it has: {', '.join(rankers)})")
     rows = rankers[reference]
-    conversations = len({conversation_of(r) for r in rows})
-    lines = [f"### {name}: {len(rows)} questions, {conversations} conversations; 95% intervals, questions resampled "
-             f"{resamples:,} times", "", "| ranker | recall@10 | MRR@10 |", "| --- | --- | --- |"]
+    metrics = metrics_of(rows)
+    lines = [f"### {name}: {len(rows)} questions, {len({group_of(r) for r in rows})} {unit}; 95% intervals, "
+             f"questions resampled {resamples:,} times", "",
+             "| ranker | " + " | ".join(METRICS[m] for m in metrics) + " |", "| --- |" + " --- |" * len(metrics)]
     for ranker, scored in rankers.items():
         lines.append(f"| {ranker} | " + " | ".join(_cell(*interval([r[m] for r in scored], resamples))
-                                                   for m in METRICS) + " |")
-    lines += ["", f"| {reference} minus | recall@10 | MRR@10 | conversations, recall@10 | conversations, MRR@10 |",
-              "| --- | --- | --- | --- | --- |"]
+                                                   for m in metrics) + " |")
+    lines += ["", *_table_head(f"{reference} minus", metrics, unit)]
     for ranker, scored in rankers.items():
-        if ranker == reference:
-            continue
-        results = [paired(rows, scored, m, resamples) for m in METRICS]
-        lines.append(f"| {ranker} | " + " | ".join(_cell(r["difference"], r["low"], r["high"], signed=True)
-                                                   for r in results)
-                     + " | " + " | ".join(_ahead(r) for r in results) + " |")
+        if ranker != reference:
+            lines.append(f"| {ranker} | " + _difference_cells(rows, scored, metrics, resamples) + " |")
     return "\n".join(lines + [""])
 
 
-def across_reports(mine: dict[str, dict[str, Rows]], theirs: dict[str, dict[str, Rows]], asked: str | None,
-                   labels: tuple[str, str], resamples: int = RESAMPLES) -> str:
-    common = [name for name in mine if name in theirs]
+def across_reports(mine: Report, theirs: Report, asked: str | None, labels: tuple[str, str],
+                   resamples: int = RESAMPLES) -> str:
+    common = [name for name in mine.runs if name in theirs.runs]
     if not common:
-        raise ReportError(f"the two files share no run (one has {', '.join(mine)}, the other {', '.join(theirs)}): "
-                          "run both with the same --stores / --via-mcp")
-    reference = reference_of(mine[common[0]], asked)
-    lines = [f"### {labels[0]} minus {labels[1]}, ranker {reference!r}: 95% intervals, questions resampled "
-             f"{resamples:,} times", "",
-             "| run | questions | recall@10 | MRR@10 | conversations, recall@10 | conversations, MRR@10 |",
-             "| --- | --- | --- | --- | --- | --- |"]
+        raise ReportError(f"the two files share no run (one has {', '.join(mine.runs)}, the other "
+                          f"{', '.join(theirs.runs)}): run both with the same --stores / --via-mcp")
+    reference = reference_of(mine.runs[common[0]], asked)
+    metrics: list[str] = []
+    lines: list[str] = []
     for name in common:
-        if reference not in mine[name] or reference not in theirs[name]:
+        if reference not in mine.runs[name] or reference not in theirs.runs[name]:
             raise ReportError(f"run {name!r}: ranker {reference!r} is missing from one of the files")
-        results = [paired(mine[name][reference], theirs[name][reference], m, resamples) for m in METRICS]
-        lines.append(f"| {name} | {len(mine[name][reference])} | "
-                     + " | ".join(_cell(r["difference"], r["low"], r["high"], signed=True) for r in results)
-                     + " | " + " | ".join(_ahead(r) for r in results) + " |")
-    return "\n".join(lines + [""])
+        ours, other = mine.runs[name][reference], theirs.runs[name][reference]
+        metrics = metrics or [m for m in metrics_of(ours) if m in metrics_of(other)]
+        lines.append(f"| {name} ({len(ours)} questions) | " + _difference_cells(ours, other, metrics, resamples) + " |")
+    return "\n".join([f"### {labels[0]} minus {labels[1]}, ranker {reference!r}: 95% intervals, questions resampled "
+                      f"{resamples:,} times", "", *_table_head("run", metrics, mine.unit), *lines, ""])
 
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(prog="amfs-server bench retrieval intervals",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("report", type=Path, help="a file written by `amfs-server bench retrieval conversations --json`")
+    parser.add_argument("report", type=Path, help="a file written by `amfs-server bench retrieval conversations --json`, "
+                                                  "or the quality.json of `amfs-server bench retrieval quality`")
     parser.add_argument("--against", type=Path, default=None,
                         help="another such file: compare the two files' reference rankers question by question")
     parser.add_argument("--ranker", default=None,
-                        help=f"the reference ranker (default: {FUSION!r}, or the same via MCP in a --via-mcp report)")
+                        help=f"the reference ranker (default: the default fusion, {FUSION!r} or its via-MCP or "
+                             f"agent-memory name)")
     parser.add_argument("--resamples", type=int, default=RESAMPLES, help=f"bootstrap resamples (default {RESAMPLES:,})")
+    parser.add_argument("--half", choices=("even", "odd"), default=None,
+                        help="the agent-memory set only: its even (tuning) or odd (held-out) questions")
     args = parser.parse_args(argv)
     if args.resamples < 100:
         parser.error("--resamples must be at least 100")
     try:
-        mine = load_report(args.report)
+        mine = load_report(args.report, args.half)
         if args.against is None:
-            text = "\n".join(within_run(name, rankers, args.ranker, args.resamples) for name, rankers in mine.items())
+            text = "\n".join(within_run(name, rankers, args.ranker, mine.unit, args.resamples)
+                             for name, rankers in mine.runs.items())
         else:
-            text = across_reports(mine, load_report(args.against), args.ranker,
-                                  (args.report.name, args.against.name), args.resamples)
+            text = across_reports(mine, load_report(args.against, args.half), args.ranker,
+                                  (str(args.report), str(args.against)), args.resamples)
     except ReportError as error:
         parser.error(str(error))
     print(text)

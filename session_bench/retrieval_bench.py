@@ -90,6 +90,7 @@ async def run_quality(stores: list[str], out_dir: Path, embedder=None) -> dict[s
                 await service.open()
                 await service.import_snapshot(snapshot)
                 table: dict[str, dict[str, float]] = {}
+                questions: dict[str, list[dict[str, Any]]] = {}
                 halves: dict[str, dict[str, dict[str, float]]] = {}
                 by_kind: dict[str, dict[str, dict[str, float]]] = {}
                 for name, (weights, fusion) in configs.items():
@@ -104,6 +105,11 @@ async def run_quality(stores: list[str], out_dir: Path, embedder=None) -> dict[s
                         scores = score_question([r.entry.entry_key for r in results], question["gold"])
                         totals.append(scores)
                         kinds.setdefault(question["kind"], []).append(scores)
+                    # Per question, for `bench retrieval intervals`; grouped by the service the answer belongs to.
+                    questions[name] = [
+                        {"id": f"q{number:03d}", "group": question["gold"][0].split("/", 1)[0], "kind": question["kind"],
+                         "half": "odd" if number % 2 else "even", **scores}
+                        for number, (question, scores) in enumerate(zip(dataset["questions"], totals))]
                     table[name] = _means(totals)
                     # The pool settings were chosen on the even-numbered questions; the odd ones are held out.
                     halves[name] = {"even (tuning)": _means(totals[0::2]), "odd (held out)": _means(totals[1::2])}
@@ -113,7 +119,8 @@ async def run_quality(stores: list[str], out_dir: Path, embedder=None) -> dict[s
                         for k, v in kinds.items()
                     }
                     log(f"[quality/{kind}] {name}: " + ", ".join(f"{m}={v:.3f}" for m, v in table[name].items()))
-                report["stores"][kind] = {"overall": table, "halves": halves, "mrr_by_question_kind": by_kind}
+                report["stores"][kind] = {"overall": table, "halves": halves, "mrr_by_question_kind": by_kind,
+                                          "questions": questions}
             finally:
                 await close_store(store)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -75,8 +75,9 @@ def test_against_pairs_the_same_run_of_two_files(tmp_path: Path, capsys):
     mine = report(tmp_path / "gemma.json", {FUSION: rows([(1.0, 1.0)] * 20)})
     theirs = report(tmp_path / "minilm.json", {FUSION: rows([(0.0, 0.0)] * 20)})
     text = intervals.main([str(mine), "--against", str(theirs), "--resamples", "200"])
-    assert "gemma.json minus minilm.json" in text
-    assert "| sqlite | 20 | +1.000 [+1.000, +1.000] | +1.000 [+1.000, +1.000] | 4 up / 0 down of 4 |" in text
+    assert f"{mine} minus {theirs}" in text
+    assert ("| sqlite (20 questions) | +1.000 [+1.000, +1.000] | +1.000 [+1.000, +1.000] | 4 up / 0 down of 4 | "
+            "4 up / 0 down of 4 |") in text
 
 
 @pytest.mark.parametrize("content, message", [
@@ -84,6 +85,7 @@ def test_against_pairs_the_same_run_of_two_files(tmp_path: Path, capsys):
     ("{not json", "not JSON"),
     (json.dumps({"summary": {}}), "not a report"),
     (json.dumps({"runs": {"sqlite": {"questions": {FUSION: [{"id": "a"}]}}}}), "rows without"),
+    (json.dumps({"stores": {"sqlite": {"overall": {}}}}), "not a report"),
 ])
 def test_a_file_that_is_not_a_report_is_named_with_what_is_wrong(tmp_path: Path, capsys, content, message):
     path = tmp_path / "x.json"
@@ -113,3 +115,46 @@ def test_a_via_mcp_report_is_compared_against_its_fusion_through_mcp(tmp_path: P
     text = intervals.main([str(path), "--resamples", "200"])
     assert f"| {FUSION} via MCP minus |" in text
     assert "| bm25 (baseline) | +1.000 [+1.000, +1.000]" in text
+
+
+def test_the_agent_memory_report_is_read_with_its_metrics_services_and_halves(tmp_path: Path):
+    """`bench retrieval quality` writes recall@5 / recall@10 / MRR per question, grouped by service, in two halves."""
+    def agent_rows(recall: float) -> list[dict]:
+        return [{"id": f"q{n:03d}", "group": f"svc-{n % 5}", "kind": "paraphrase", "half": "odd" if n % 2 else "even",
+                 "recall@5": recall, "recall@10": recall, "mrr": recall} for n in range(30)]
+
+    path = tmp_path / "quality.json"
+    path.write_text(json.dumps({"dataset": {}, "stores": {"sqlite": {"overall": {}, "questions": {
+        intervals.QUALITY_FUSION: agent_rows(1.0), "semantic": agent_rows(0.0)}}}}))
+    text = intervals.main([str(path), "--half", "odd", "--resamples", "200"])
+    assert "### sqlite: 15 questions, 5 services" in text
+    assert "| ranker | recall@5 | recall@10 | MRR |" in text
+    assert f"| {intervals.QUALITY_FUSION} minus | recall@5 | recall@10 | MRR | services, recall@5 |" in text
+    assert "| semantic | +1.000 [+1.000, +1.000] | +1.000 [+1.000, +1.000] | +1.000 [+1.000, +1.000] | 5 up" in text
+
+
+def test_halves_are_refused_for_a_report_without_them(tmp_path: Path, capsys):
+    path = report(tmp_path / "run.json", {FUSION: rows([(1.0, 1.0)] * 8)})
+    with pytest.raises(SystemExit):
+        intervals.main([str(path), "--half", "odd"])
+    assert "no halves" in capsys.readouterr().err
+
+
+def test_the_quality_benchmark_writes_every_questions_scores(monkeypatch, tmp_path: Path):
+    """The agent-memory benchmark keeps what `intervals` reads: one row per question and ranker, means unchanged."""
+    import asyncio
+
+    dataset = json.loads(retrieval_bench.DATASET.read_text())
+    dataset["questions"] = dataset["questions"][:6]
+    small = tmp_path / "retrieval_eval.json"
+    small.write_text(json.dumps(dataset))
+    monkeypatch.setattr(retrieval_bench, "DATASET", small)
+    result = asyncio.run(retrieval_bench.run_quality(["sqlite"], tmp_path / "out"))
+    store = result["stores"]["sqlite"]
+    fused = store["questions"][intervals.QUALITY_FUSION]
+    assert [r["id"] for r in fused] == [f"q{n:03d}" for n in range(6)]
+    assert [r["half"] for r in fused] == ["even", "odd"] * 3
+    assert all(r["group"] == q["gold"][0].split("/")[0] for r, q in zip(fused, dataset["questions"]))
+    assert store["overall"][intervals.QUALITY_FUSION]["mrr"] == pytest.approx(sum(r["mrr"] for r in fused) / 6)
+    written = intervals.load_report(tmp_path / "out" / "quality.json")
+    assert written.unit == "services" and set(written.runs["sqlite"]) == set(store["questions"])
