@@ -12,6 +12,7 @@ each kind (the retrieval issue's "fusion that never loses to its best single str
     python scripts/fusion_lab.py dump --set generated --split tuning --reattribute-evidence 0.1 --out /tmp/lab/gen-r10.pkl
     python scripts/fusion_lab.py dump --set agent --out /tmp/lab/agent.pkl          # both halves; score picks one
     python scripts/fusion_lab.py score /tmp/lab/ann-tuning.pkl /tmp/lab/gen-tuning.pkl --variants shipped,kw_threshold0.1 --headroom
+    python scripts/fusion_lab.py score /tmp/lab/ann-tuning.pkl --variants shipped,sem_top3 --intervals   # more than noise?
 
 Only ever dump a test split to report a variant already chosen on the tuning splits.
 """
@@ -275,6 +276,17 @@ def paired(rows: list[dict[str, Any]], mine: list[dict], theirs: list[dict]) -> 
     return {s: (c[0], c[1]) for s, c in out.items()}
 
 
+def intervals(rows: list[dict[str, Any]], mine: list[dict], theirs: list[dict]) -> dict[str, dict[str, Any]]:
+    """`mine` minus `theirs` over all questions, recall@10 and MRR: the mean difference with its 95% paired bootstrap
+    interval (`amfs-server bench retrieval intervals`' method), and in how many conversations it points each way."""
+    from amfs_server.session_bench.intervals import paired as paired_interval
+
+    def keyed(scores: list[dict]) -> list[dict]:
+        return [{"id": n, "group": row.get("conversation", "all"), **s} for n, (row, s) in enumerate(zip(rows, scores))]
+
+    return {metric: paired_interval(keyed(mine), keyed(theirs), metric) for metric in ("recall@10", "mrr")}
+
+
 def headroom(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per slice, mean recall@10 of: the shipped fusion; an oracle that picks, per question and knowing its answer,
     the best semantic / keyword split (0, 0.1, ..., 1; the query-blind strategies as shipped), which bounds any
@@ -324,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--headroom", action="store_true",
                    help="also print what an oracle weighting and a perfect re-ranking of these candidates could reach")
     s.add_argument("--half", choices=("even", "odd", "both"), default="even", help="agent set only (default: even)")
+    s.add_argument("--intervals", action="store_true",
+                   help="also print each variant minus the first one named, over all questions, with 95%% intervals: "
+                        "whether a difference is more than the noise of this many questions")
     args = parser.parse_args(argv)
 
     if args.command == "dump":
@@ -368,6 +383,16 @@ def main(argv: list[str] | None = None) -> int:
         for name in wanted:
             counts = paired(rows, per_row[name], per_row[args.paired_against])
             print(f"| {name} | " + " | ".join(f"+{counts[s][0]} / -{counts[s][1]}" for s in slices) + " |")
+        if args.intervals:
+            base = wanted[0]
+            print(f"{base} subtracted, all questions: recall@10 | MRR@10 [95% intervals] | conversations up / down:")
+            for name in names:
+                if name == base:
+                    continue
+                diff = intervals(rows, per_row[name], per_row[base])
+                print(f"| {name} | " + " | ".join(
+                    f"{d['difference']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]" for d in diff.values())
+                    + " | " + " | ".join(f"{d['ahead']} / {d['behind']}" for d in diff.values()) + " |")
         if args.headroom:
             bounds = headroom(rows)
             print("recall@10 bounds (shipped | best semantic/keyword weight per question, an oracle | evidence in "

@@ -103,3 +103,15 @@ def test_the_probe_mixes_scores_within_the_fused_top_and_keeps_the_rest():
     assert module.mixed_order(row, cross, 0.0) == ["a", "b", "c", "d", "e"]  # a = 0 is the shipped fusion
     assert module.mixed_order(row, cross, 1.0)[0] == "c"
     assert module.mixed_order(row, cross, 1.0)[3:] == ["d", "e"]
+
+
+def test_score_intervals_subtract_the_first_variant_question_by_question(dumped):
+    module, rows = dumped
+    shipped = [module.score(module.shipped(row["rankings"], row["weights"]), row["gold"]) for row in rows]
+    same = module.intervals(rows, shipped, shipped)
+    assert all((d["difference"], d["low"], d["high"]) == (0.0, 0.0, 0.0) for d in same.values())
+    nothing = [dict(s, **{"recall@10": 0.0, "mrr": 0.0}) for s in shipped]
+    worse = module.intervals(rows, nothing, shipped)
+    mean_recall = sum(s["recall@10"] for s in shipped) / len(shipped)
+    assert worse["recall@10"]["difference"] == pytest.approx(-mean_recall)
+    assert worse["recall@10"]["high"] <= 0.0 and worse["recall@10"]["conversations"] == 1
