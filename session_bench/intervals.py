@@ -102,9 +102,9 @@ class Report:
         self.runs, self.unit = runs, unit
 
 
-def load_report(path: Path, half: str | None = None) -> Report:
+def load_report(path: Path, half: str | None = None, kind: str | None = None) -> Report:
     """A `conversations --json` file (its runs) or a `quality.json` (its stores); `half` keeps the agent-memory
-    set's even (tuning) or odd (held-out) questions."""
+    set's even (tuning) or odd (held-out) questions, `kind` the questions of one kind."""
     try:
         report = json.loads(path.read_text())
     except FileNotFoundError:
@@ -130,6 +130,11 @@ def load_report(path: Path, half: str | None = None) -> Report:
                     raise ReportError(f"{path}: --half is for the agent-memory set's quality.json; this report's "
                                       "questions have no halves")
                 rankers[ranker] = [r for r in rows if r["half"] == half]
+            if kind is not None:
+                kinds = sorted({str(r.get("kind")) for r in rows})
+                if kind not in kinds:
+                    raise ReportError(f"{path}: no question of kind {kind!r} (kinds: {', '.join(kinds)})")
+                rankers[ranker] = [r for r in rankers[ranker] if r.get("kind") == kind]
         loaded[name] = rankers
     first = next(rows for rankers in loaded.values() for rows in rankers.values())
     return Report(loaded, "services" if "group" in first[0] else "conversations")
@@ -165,13 +170,14 @@ def _difference_cells(mine: Rows, theirs: Rows, metrics: list[str], resamples: i
 
 
 def within_run(name: str, rankers: dict[str, Rows], asked: str | None, unit: str = "conversations",
-               resamples: int = RESAMPLES) -> str:
+               resamples: int = RESAMPLES, kind: str | None = None) -> str:
     reference = reference_of(rankers, asked)
     if reference not in rankers:
         raise ReportError(f"run {name!r} has no ranker {reference!r} (it has: {', '.join(rankers)})")
     rows = rankers[reference]
     metrics = metrics_of(rows)
-    lines = [f"### {name}: {len(rows)} questions, {len({group_of(r) for r in rows})} {unit}; 95% intervals, "
+    only = f" of kind {kind}" if kind else ""
+    lines = [f"### {name}: {len(rows)} questions{only}, {len({group_of(r) for r in rows})} {unit}; 95% intervals, "
              f"questions resampled {resamples:,} times", "",
              "| ranker | " + " | ".join(METRICS[m] for m in metrics) + " |", "| --- |" + " --- |" * len(metrics)]
     for ranker, scored in rankers.items():
@@ -216,16 +222,17 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--resamples", type=int, default=RESAMPLES, help=f"bootstrap resamples (default {RESAMPLES:,})")
     parser.add_argument("--half", choices=("even", "odd"), default=None,
                         help="the agent-memory set only: its even (tuning) or odd (held-out) questions")
+    parser.add_argument("--kind", default=None, help="only the questions of this kind (e.g. open-domain, paraphrase)")
     args = parser.parse_args(argv)
     if args.resamples < 100:
         parser.error("--resamples must be at least 100")
     try:
-        mine = load_report(args.report, args.half)
+        mine = load_report(args.report, args.half, args.kind)
         if args.against is None:
-            text = "\n".join(within_run(name, rankers, args.ranker, mine.unit, args.resamples)
+            text = "\n".join(within_run(name, rankers, args.ranker, mine.unit, args.resamples, args.kind)
                              for name, rankers in mine.runs.items())
         else:
-            text = across_reports(mine, load_report(args.against, args.half), args.ranker,
+            text = across_reports(mine, load_report(args.against, args.half, args.kind), args.ranker,
                                   (str(args.report), str(args.against)), args.resamples)
     except ReportError as error:
         parser.error(str(error))

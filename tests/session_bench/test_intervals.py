@@ -158,3 +158,13 @@ def test_the_quality_benchmark_writes_every_questions_scores(monkeypatch, tmp_pa
     assert store["overall"][intervals.QUALITY_FUSION]["mrr"] == pytest.approx(sum(r["mrr"] for r in fused) / 6)
     written = intervals.load_report(tmp_path / "out" / "quality.json")
     assert written.unit == "services" and set(written.runs["sqlite"]) == set(store["questions"])
+
+
+def test_kind_keeps_one_kind_of_question_and_names_the_kinds_when_unknown(tmp_path: Path, capsys):
+    fusion = rows([(1.0, 1.0)] * 10) + [dict(r, kind="open-domain", id=f"x{n}") for n, r in enumerate(rows([(0.0, 0.0)] * 6))]
+    path = report(tmp_path / "run.json", {FUSION: fusion})
+    text = intervals.main([str(path), "--kind", "open-domain", "--resamples", "200"])
+    assert "6 questions of kind open-domain" in text and f"| {FUSION} | 0.000 [0.000, 0.000]" in text
+    with pytest.raises(SystemExit):
+        intervals.main([str(path), "--kind", "temporal"])
+    assert "no question of kind 'temporal' (kinds: open-domain, single-hop)" in capsys.readouterr().err
