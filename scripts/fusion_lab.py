@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from amfs_server.core import retrieval, service as service_module
-from amfs_server.core.retrieval import HYBRID_POOL, RankedList, fuse_hybrid, normalised
+from amfs_server.core.retrieval import HYBRID_POOL, IDENTIFIER_SEMANTIC_SHARE, RankedList, fuse_hybrid, normalised
 
 Fusion = Callable[[list[RankedList], dict[str, float]], list[str]]
 
@@ -214,13 +214,13 @@ def keyword_by_best_share(floor: float) -> Fusion:
 
 
 def semantic_weight(share: float) -> Fusion:
-    """The shipped fusion with semantic / keyword at `share` / 1 - `share` where the dump holds them equal (0.5.0's
-    default; a question naming an identifier keeps its own split, and so does every question of a dump made with an
-    embedder that has its own share): an embedder's weight, chosen again for a stronger model."""
+    """The shipped fusion with semantic / keyword at `share` / 1 - `share` (a question naming an identifier keeps
+    its own split): an embedder's weight, chosen again for a stronger model, or re-scored on a dump made with an
+    embedder that has its own share."""
     def fusion(rankings: list[RankedList], weights: dict[str, float]) -> list[str]:
-        if abs(weights.get("semantic", 0.0) - weights.get("keyword", 0.0)) > 1e-9:
-            return shipped(rankings, weights)
         total = weights["semantic"] + weights["keyword"]
+        if abs(weights["semantic"] - total * IDENTIFIER_SEMANTIC_SHARE) < 1e-9:
+            return shipped(rankings, weights)
         return keys_of(fuse_hybrid(rankings, dict(weights, semantic=total * share, keyword=total * (1.0 - share))))
     return fusion
 

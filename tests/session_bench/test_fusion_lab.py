@@ -115,3 +115,14 @@ def test_score_intervals_subtract_the_first_variant_question_by_question(dumped)
     mean_recall = sum(s["recall@10"] for s in shipped) / len(shipped)
     assert worse["recall@10"]["difference"] == pytest.approx(-mean_recall)
     assert worse["recall@10"]["high"] <= 0.0 and worse["recall@10"]["conversations"] == 1
+
+
+def test_a_semantic_share_reweights_every_question_but_an_identifier_ones():
+    module = lab()
+    rankings = [RankedList("semantic", ["a", "b", "c"], [0.9, 0.8, 0.1]),
+                RankedList("keyword", ["c", "b"], [0.15, 0.9])]
+    lean = module.semantic_weight(0.9)  # a: 0.9; b: 0.9 x 0.875 + 0.1 x 0.9 = 0.8775
+    assert lean(rankings, {"semantic": 0.5, "keyword": 0.5})[:2] == ["a", "b"]
+    assert lean(rankings, {"semantic": 0.8, "keyword": 0.2})[:2] == ["a", "b"]  # a dump with an embedder's own share
+    identifier = {"semantic": 0.3, "keyword": 0.7}  # a question naming an identifier keeps its split
+    assert lean(rankings, identifier) == module.shipped(rankings, identifier) == ["b", "a", "c"]  # at 0.9: a first
