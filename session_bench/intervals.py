@@ -190,6 +190,57 @@ def within_run(name: str, rankers: dict[str, Rows], asked: str | None, unit: str
     return "\n".join(lines + [""])
 
 
+def plot(name: str, rankers: dict[str, Rows], asked: str | None, against: list[str] | None, path: Path,
+         resamples: int = RESAMPLES, title: str | None = None) -> None:
+    """A forest plot: the reference ranker minus each ranker of `against` (names or their beginnings; default every
+    other ranker with scores of its own), overall and per question kind, one panel per score, 95% intervals."""
+    from . import pyplot
+
+    reference = reference_of(rankers, asked)
+    if reference not in rankers:
+        raise ReportError(f"run {name!r} has no ranker {reference!r} (it has: {', '.join(rankers)})")
+    rows = rankers[reference]
+    chosen: list[str] = []
+    for ranker, scored in rankers.items():
+        wanted = against is None or any(ranker.startswith(prefix) for prefix in against)
+        # Rankers that score every question alike (temporal and confidence equal semantic on conversations) once.
+        if ranker == reference or not wanted or any(rankers[c] == scored for c in chosen):
+            continue
+        chosen.append(ranker)
+    if not chosen:
+        raise ReportError(f"--plot-against {','.join(against or [])!r} names no ranker of run {name!r} "
+                          f"(it has: {', '.join(r for r in rankers if r != reference)})")
+    kinds = ["all", *sorted({str(r.get("kind")) for r in rows})]
+    metrics = [m for m in metrics_of(rows) if m != "recall@5"]
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 0.5 + 0.45 * len(kinds) * len(chosen)),
+                             sharey=True, squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        for k, kind in enumerate(kinds):
+            ids = {r["id"] for r in rows if kind == "all" or r.get("kind") == kind}
+            for c, ranker in enumerate(chosen):
+                result = paired([r for r in rows if r["id"] in ids],
+                                [r for r in rankers[ranker] if r["id"] in ids], metric, resamples)
+                y = k * (len(chosen) + 1) + c
+                clear = result["low"] > 0 or result["high"] < 0
+                ax.errorbar(result["difference"], y, xerr=[[result["difference"] - result["low"]],
+                                                           [result["high"] - result["difference"]]],
+                            fmt="o", color=f"C{c}", mfc=f"C{c}" if clear else "white",
+                            capsize=3, label=ranker if k == 0 else None)
+        ax.axvline(0.0, color="black", linewidth=0.8)
+        ax.set_title(f"{METRICS[metric]}: {reference} minus ...", fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+        ax.set_yticks([k * (len(chosen) + 1) + (len(chosen) - 1) / 2 for k in range(len(kinds))], kinds)
+    axes[0][0].invert_yaxis()
+    fig.suptitle(f"{title or name}: {len(rows)} questions, 95% intervals (filled: the interval excludes 0)", fontsize=10)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(3, len(chosen)), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def across_reports(mine: Report, theirs: Report, asked: str | None, labels: tuple[str, str],
                    resamples: int = RESAMPLES) -> str:
     common = [name for name in mine.runs if name in theirs.runs]
@@ -223,14 +274,27 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--half", choices=("even", "odd"), default=None,
                         help="the agent-memory set only: its even (tuning) or odd (held-out) questions")
     parser.add_argument("--kind", default=None, help="only the questions of this kind (e.g. open-domain, paraphrase)")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="also draw the reference minus each ranker, overall and per kind, for the first run (PNG; "
+                             "needs the [bench] extra)")
+    parser.add_argument("--plot-against", default=None, metavar="NAMES",
+                        help="comma-separated rankers (or their beginnings, e.g. semantic,rrf) for --plot "
+                             "(default: every other ranker)")
     args = parser.parse_args(argv)
     if args.resamples < 100:
         parser.error("--resamples must be at least 100")
+    if args.plot is not None and args.against is not None:
+        parser.error("--plot draws one report's rankers; drop --against")
     try:
         mine = load_report(args.report, args.half, args.kind)
         if args.against is None:
             text = "\n".join(within_run(name, rankers, args.ranker, mine.unit, args.resamples, args.kind)
                              for name, rankers in mine.runs.items())
+            if args.plot is not None:
+                first = next(iter(mine.runs))
+                against = [n.strip() for n in args.plot_against.split(",") if n.strip()] if args.plot_against else None
+                plot(first, mine.runs[first], args.ranker, against, args.plot, args.resamples,
+                     title=f"{args.report.name} ({first})")
         else:
             text = across_reports(mine, load_report(args.against, args.half, args.kind), args.ranker,
                                   (str(args.report), str(args.against)), args.resamples)

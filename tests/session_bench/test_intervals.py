@@ -168,3 +168,21 @@ def test_kind_keeps_one_kind_of_question_and_names_the_kinds_when_unknown(tmp_pa
     with pytest.raises(SystemExit):
         intervals.main([str(path), "--kind", "temporal"])
     assert "no question of kind 'temporal' (kinds: open-domain, single-hop)" in capsys.readouterr().err
+
+
+def test_plot_draws_the_fusion_minus_the_rankers_asked_for_and_refuses_unknown_ones(tmp_path: Path, capsys):
+    rng = random.Random(2)
+    fusion = [dict(r, kind=rng.choice(["single-hop", "temporal"]))
+              for r in rows([(rng.choice([0.0, 1.0]), rng.random()) for _ in range(40)])]
+    semantic = [dict(r, **{"recall@10": 0.0}) for r in fusion]
+    path = report(tmp_path / "run.json", {FUSION: fusion, "semantic": semantic, "temporal": semantic,
+                                          "bm25 (baseline)": semantic})
+    picture = tmp_path / "forest.png"
+    intervals.main([str(path), "--plot", str(picture), "--plot-against", "semantic,temporal", "--resamples", "200"])
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit):
+        intervals.main([str(path), "--plot", str(tmp_path / "x.png"), "--plot-against", "rrf"])
+    assert "names no ranker" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        intervals.main([str(path), "--plot", str(tmp_path / "x.png"), "--against", str(path)])
+    assert "drop --against" in capsys.readouterr().err
