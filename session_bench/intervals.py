@@ -29,11 +29,10 @@ from typing import Any
 import numpy as np
 
 from .conversation_bench import FUSION
+from .retrieval_bench import QUALITY_FUSION
 
 # The scores a report may hold per question, in the order they are printed, with their printed names.
 METRICS = {"recall@5": "recall@5", "recall@10": "recall@10", "mrr@10": "MRR@10", "mrr": "MRR"}
-# The agent-memory benchmark's name for the default fusion (`retrieval_bench.run_quality`).
-QUALITY_FUSION = "fusion: hybrid (the default)"
 RESAMPLES = 10_000
 SEED = 20261128
 LEVEL = 0.95

@@ -34,6 +34,7 @@ from ..core.ports import StoreSnapshot
 from . import SINGLE_STRATEGIES, alone, close_store, embedder_option, log, open_store, percentile, pyplot
 
 DATASET = Path(__file__).parent / "data" / "retrieval_eval.json"
+QUALITY_FUSION = "fusion: hybrid (the default)"
 
 
 # -- quality ------------------------------------------------------------------------------------
@@ -78,7 +79,7 @@ async def run_quality(stores: list[str], out_dir: Path, embedder=None) -> dict[s
     configs: dict[str, tuple[dict[str, float] | None, str | None]] = {
         name: (alone(name), None) for name in SINGLE_STRATEGIES
     }
-    configs["fusion: hybrid (the default)"] = (None, None)
+    configs[QUALITY_FUSION] = (None, None)
     configs["rrf 0.4/0.2/0.2/0.2 (the seed's fusion)"] = (None, "rrf")
     report: dict[str, Any] = {"dataset": {"memories": len(dataset["memories"]), "questions": len(dataset["questions"])},
                               "stores": {}}
