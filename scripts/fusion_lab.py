@@ -384,15 +384,16 @@ def main(argv: list[str] | None = None) -> int:
             counts = paired(rows, per_row[name], per_row[args.paired_against])
             print(f"| {name} | " + " | ".join(f"+{counts[s][0]} / -{counts[s][1]}" for s in slices) + " |")
         if args.intervals:
+            from amfs_server.session_bench.intervals import direction_cell, interval_cell
+
             base = wanted[0]
-            print(f"{base} subtracted, all questions: recall@10 | MRR@10 [95% intervals] | conversations up / down:")
+            print(f"{base} subtracted, all questions: recall@10 | MRR@10 [95% intervals] | conversations, each:")
             for name in names:
                 if name == base:
                     continue
-                diff = intervals(rows, per_row[name], per_row[base])
-                print(f"| {name} | " + " | ".join(
-                    f"{d['difference']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]" for d in diff.values())
-                    + " | " + " | ".join(f"{d['ahead']} / {d['behind']}" for d in diff.values()) + " |")
+                diff = intervals(rows, per_row[name], per_row[base]).values()
+                print(f"| {name} | " + " | ".join(interval_cell(d["difference"], d["low"], d["high"], signed=True)
+                                                  for d in diff) + " | " + " | ".join(direction_cell(d) for d in diff) + " |")
         if args.headroom:
             bounds = headroom(rows)
             print("recall@10 bounds (shipped | best semantic/keyword weight per question, an oracle | evidence in "

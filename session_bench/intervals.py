@@ -139,12 +139,12 @@ def load_report(path: Path, half: str | None = None, kind: str | None = None) ->
     return Report(loaded, "services" if "group" in first[0] else "conversations")
 
 
-def _cell(mean: float, low: float, high: float, signed: bool = False) -> str:
+def interval_cell(mean: float, low: float, high: float, signed: bool = False) -> str:
     form = "{:+.3f}" if signed else "{:.3f}"
     return f"{form.format(mean)} [{form.format(low)}, {form.format(high)}]"
 
 
-def _ahead(result: dict[str, Any]) -> str:
+def direction_cell(result: dict[str, Any]) -> str:
     return f"{result['ahead']} up / {result['behind']} down of {result['conversations']}"
 
 
@@ -156,6 +156,14 @@ def reference_of(rankers: dict[str, Rows], asked: str | None) -> str:
     return next((name for name in (FUSION, FUSION + " via MCP", QUALITY_FUSION) if name in rankers), FUSION)
 
 
+def reference_rows(name: str, rankers: dict[str, Rows], asked: str | None) -> tuple[str, Rows]:
+    """The reference ranker of run `name` and its scored questions, or ReportError naming the rankers it has."""
+    reference = reference_of(rankers, asked)
+    if reference not in rankers:
+        raise ReportError(f"run {name!r} has no ranker {reference!r} (it has: {', '.join(rankers)})")
+    return reference, rankers[reference]
+
+
 def _table_head(first: str, metrics: list[str], unit: str) -> list[str]:
     names = [METRICS[m] for m in metrics]
     head = f"| {first} | " + " | ".join(names) + " | " + " | ".join(f"{unit}, {n}" for n in names) + " |"
@@ -164,23 +172,20 @@ def _table_head(first: str, metrics: list[str], unit: str) -> list[str]:
 
 def _difference_cells(mine: Rows, theirs: Rows, metrics: list[str], resamples: int) -> str:
     results = [paired(mine, theirs, m, resamples) for m in metrics]
-    return (" | ".join(_cell(r["difference"], r["low"], r["high"], signed=True) for r in results)
-            + " | " + " | ".join(_ahead(r) for r in results))
+    return (" | ".join(interval_cell(r["difference"], r["low"], r["high"], signed=True) for r in results)
+            + " | " + " | ".join(direction_cell(r) for r in results))
 
 
 def within_run(name: str, rankers: dict[str, Rows], asked: str | None, unit: str = "conversations",
                resamples: int = RESAMPLES, kind: str | None = None) -> str:
-    reference = reference_of(rankers, asked)
-    if reference not in rankers:
-        raise ReportError(f"run {name!r} has no ranker {reference!r} (it has: {', '.join(rankers)})")
-    rows = rankers[reference]
+    reference, rows = reference_rows(name, rankers, asked)
     metrics = metrics_of(rows)
     only = f" of kind {kind}" if kind else ""
     lines = [f"### {name}: {len(rows)} questions{only}, {len({group_of(r) for r in rows})} {unit}; 95% intervals, "
              f"questions resampled {resamples:,} times", "",
              "| ranker | " + " | ".join(METRICS[m] for m in metrics) + " |", "| --- |" + " --- |" * len(metrics)]
     for ranker, scored in rankers.items():
-        lines.append(f"| {ranker} | " + " | ".join(_cell(*interval([r[m] for r in scored], resamples))
+        lines.append(f"| {ranker} | " + " | ".join(interval_cell(*interval([r[m] for r in scored], resamples))
                                                    for m in metrics) + " |")
     lines += ["", *_table_head(f"{reference} minus", metrics, unit)]
     for ranker, scored in rankers.items():
@@ -195,10 +200,7 @@ def plot(name: str, rankers: dict[str, Rows], asked: str | None, against: list[s
     other ranker with scores of its own), overall and per question kind, one panel per score, 95% intervals."""
     from . import pyplot
 
-    reference = reference_of(rankers, asked)
-    if reference not in rankers:
-        raise ReportError(f"run {name!r} has no ranker {reference!r} (it has: {', '.join(rankers)})")
-    rows = rankers[reference]
+    reference, rows = reference_rows(name, rankers, asked)
     chosen: list[str] = []
     for ranker, scored in rankers.items():
         wanted = against is None or any(ranker.startswith(prefix) for prefix in against)

@@ -372,7 +372,8 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("conversations", add_help=False,
                    help="recall@10 / MRR@10 on multi-session conversations (options: conversations --help)")
     sub.add_parser("intervals", add_help=False,
-                   help="95%% bootstrap intervals for a `conversations --json` report (options: intervals --help)")
+                   help="95%% bootstrap intervals for a `conversations --json` report or a quality.json "
+                        "(options: intervals --help)")
     quality = sub.add_parser("quality", help="recall@k / MRR per strategy and for the fusion")
     quality.add_argument("--stores", default="sqlite")
     quality.add_argument("--out", type=Path, default=Path("reports/retrieval"))

@@ -126,3 +126,18 @@ def test_a_semantic_share_reweights_every_question_but_an_identifier_ones():
     assert lean(rankings, {"semantic": 0.8, "keyword": 0.2})[:2] == ["a", "b"]  # a dump with an embedder's own share
     identifier = {"semantic": 0.3, "keyword": 0.7}  # a question naming an identifier keeps its split
     assert lean(rankings, identifier) == module.shipped(rankings, identifier) == ["b", "a", "c"]  # at 0.9: a first
+
+
+def test_neighbour_slots_fill_the_tail_with_the_turns_next_to_the_top_hits():
+    spec = importlib.util.spec_from_file_location("neighbour_slots", ROOT / "scripts" / "neighbour_slots.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    dataset = {"conversations": [{"conversation_id": "c", "sessions": [
+        {"turns": [{"key": f"s1-t{n}"} for n in range(3)]}, {"turns": [{"key": f"s2-t{n}"} for n in range(2)]}]}]}
+    before, after = module.neighbours(dataset)
+    assert after["c/s1-t0"] == "c/s1-t1" and "c/s1-t2" not in after  # a session's last turn has no next one
+    assert before["c/s2-t1"] == "c/s2-t0" and "c/s2-t0" not in before
+    fused = ["c/s1-t0", "c/s2-t0", *[f"x{n}" for n in range(10)]]
+    ranked = module.expand(fused, before, after, keep=8, top=2, side="n")
+    assert ranked[:8] == fused[:8] and ranked[8:] == ["c/s1-t1", "c/s2-t1"]  # the two next turns take places 9-10
+    assert module.expand(fused, before, after, keep=8, top=2, side="p") == fused[:10]  # no previous turns: unchanged
