@@ -21,12 +21,15 @@ def alone(name: str) -> dict[str, float]:
 
 
 def bench_embedder(spec: str | None):
-    """The embedder a benchmark runs with: None for the server's default, a known embedder by name, or an
+    """The embedder a benchmark runs with: None for the server's default, a known embedder by name, an
     ONNX file of MiniLM's architecture (``.onnx`` or ``.onnx.gz``, as `scripts/export_embedder_onnx.py` writes
-    it) so a candidate model is measured by the same code as the shipped one. Raises ValueError or
-    EmbedderUnavailableError with what is wrong."""
+    it), or a folder `scripts/finetune_embedder.py` wrote (a MiniLM or an mpnet, run on torch), so a candidate
+    model is measured by the same code as the shipped one. Raises ValueError or EmbedderUnavailableError with
+    what is wrong."""
     if not spec:
         return None
+    if Path(spec).is_dir():
+        return _model_folder_embedder(Path(spec))
     if spec.endswith((".onnx", ".onnx.gz")):
         from ..adapters.onnx_embedder import OnnxEmbedder
 
@@ -36,6 +39,26 @@ def bench_embedder(spec: str | None):
     from ..adapters.embedders import load_embedder
 
     return load_embedder(spec)
+
+
+def _model_folder_embedder(folder: Path):
+    """A fine-tuned transformers folder on the torch embedder of its architecture, named after the folder (its
+    vectors are its own, so a store it writes must not be recorded as the base model's)."""
+    import json
+
+    from ..adapters.torch_embedder import MiniLMEmbedder, MpnetEmbedder
+
+    config = folder / "config.json"
+    if not config.is_file():
+        raise ValueError(f"{folder}: not a model folder (no config.json); pass a folder scripts/finetune_embedder.py wrote")
+    kinds = {"bert": MiniLMEmbedder, "mpnet": MpnetEmbedder}
+    kind = json.loads(config.read_text()).get("model_type")
+    if kind not in kinds:
+        raise ValueError(f"{folder}: a {kind!r} model; the benchmarks run folders of {' or '.join(kinds)} models")
+    embedder = kinds[kind](model_dir=folder, num_threads=1)
+    embedder.name = f"model-folder:{folder.name}"
+    embedder.check_available()
+    return embedder
 
 
 def embedder_option(parser: Any, spec: str | None):

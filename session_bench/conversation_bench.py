@@ -390,8 +390,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              "[bench] extra)")
     parser.add_argument("--embedder", default=None,
                         help="the embedder to use, by name (e.g. embeddinggemma; with --via-mcp the server's "
-                             "AMFS_EMBEDDER) or, in process only, an exported ONNX file (PATH.onnx[.gz], a candidate "
-                             "model; default: the server's default)")
+                             "AMFS_EMBEDDER) or, in process only, a candidate model: an exported ONNX file "
+                             "(PATH.onnx[.gz]) or a folder scripts/finetune_embedder.py wrote (default: the "
+                             "server's default)")
     parser.add_argument("--with-dates", action="store_true",
                         help="write each turn with its session date as event_at (in-process only; the held-out "
                              "protocol passes no dates)")
@@ -406,8 +407,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(f"--reattribute-evidence takes a share between 0 and 1, got {args.reattribute_evidence}")
     if args.with_dates and args.via_mcp:
         parser.error("--with-dates runs in process; drop --via-mcp")
-    if args.via_mcp and args.embedder and args.embedder.endswith((".onnx", ".onnx.gz")):
-        parser.error("--via-mcp takes an embedder by name (the server's AMFS_EMBEDDER), not a model file")
+    if args.via_mcp and args.embedder and (args.embedder.endswith((".onnx", ".onnx.gz")) or Path(args.embedder).is_dir()):
+        parser.error("--via-mcp takes an embedder by name (the server's AMFS_EMBEDDER), not a model file or folder")
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     unknown = set(stores) - {"sqlite", "postgres"}
     if unknown or not stores:

@@ -267,6 +267,31 @@ def test_a_candidate_model_file_is_measured_like_the_shipped_model():
         bench.main(["--embedder", "/nonexistent/model_int8.onnx", "--conversations", "1"])
 
 
+def test_a_fine_tuned_model_folder_is_measured_on_torch_like_its_base(tmp_path):
+    """`--embedder FOLDER` (what scripts/finetune_embedder.py writes) runs on the torch embedder of the folder's
+    architecture under the folder's own name; base MiniLM's folder embeds exactly as the torch MiniLM does, and a
+    folder that is not a model of a known architecture is refused with what is wrong."""
+    import json
+
+    from amfs_server.adapters.torch_embedder import MiniLMEmbedder
+    from amfs_server.session_bench import bench_embedder
+
+    base = MiniLMEmbedder().model_dir()
+    candidate = bench_embedder(str(base))
+    assert candidate.name == f"model-folder:{base.name}" and candidate.dimension == 384
+    text = "Jonah: We want to skydive for my birthday!"
+    assert candidate.embed([text]).tolist() == MiniLMEmbedder(num_threads=1).embed([text]).tolist()
+    with pytest.raises(ValueError, match="no config.json"):
+        bench_embedder(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(ValueError, match="'gpt2' model"):
+        bench_embedder(str(tmp_path))
+    with pytest.raises(SystemExit):
+        bench.main(["--embedder", str(tmp_path), "--conversations", "1"])
+    with pytest.raises(SystemExit):
+        bench.main(["--via-mcp", "--embedder", str(base), "--conversations", "1"])
+
+
 def test_via_mcp_serves_with_the_embedder_asked_for_and_refuses_a_model_file(monkeypatch):
     """`--via-mcp --embedder NAME` starts each server with AMFS_EMBEDDER=NAME (a fetched model's cache travels with
     it); a model file cannot be handed to a server, so it is refused before anything runs."""
