@@ -5,21 +5,14 @@ retrieval; the miss analysis must count every evidence turn and call a found one
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from .scripts_dir import script
 
-
-def script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_comparisons_chosen_row_is_the_vector_the_server_writes() -> None:

@@ -4,22 +4,19 @@ Uses the real base MiniLM (the [lm] extra) on one authored tuning conversation."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from .scripts_dir import ROOT, script as load_script
+
 AUTHORED = ROOT / "session_bench" / "data" / "conversations_authored.json"
 
 
 def script(name: str = "finetune_embedder"):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(name)
 
 
 def stand_in_teacher(texts, seed: int) -> dict:

@@ -5,7 +5,6 @@ Uses the real default embedder on the first two sessions of one annotated tuning
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,15 +14,13 @@ import pytest
 from amfs_server.core import service as service_module
 from amfs_server.core.retrieval import RankedList, fuse_hybrid
 
-ROOT = Path(__file__).resolve().parents[2]
+from .scripts_dir import ROOT, script
+
 ANNOTATED = ROOT / "session_bench" / "data" / "conversations_annotated.json"
 
 
 def lab():
-    spec = importlib.util.spec_from_file_location("fusion_lab", ROOT / "scripts" / "fusion_lab.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script("fusion_lab")
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +80,7 @@ def test_the_headroom_bounds_on_known_candidates():
 
 
 def probe():
-    spec = importlib.util.spec_from_file_location("probe_cross_encoder", ROOT / "scripts" / "probe_cross_encoder.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script("probe_cross_encoder")
 
 
 def test_the_cross_encoder_probe_refuses_test_splits_before_anything_runs(tmp_path):
@@ -129,9 +123,7 @@ def test_a_semantic_share_reweights_every_question_but_an_identifier_ones():
 
 
 def test_neighbour_slots_fill_the_tail_with_the_turns_next_to_the_top_hits():
-    spec = importlib.util.spec_from_file_location("neighbour_slots", ROOT / "scripts" / "neighbour_slots.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = script("neighbour_slots")
     dataset = {"conversations": [{"conversation_id": "c", "sessions": [
         {"turns": [{"key": f"s1-t{n}"} for n in range(3)]}, {"turns": [{"key": f"s2-t{n}"} for n in range(2)]}]}]}
     before, after = module.neighbours(dataset)

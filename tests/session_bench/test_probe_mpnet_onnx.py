@@ -3,22 +3,17 @@ exactly the feed-forward output projections unquantised, and its benchmark runne
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
+from .scripts_dir import ROOT, script
 
 @pytest.fixture(scope="module")
 def probe():
-    spec = importlib.util.spec_from_file_location("probe_mpnet_onnx", ROOT / "scripts" / "probe_mpnet_onnx.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script("probe_mpnet_onnx")
 
 
 @pytest.fixture(scope="module")
