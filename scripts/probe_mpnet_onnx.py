@@ -3,6 +3,7 @@ shipped benchmarks. README, Retrieval, "Tried after 0.6.0: a larger model fine-t
 
     python scripts/probe_mpnet_onnx.py export /tmp/chat-mpnet /tmp/chat-mpnet-onnx            # fp32 + dynamic int8
     python scripts/probe_mpnet_onnx.py export /tmp/chat-mpnet /tmp/chat-mpnet-ffn --fp32-ffn-out  # the FFN output projections kept fp32
+    python scripts/probe_mpnet_onnx.py export /tmp/chat-mpnet /tmp/chat-mpnet-ffn --fp32-ffn-out --layers 6,7,8,9
     python scripts/probe_mpnet_onnx.py bench /tmp/chat-mpnet-onnx/model_int8.onnx conversations --split tuning --json X.json
     python scripts/probe_mpnet_onnx.py bench /tmp/chat-mpnet-onnx/model_int8.onnx quality --stores sqlite
 
@@ -24,17 +25,22 @@ import numpy as np
 OPSET = 17
 
 
-def ffn_output_projections(onnx_path: Path) -> list[str]:
-    """The MatMul nodes of every layer's feed-forward output projection (input: the GELU's outliers)."""
+def ffn_output_projections(onnx_path: Path, layers: set[int] | None = None) -> list[str]:
+    """The MatMul nodes of the feed-forward output projections (input: the GELU's outliers), in layer order: every
+    layer's, or those of `layers` (0-based)."""
     import onnx
 
     graph = onnx.load(str(onnx_path), load_external_data=False).graph
-    return [node.name for node in graph.node if node.op_type == "MatMul" and "/output/dense/" in node.name]
+    found = [node.name for node in graph.node if node.op_type == "MatMul" and "/output/dense/" in node.name]
+    if layers is not None and not layers <= set(range(len(found))):
+        raise SystemExit(f"layers {sorted(layers)}: the model has layers 0-{len(found) - 1}")
+    return [name for layer, name in enumerate(found) if layers is None or layer in layers]
 
 
-def export(folder: Path, out: Path, fp32_ffn_out: bool = False) -> tuple[Path, Path]:
+def export(folder: Path, out: Path, fp32_ffn_out: bool = False, layers: set[int] | None = None) -> tuple[Path, Path]:
     """`out`/model.onnx (fp32, inputs input_ids and attention_mask, output last_hidden_state), `out`/model_int8.onnx
-    (onnxruntime dynamic int8, per-channel weights; with `fp32_ffn_out` the FFN output projections left fp32) and
+    (onnxruntime dynamic int8, per-channel weights; with `fp32_ffn_out` the FFN output projections left fp32, of
+    every layer or of `layers`) and
     the folder's tokenizer.json."""
     import torch
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -61,7 +67,7 @@ def export(folder: Path, out: Path, fp32_ffn_out: bool = False) -> tuple[Path, P
                           dynamic_axes={name: {0: "batch", 1: "sequence"}
                                         for name in ("input_ids", "attention_mask", "last_hidden_state")},
                           opset_version=OPSET, do_constant_folding=True, dynamo=False)
-    keep = ffn_output_projections(fp32) if fp32_ffn_out else []
+    keep = ffn_output_projections(fp32, layers) if fp32_ffn_out else []
     quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8, per_channel=True, nodes_to_exclude=keep)
     shutil.copy(folder / "tokenizer.json", out / "tokenizer.json")
     return fp32, int8
@@ -135,10 +141,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--fp32-ffn-out", action="store_true",
                         help="leave every layer's feed-forward output projection unquantised")
+    parser.add_argument("--layers", default=None, metavar="N,N,...",
+                        help="with --fp32-ffn-out: only these layers' (0-based; default every layer)")
     args = parser.parse_args(argv)
+    if args.layers is not None and not args.fp32_ffn_out:
+        parser.error("--layers goes with --fp32-ffn-out")
+    try:
+        layers = None if args.layers is None else {int(n) for n in args.layers.split(",")}
+    except ValueError:
+        parser.error(f"--layers {args.layers!r}: comma-separated layer numbers, e.g. 6,7,8,9")
     if not (args.folder / "config.json").is_file():
         parser.error(f"{args.folder}: not a model folder (no config.json)")
-    for path in export(args.folder, args.out, args.fp32_ffn_out):
+    for path in export(args.folder, args.out, args.fp32_ffn_out, layers):
         print(f"{path}: {path.stat().st_size / 1e6:.1f} MB")
     return 0
 

@@ -69,6 +69,13 @@ def test_the_fp32_file_embeds_as_torch_and_int8_keeps_only_the_ffn_outputs_fp32(
     assert _matmuls(kept_int8).get("MatMulInteger")  # the rest is quantised
     assert np.allclose(np.linalg.norm(probe.OnnxFileEmbedder(kept_int8).embed(texts), axis=1), 1.0, atol=1e-5)
 
+    _, one_int8 = probe.export(tiny_mpnet, tmp_path / "one", fp32_ffn_out=True, layers={1})
+    assert set(projections) & set(_matmuls(one_int8).get("MatMul", [])) == {projections[1]}
+    with pytest.raises(SystemExit, match="layers 0-1"):
+        probe.ffn_output_projections(fp32, {2})
+    with pytest.raises(SystemExit):
+        probe.main(["export", str(tiny_mpnet), str(tmp_path / "x"), "--layers", "1"])  # without --fp32-ffn-out
+
 
 def test_its_benchmark_runner_refuses_test_splits(probe, tmp_path):
     with pytest.raises(SystemExit, match="test split"):
