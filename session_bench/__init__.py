@@ -52,7 +52,10 @@ def _model_folder_embedder(folder: Path):
     if not config.is_file():
         raise ValueError(f"{folder}: not a model folder (no config.json); pass a folder scripts/finetune_embedder.py wrote")
     kinds = {"bert": MiniLMEmbedder, "mpnet": MpnetEmbedder}
-    kind = json.loads(config.read_text()).get("model_type")
+    try:
+        kind = json.loads(config.read_text()).get("model_type")
+    except (ValueError, AttributeError):
+        raise ValueError(f"{config}: not a model's config (not a JSON object)") from None
     if kind not in kinds:
         raise ValueError(f"{folder}: a {kind!r} model; the benchmarks run folders of {' or '.join(kinds)} models")
     embedder = kinds[kind](model_dir=folder, num_threads=1)

@@ -283,6 +283,9 @@ def test_a_fine_tuned_model_folder_is_measured_on_torch_like_its_base(tmp_path):
     assert candidate.embed([text]).tolist() == MiniLMEmbedder(num_threads=1).embed([text]).tolist()
     with pytest.raises(ValueError, match="no config.json"):
         bench_embedder(str(tmp_path))
+    (tmp_path / "config.json").write_text("[1, 2")
+    with pytest.raises(ValueError, match="not a JSON object"):
+        bench_embedder(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(ValueError, match="'gpt2' model"):
         bench_embedder(str(tmp_path))
