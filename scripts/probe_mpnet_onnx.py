@@ -4,10 +4,13 @@ shipped benchmarks. README, Retrieval, "Tried after 0.6.0: a larger model fine-t
     python scripts/probe_mpnet_onnx.py export /tmp/chat-mpnet /tmp/chat-mpnet-onnx            # fp32 + dynamic int8
     python scripts/probe_mpnet_onnx.py export /tmp/chat-mpnet /tmp/chat-mpnet-ffn --fp32-ffn-out  # the FFN output projections kept fp32
     python scripts/probe_mpnet_onnx.py export /tmp/chat-mpnet /tmp/chat-mpnet-ffn --fp32-ffn-out --layers 6,7,8,9
+    python scripts/probe_mpnet_onnx.py compare /tmp/chat-mpnet /tmp/chat-mpnet-onnx/model_int8.onnx /tmp/chat-mpnet-ffn/model_int8.onnx
     python scripts/probe_mpnet_onnx.py bench /tmp/chat-mpnet-onnx/model_int8.onnx conversations --split tuning --json X.json
     python scripts/probe_mpnet_onnx.py bench /tmp/chat-mpnet-onnx/model_int8.onnx quality --stores sqlite
 
-`bench FILE conversations|quality ARGS` runs `amfs-server bench retrieval conversations|quality ARGS` with that file
+`compare FOLDER FILE...` prints, per file, its cosine to the torch model over the first 60 turns of the annotated
+tuning split (as the server embeds a turn) and the time to embed a question (p50 / p95 over 200 of its questions,
+one thread, each file timed in turn after a warm-up). `bench FILE conversations|quality ARGS` runs `amfs-server bench retrieval conversations|quality ARGS` with that file
 as the embedder (questions and turns tokenised by the `tokenizers` library from the folder's tokenizer.json, copied
 beside the file; one text per run, as the shipped int8 adapter embeds). It refuses test splits.
 """
@@ -116,6 +119,53 @@ class OnnxFileEmbedder:
         return np.stack(rows).astype(np.float32) if rows else np.zeros((0, self.dimension), np.float32)
 
 
+def torch_vectors(folder: Path, texts: list[str]) -> np.ndarray:
+    """The fine-tuned folder's own unit vectors for `texts` (transformers, fp32, one text at a time, mean pooling)."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    model = AutoModel.from_pretrained(str(folder), local_files_only=True).eval()
+    rows = []
+    with torch.inference_mode():
+        for text in texts:
+            vector = model(**tokenizer([text], truncation=True, max_length=256, return_tensors="pt")).last_hidden_state
+            vector = vector.mean(1)[0].numpy()
+            rows.append(vector / np.linalg.norm(vector))
+    return np.stack(rows)
+
+
+def compare(folder: Path, files: list[Path], turns: int = 60, questions: int = 200) -> list[str]:
+    """Per ONNX file: min / mean cosine to the fine-tuned torch model over annotated tuning turns, and p50 / p95
+    milliseconds to embed one question."""
+    import json
+    import time
+
+    from amfs_server.core.embedding import TURN_HEADER, embedding_text
+
+    data = Path(__file__).resolve().parents[1] / "session_bench" / "data" / "conversations_annotated.json"
+    tuning = [c for c in json.loads(data.read_text())["conversations"] if c["split"] == "tuning"]
+    texts = [embedding_text(TURN_HEADER, "", f"{t['speaker']}: {t['text']}")
+             for c in tuning for session in c["sessions"] for t in session["turns"]][:turns]
+    asked = [q["question"] for c in tuning for q in c["questions"]][:questions]
+    reference = torch_vectors(folder, texts)
+    lines = []
+    for path in files:
+        embedder = OnnxFileEmbedder(path)
+        cosine = (embedder.embed(texts) * reference).sum(axis=1)
+        embedder.embed(asked[:5])  # warm-up
+        times = []
+        for question in asked:
+            started = time.perf_counter()
+            embedder.embed([question])
+            times.append((time.perf_counter() - started) * 1000)
+        times.sort()
+        lines.append(f"{path}: {path.stat().st_size / 1e6:.0f} MB; cosine to torch over {len(texts)} turns min "
+                     f"{cosine.min():.3f} mean {cosine.mean():.3f}; a question {np.percentile(times, 50):.1f} ms p50, "
+                     f"{np.percentile(times, 95):.1f} ms p95 ({len(times)} questions, one thread)")
+    return lines
+
+
 def bench(path: Path, which: str, args: list[str]) -> None:
     if which not in ("conversations", "quality"):
         raise SystemExit(f"bench runs 'conversations' or 'quality', not {which!r}")
@@ -134,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"] and len(argv) >= 3:
         bench(Path(argv[1]), argv[2], argv[3:])
+        return 0
+    if argv[:1] == ["compare"] and len(argv) >= 3:
+        print("\n".join(compare(Path(argv[1]), [Path(f) for f in argv[2:]])))
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=("export",))

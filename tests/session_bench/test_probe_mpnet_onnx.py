@@ -61,6 +61,9 @@ def test_the_fp32_file_embeds_as_torch_and_int8_keeps_only_the_ffn_outputs_fp32(
     assert embedder.dimension == 32 and rows.shape == (2, 32)
     assert np.allclose((rows * reference).sum(1), 1.0, atol=1e-4)
 
+    (line,) = probe.compare(tiny_mpnet, [fp32], turns=5, questions=5)
+    assert "over 5 turns min 1.000 mean 1.000" in line and "(5 questions, one thread)" in line
+
     _, kept_int8 = probe.export(tiny_mpnet, tmp_path / "ffn", fp32_ffn_out=True)
     projections = probe.ffn_output_projections(fp32)
     assert len(projections) == 2  # one per layer
