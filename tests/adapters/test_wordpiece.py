@@ -17,7 +17,10 @@ from amfs_server.adapters import wordpiece
 from amfs_server.adapters.wordpiece import WordPieceTokenizer
 from amfs_server.core.embedding import entry_texts
 
-TOKENIZER_JSON = Path(wordpiece.__file__).parent / "models" / "all-MiniLM-L6-v2" / "tokenizer.json"
+MODELS = Path(wordpiece.__file__).parent / "models"
+TOKENIZER_JSON = MODELS / "all-MiniLM-L6-v2" / "tokenizer.json"
+# MPNet's: the same normaliser and pre-tokenizer, `<s> $A </s>` (RobertaProcessing), a normalized <unk> added token
+MPNET_TOKENIZER_JSON = MODELS / "chat-mpnet" / "tokenizer.json"
 DATA = Path(wordpiece.__file__).parent.parent / "session_bench" / "data"
 EMBEDDER_MAX_LENGTH = 256  # OnnxEmbedder's default
 
@@ -36,6 +39,7 @@ HARD_CASES = [
     "garay \U00010d50 latin \ua7cb\ua7dc beria \U00016ea0", "\u1ac1\u1ab0 a\u1ac1\u0316 x\U00011c3f\u0300",
     "x" * 100, "y" * 101, "supercalifragilisticexpialidocious" * 3 + "!", "ab" * 60 + " short",
     "a[SEP]b [CLS] [cls] [[SEP]] [UNK][MASK][PAD] [SEP", "[SEP]", "[CLS][SEP]",
+    "<s>x</s> <pad> <unk> <UNK> <Unk>b a<mask> b <MASK> << unk >> <<unk>> </s", "<unk>", "  <mask>  ",
     "def f(x): return {'k': [1, 2, 3]} if x >= 0 else None  # comment",
     "for (int i = 0; i < n; ++i) { a[i] ^= b[i] << 2; }", "SELECT * FROM t WHERE a->>'b' = 'c';",
     "https://example.com/path/to?q=a+b&x=%20y#frag user@example.org C:\\Users\\x\\file.txt",
@@ -45,15 +49,25 @@ HARD_CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def ours() -> WordPieceTokenizer:
-    return WordPieceTokenizer.from_file(TOKENIZER_JSON)
+@pytest.fixture(scope="module", params=[TOKENIZER_JSON, MPNET_TOKENIZER_JSON], ids=["minilm", "mpnet"])
+def tokenizer_json(request) -> Path:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def reference():
+def ours(tokenizer_json) -> WordPieceTokenizer:
+    return WordPieceTokenizer.from_file(tokenizer_json)
+
+
+@pytest.fixture(scope="module")
+def reference(tokenizer_json):
     tokenizers = pytest.importorskip("tokenizers")
-    return _reference(tokenizers.Tokenizer.from_file(str(TOKENIZER_JSON)))
+    return _reference(tokenizers.Tokenizer.from_file(str(tokenizer_json)))
+
+
+@pytest.fixture(scope="module")
+def minilm() -> WordPieceTokenizer:
+    return WordPieceTokenizer.from_file(TOKENIZER_JSON)
 
 
 def _reference(tokenizer):
@@ -136,15 +150,16 @@ def _random_code_point(rng: random.Random) -> str:
 
 
 @functools.cache
-def vocabulary() -> list[str]:
-    return list(json.loads(TOKENIZER_JSON.read_text())["model"]["vocab"])
+def vocabulary(tokenizer_json: Path = TOKENIZER_JSON) -> list[str]:
+    return list(json.loads(tokenizer_json.read_text())["model"]["vocab"])
 
 
 def fuzz_texts(n: int, seed: int = 20240611) -> list[str]:
     rng = random.Random(seed)
     vocab = vocabulary()
     spicy = list("\t\n\r \u00a0\u2003\u3000\u200b\u200d\u00ad\ufeff\ufffd\x00\x1f\x85\u0301\u0308\u0323\u1ac1"
-                 "ΣσςİıßẞǅÅΩ中日한👍!?.,'\"-_[]\u2e43\u0890") + ["[SEP]", "[CLS]", "[UNK]", "[MASK]", "[PAD]", "[SEP"]
+                 "ΣσςİıßẞǅÅΩ中日한👍!?.,'\"-_[]\u2e43\u0890") + ["[SEP]", "[CLS]", "[UNK]", "[MASK]", "[PAD]", "[SEP",
+                                                        "<s>", "</s>", "<pad>", "<unk>", "<UNK>", "<mask>", "<"]
     alphabets = [
         lambda: chr(rng.randrange(0x20, 0x7F)),                                   # printable ASCII
         lambda: chr(rng.randrange(0x80)),                                         # ASCII incl. controls
@@ -178,7 +193,7 @@ def test_long_texts_are_cut_where_tokenizers_cuts_them(ours, reference, max_leng
     assert_same_ids(ours, reference, long_texts, max_length)
 
 
-def test_every_code_point_normalises_and_splits_as_tokenizers_does(ours):
+def test_every_code_point_normalises_and_splits_as_tokenizers_does(minilm):
     """The Unicode tables: every code point (a sample of the unassigned planes 4 to 13) through the normaliser,
     in code-point order and reversed so that neighbouring marks are reordered too, and raw through the
     pre-tokenizer's whitespace and punctuation split (planes 0, 1 and 14: the others hold only ideographs,
@@ -189,7 +204,7 @@ def test_every_code_point_normalises_and_splits_as_tokenizers_does(ours):
     everything = "".join(chr(cp) for cp in range(0x110000)
                          if not 0xD800 <= cp <= 0xDFFF and (cp not in unassigned or cp % 61 == 0))
     for text in (everything, everything[:0x20000][::-1]):  # reversed: marks meet in other orders
-        expected, got = tok.normalizer.normalize_str(text), ours._normalize(text)
+        expected, got = tok.normalizer.normalize_str(text), minilm._normalize(text)
         if got != expected:
             at = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
             pytest.fail(f"normalised text differs at {at}: {got[at - 5:at + 5]!r} != {expected[at - 5:at + 5]!r}")
@@ -215,10 +230,11 @@ def test_other_normaliser_settings_match_tokenizers(tmp_path, flags):
                     texts, 64)
 
 
-def test_token_to_id_matches_tokenizers_over_the_whole_vocab(ours):
+def test_token_to_id_matches_tokenizers_over_the_whole_vocab(ours, tokenizer_json):
     tokenizers = pytest.importorskip("tokenizers")
-    tok = tokenizers.Tokenizer.from_file(str(TOKENIZER_JSON))
-    for token in [*vocabulary(), "[CLS]", "[MASK]", "not-a-token", "", "##", "Hello", "[cls]"]:
+    tok = tokenizers.Tokenizer.from_file(str(tokenizer_json))
+    for token in [*vocabulary(tokenizer_json), "[CLS]", "[MASK]", "not-a-token", "", "##", "Hello", "[cls]",
+                  "<s>", "<pad>", "<unk>", "<mask>", "<UNK>"]:
         assert ours.token_to_id(token) == tok.token_to_id(token), token
 
 
@@ -226,15 +242,24 @@ def test_token_to_id_matches_tokenizers_over_the_whole_vocab(ours):
 # Without tokenizers
 # --------------------------------------------------------------------------- #
 
-def test_known_ids_hold_without_tokenizers_installed(ours):
-    assert ours.encode("Hello, World! naïve café", 256) == [101, 7592, 1010, 2088, 999, 15743, 7668, 102]
-    assert ours.encode("a[SEP]b", 256) == [101, 1037, 102, 1038, 102]
-    assert ours.encode("", 256) == [101, 102]
-    assert ours.encode("one two three four", 4) == [101, 2028, 2048, 102]
-    assert ours.encode("x" * 101, 8) == [101, 100, 102]
-    assert ours.token_to_id("[CLS]") == 101 and ours.token_to_id("[PAD]") == 0
-    assert ours.token_to_id("hello") == 7592 and ours.token_to_id("##ing") == 2075
-    assert ours.token_to_id("not-a-token") is None
+def test_known_ids_hold_without_tokenizers_installed(minilm):
+    assert minilm.encode("Hello, World! naïve café", 256) == [101, 7592, 1010, 2088, 999, 15743, 7668, 102]
+    assert minilm.encode("a[SEP]b", 256) == [101, 1037, 102, 1038, 102]
+    assert minilm.encode("", 256) == [101, 102]
+    assert minilm.encode("one two three four", 4) == [101, 2028, 2048, 102]
+    assert minilm.encode("x" * 101, 8) == [101, 100, 102]
+    assert minilm.token_to_id("[CLS]") == 101 and minilm.token_to_id("[PAD]") == 0
+    assert minilm.token_to_id("hello") == 7592 and minilm.token_to_id("##ing") == 2075
+    assert minilm.token_to_id("not-a-token") is None
+
+
+def test_mpnet_known_ids_hold_without_tokenizers_installed():
+    mpnet = WordPieceTokenizer.from_file(MPNET_TOKENIZER_JSON)
+    assert mpnet.encode("hello world", 256) == [0, 7596, 2092, 2]  # <s> ... </s>
+    assert mpnet.encode("<UNK> a <unk>b", 256) == [0, 3, 1041, 3, 1042, 2]  # <unk> is matched once normalised
+    assert mpnet.encode("a <mask> b", 256) == [0, 1041, 30526, 1042, 2]
+    assert mpnet.encode("", 256) == [0, 2]
+    assert mpnet.token_to_id("<pad>") == 1 and mpnet.token_to_id("<unk>") == 3
 
 
 def test_bad_input_is_refused_with_a_clear_error(ours):
@@ -265,8 +290,7 @@ def _set(spec: dict, path: str, value: object) -> None:
     ("post_processor", {"type": "BertProcessing", "sep": ["[SEP]", 102], "cls": ["[CLS]", 101]},
      "post_processor type 'BertProcessing'"),
     ("post_processor.single", [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}], "single template"),
-    ("added_tokens.2.normalized", True, "'\\[CLS\\]' with normalized"),
-    ("added_tokens.1.lstrip", True, "'\\[UNK\\]' with lstrip"),
+    ("added_tokens.2.single_word", True, "'\\[CLS\\]' with single_word"),
     ("normalizer.lowercase", "yes", "normalizer flags"),
     ("model.vocab", None, "model vocab"),
     ("model.unk_token", "<unk>", "unk_token '<unk>' is not in the vocab"),

@@ -15,3 +15,18 @@ def script(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def random_mpnet(folder: Path, tokenizer_json: Path, pad_token: str, **config: int) -> Path:
+    """A randomly initialised (seed 0) MPNetModel of `config`'s shape saved in transformers format in `folder`,
+    with `tokenizer_json` as its tokenizer: a stand-in for a fine-tuned mpnet folder in the scripts' tests."""
+    import shutil
+
+    import torch
+    from transformers import MPNetConfig, MPNetModel, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    MPNetModel(MPNetConfig(vocab_size=30527, **config)).eval().save_pretrained(str(folder))
+    PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_json), pad_token=pad_token).save_pretrained(str(folder))
+    shutil.copy(tokenizer_json, folder / "tokenizer.json")
+    return folder

@@ -255,7 +255,7 @@ def test_a_candidate_model_file_is_measured_like_the_shipped_model():
     from amfs_server.core.embedding import EmbedderUnavailableError
     from amfs_server.session_bench import bench_embedder
 
-    shipped = VARIANTS["chat-int8"][1]
+    shipped = VARIANTS["chat-int8"].bundled
     candidate = bench_embedder(str(shipped))
     assert candidate.name == "onnx-file:model_int8.onnx.gz"
     text = "Jonah: We want to skydive for my birthday!"

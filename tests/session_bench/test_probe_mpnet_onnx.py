@@ -3,13 +3,12 @@ exactly the feed-forward output projections unquantised, and its benchmark runne
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from .scripts_dir import ROOT, script
+from .scripts_dir import ROOT, random_mpnet, script
 
 @pytest.fixture(scope="module")
 def probe():
@@ -20,19 +19,10 @@ def probe():
 def tiny_mpnet(tmp_path_factory):
     pytest.importorskip("onnx")
     pytest.importorskip("tokenizers")
-    import torch
-    from transformers import MPNetConfig, MPNetModel, PreTrainedTokenizerFast
-
-    folder = tmp_path_factory.mktemp("tiny-mpnet")
-    torch.manual_seed(0)
-    config = MPNetConfig(vocab_size=30527, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=130)
-    MPNetModel(config).eval().save_pretrained(str(folder))
     # MiniLM's WordPiece tokenizer stands in for mpnet's (same kind, ids below the vocabulary size).
-    tokenizer_json = ROOT / "adapters" / "models" / "all-MiniLM-L6-v2" / "tokenizer.json"
-    PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_json), pad_token="[PAD]").save_pretrained(str(folder))
-    shutil.copy(tokenizer_json, folder / "tokenizer.json")
-    return folder
+    return random_mpnet(tmp_path_factory.mktemp("tiny-mpnet"), ROOT / "adapters" / "models" / "all-MiniLM-L6-v2" /
+                        "tokenizer.json", "[PAD]", hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=130)
 
 
 def _matmuls(path: Path) -> dict[str, list[str]]:

@@ -20,7 +20,7 @@ def test_scale_measures_the_embedder_it_is_given_and_refuses_a_missing_model(mon
         return {}
 
     monkeypatch.setattr(retrieval_bench, "run_scale", recording_scale)
-    shipped = VARIANTS["chat-int8"][1]
+    shipped = VARIANTS["chat-int8"].bundled
     retrieval_bench.main(["scale", "--stores", "sqlite", "--sizes", "100", "--embedder", str(shipped),
                           "--out", str(tmp_path)])
     stores, sizes, embedder = given[0]
