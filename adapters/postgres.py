@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+from ..core.embedding import CHAT_MINILM
 from ..core.errors import ConflictError, StoreError, ValidationError
 from ..core.models import (
     Actor,
@@ -404,7 +405,9 @@ class PostgresStore(PostgresDatabase):
         if typmod is not None and typmod > 0 and typmod != self.embedding_dimension:
             raise StoreError(
                 f"The PostgreSQL store at {self.where} holds embeddings of dimension {typmod}, but the embedder "
-                f"gives {self.embedding_dimension}. Use the embedder the store was created with, or another schema."
+                f"gives {self.embedding_dimension}, so nothing was changed; a PostgreSQL store cannot be re-embedded "
+                f"to another dimension in place. Use the embedder the store was created with (a store the default "
+                f"of 0.4.0-0.6.0 made, 384 dimensions: AMFS_EMBEDDER={CHAT_MINILM}), or another database."
             )
 
     async def _ensure_vector_extension(self, conn: Any) -> None:

@@ -5,9 +5,11 @@ This module owns everything that turns text into vectors:
 * :class:`Embedder` -- the protocol the rest of the server codes against
   (``name``, ``dimension``, ``embed(texts) -> float32 (n, dimension)`` with
   L2-normalised rows).
-* :data:`DEFAULT_EMBEDDER` -- ``chat-MiniLM-L6-onnx-int8``: all-MiniLM-L6-v2 fine-tuned for conversational
-  retrieval, as int8 ONNX on onnxruntime with a pure-Python WordPiece tokenizer (``adapters/onnx_embedder.py``,
-  file bundled in ``adapters/models``); no torch.
+* :data:`DEFAULT_EMBEDDER` -- ``chat-mpnet-onnx-int8`` since 0.7.0: all-mpnet-base-v2 fine-tuned for
+  conversational retrieval, as 8-bit ONNX on onnxruntime with a pure-Python WordPiece tokenizer
+  (``adapters/onnx_embedder.py``, file bundled in ``adapters/models``); no torch.
+* :data:`CHAT_MINILM` -- all-MiniLM-L6-v2 fine-tuned the same way, int8 (the default of 0.4.0-0.6.0, still
+  bundled: five times faster a query, 384 dimensions).
 * :data:`MINILM_INT8` -- all-MiniLM-L6-v2 itself the same way (the default up to 0.3.2).
 * :data:`TORCH_MINILM` -- all-MiniLM-L6-v2 on transformers + torch (the ``[lm]``
   extra, ``adapters/torch_embedder.py``).
@@ -85,7 +87,7 @@ RETIRED_EMBEDDERS = {
                   "reembed` (every version, a few ms each); nothing else changes"),
 }
 # The one definition of the default. Settings, the SDK, the CLI and the benchmarks import it from here.
-DEFAULT_EMBEDDER = CHAT_MINILM
+DEFAULT_EMBEDDER = CHAT_MPNET
 # The same model on torch + transformers (the [lm] extra). Its vectors differ from the int8 ones (cosine ~0.99),
 # so a store keeps the embedder that wrote it (see MemoryService.open).
 TORCH_MINILM = "all-MiniLM-L6-v2"

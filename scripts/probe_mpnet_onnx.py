@@ -1,31 +1,29 @@
-"""Research script (nothing of it is in the server): a fine-tuned mpnet folder as ONNX files, measured by the
-shipped benchmarks. README, Retrieval, "Tried after 0.6.0: a larger model fine-tuned the same way (chat-mpnet)".
+"""Research script (nothing of it is in the server): the quantisations of a fine-tuned mpnet folder that were tried
+before the shipped one, and how close any ONNX file comes to the torch model. README, Retrieval, "chat-mpnet, the default
+since 0.7.0".
 
-    python scripts/probe_mpnet_onnx.py export /tmp/chat-mpnet /tmp/chat-mpnet-onnx            # fp32 + dynamic int8
+    python scripts/probe_mpnet_onnx.py export /tmp/chat-mpnet /tmp/chat-mpnet-dyn            # dynamic int8
     python scripts/probe_mpnet_onnx.py export /tmp/chat-mpnet /tmp/chat-mpnet-ffn --fp32-ffn-out  # the FFN output projections kept fp32
     python scripts/probe_mpnet_onnx.py export /tmp/chat-mpnet /tmp/chat-mpnet-ffn --fp32-ffn-out --layers 6,7,8,9
-    python scripts/probe_mpnet_onnx.py compare /tmp/chat-mpnet /tmp/chat-mpnet-onnx/model_int8.onnx /tmp/chat-mpnet-ffn/model_int8.onnx
-    python scripts/probe_mpnet_onnx.py bench /tmp/chat-mpnet-onnx/model_int8.onnx conversations --split tuning --json X.json
-    python scripts/probe_mpnet_onnx.py bench /tmp/chat-mpnet-onnx/model_int8.onnx quality --stores sqlite
+    python scripts/probe_mpnet_onnx.py compare /tmp/chat-mpnet /tmp/chat-mpnet-dyn/model_dynamic_int8.onnx /tmp/chat-mpnet-onnx/model_int8.onnx
 
+`export` writes what `scripts/export_embedder_onnx.py` writes (the fp32 file and the shipped 8-bit block-wise one)
+and beside it `model_dynamic_int8.onnx`: onnxruntime's dynamic int8 (per-channel weights, one activation scale per
+tensor), the way the MiniLM default is made, optionally with feed-forward output projections left fp32.
 `compare FOLDER FILE...` prints, per file, its cosine to the torch model over the first 60 turns of the annotated
 tuning split (as the server embeds a turn) and the time to embed a question (p50 / p95 over 200 of its questions,
-one thread, each file timed in turn after a warm-up). `bench FILE conversations|quality ARGS` runs `amfs-server bench retrieval conversations|quality ARGS` with that file
-as the embedder (questions and turns tokenised by the `tokenizers` library from the folder's tokenizer.json, copied
-beside the file; one text per run, as the shipped int8 adapter embeds). It refuses test splits.
+one thread, each file timed in turn after a warm-up), each file run by the server's ONNX adapter. Any file is
+scored by the shipped benchmarks as `--embedder FILE` (tuning splits only for research).
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
+import importlib.util
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
-
-OPSET = 17
 
 
 def ffn_output_projections(onnx_path: Path, layers: set[int] | None = None) -> list[str]:
@@ -40,83 +38,25 @@ def ffn_output_projections(onnx_path: Path, layers: set[int] | None = None) -> l
     return [name for layer, name in enumerate(found) if layers is None or layer in layers]
 
 
+def _shipped_exporter():
+    spec = importlib.util.spec_from_file_location("export_embedder_onnx", Path(__file__).with_name("export_embedder_onnx.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def export(folder: Path, out: Path, fp32_ffn_out: bool = False, layers: set[int] | None = None) -> tuple[Path, Path]:
-    """`out`/model.onnx (fp32, inputs input_ids and attention_mask, output last_hidden_state), `out`/model_int8.onnx
-    (onnxruntime dynamic int8, per-channel weights; with `fp32_ffn_out` the FFN output projections left fp32, of
-    every layer or of `layers`) and
-    the folder's tokenizer.json."""
-    import torch
+    """`out`/model.onnx (fp32) and the shipped `out`/model_int8.onnx (scripts/export_embedder_onnx.py), then
+    `out`/model_dynamic_int8.onnx (onnxruntime dynamic int8, per-channel weights; with `fp32_ffn_out` the FFN output
+    projections left fp32, of every layer or of `layers`). Returns the fp32 and the dynamic int8 file."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
-    from transformers import AutoModel, AutoTokenizer
 
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    model = AutoModel.from_pretrained(str(folder), local_files_only=True).eval()
-    sample = tokenizer(["How many times do we retry?", "Alice: I adopted a greyhound last weekend, her name is Juniper."],
-                       padding=True, return_tensors="pt")
-
-    class Encoder(torch.nn.Module):
-        def __init__(self, inner: torch.nn.Module) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, input_ids, attention_mask):
-            return self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-    fp32, int8 = out / "model.onnx", out / "model_int8.onnx"
-    with torch.inference_mode():
-        torch.onnx.export(Encoder(model), (sample["input_ids"], sample["attention_mask"]), str(fp32),
-                          input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"],
-                          dynamic_axes={name: {0: "batch", 1: "sequence"}
-                                        for name in ("input_ids", "attention_mask", "last_hidden_state")},
-                          opset_version=OPSET, do_constant_folding=True, dynamo=False)
+    fp32, _ = _shipped_exporter().export(folder, out)
+    dynamic = out / "model_dynamic_int8.onnx"
     keep = ffn_output_projections(fp32, layers) if fp32_ffn_out else []
-    quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8, per_channel=True, nodes_to_exclude=keep)
-    shutil.copy(folder / "tokenizer.json", out / "tokenizer.json")
-    return fp32, int8
-
-
-class OnnxFileEmbedder:
-    """An exported file (`export`) as a benchmark's embedder: mean pooling, L2 norm, one text per run."""
-
-    def __init__(self, path: Path, max_length: int = 256) -> None:
-        self.path = Path(path)
-        self.name = f"probe-onnx:{self.path.parent.name}/{self.path.name}"
-        self.max_length = max_length
-        self._lock = threading.Lock()
-        self._session = None
-        self.dimension = 0
-
-    def check_available(self) -> None:
-        if not self.path.is_file() or not (self.path.parent / "tokenizer.json").is_file():
-            raise SystemExit(f"{self.path}: no such file, or no tokenizer.json beside it (run export first)")
-
-    def load(self) -> "OnnxFileEmbedder":
-        with self._lock:
-            if self._session is None:
-                import onnxruntime as ort
-                from tokenizers import Tokenizer
-
-                from amfs_server.adapters.onnx_embedder import cpu_session_options
-
-                self.check_available()
-                self._tokenizer = Tokenizer.from_file(str(self.path.parent / "tokenizer.json"))
-                self._tokenizer.no_padding()
-                self._tokenizer.enable_truncation(self.max_length)
-                self._session = ort.InferenceSession(str(self.path), sess_options=cpu_session_options(1),
-                                                     providers=["CPUExecutionProvider"])
-                self.dimension = int(self._session.get_outputs()[0].shape[-1])
-        return self
-
-    def embed(self, texts) -> np.ndarray:
-        self.load()
-        rows = []
-        for text in texts:
-            ids = np.array([self._tokenizer.encode(text).ids], dtype=np.int64)
-            hidden = self._session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
-            vector = hidden.mean(axis=1)[0]
-            rows.append(vector / max(float(np.linalg.norm(vector)), 1e-12))
-        return np.stack(rows).astype(np.float32) if rows else np.zeros((0, self.dimension), np.float32)
+    quantize_dynamic(str(fp32), str(dynamic), weight_type=QuantType.QInt8, per_channel=True, nodes_to_exclude=keep)
+    return fp32, dynamic
 
 
 def torch_vectors(folder: Path, texts: list[str]) -> np.ndarray:
@@ -150,8 +90,10 @@ def compare(folder: Path, files: list[Path], turns: int = 60, questions: int = 2
     asked = [q["question"] for c in tuning for q in c["questions"]][:questions]
     reference = torch_vectors(folder, texts)
     lines = []
+    from amfs_server.adapters.onnx_embedder import OnnxEmbedder
+
     for path in files:
-        embedder = OnnxFileEmbedder(path)
+        embedder = OnnxEmbedder.for_file(path)
         cosine = (embedder.embed(texts) * reference).sum(axis=1)
         embedder.embed(asked[:5])  # warm-up
         times = []
@@ -166,25 +108,8 @@ def compare(folder: Path, files: list[Path], turns: int = 60, questions: int = 2
     return lines
 
 
-def bench(path: Path, which: str, args: list[str]) -> None:
-    if which not in ("conversations", "quality"):
-        raise SystemExit(f"bench runs 'conversations' or 'quality', not {which!r}")
-    if "test" in args or "all" in args:
-        raise SystemExit("refusing a test split: this script is for tuning-split measurements")
-    import amfs_server.session_bench.conversation_bench as conversations
-    import amfs_server.session_bench.retrieval_bench as quality
-
-    embedder = OnnxFileEmbedder(path).load()
-    module = conversations if which == "conversations" else quality
-    module.embedder_option = lambda parser, spec: embedder  # the benchmark's own --embedder lookup, bypassed
-    module.main((["quality"] if which == "quality" else []) + args + ["--embedder", str(path)])
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"] and len(argv) >= 3:
-        bench(Path(argv[1]), argv[2], argv[3:])
-        return 0
     if argv[:1] == ["compare"] and len(argv) >= 3:
         print("\n".join(compare(Path(argv[1]), [Path(f) for f in argv[2:]])))
         return 0
@@ -207,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.folder}: not a model folder (no config.json)")
     for path in export(args.folder, args.out, args.fp32_ffn_out, layers):
         print(f"{path}: {path.stat().st_size / 1e6:.1f} MB")
+    print(f"{args.out / 'model_int8.onnx'}: the shipped quantisation")
     return 0
 
 

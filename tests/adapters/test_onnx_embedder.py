@@ -30,7 +30,7 @@ SENTENCES = [
 ]
 
 
-@pytest.fixture(scope="module", params=["chat-int8"])
+@pytest.fixture(scope="module", params=["chat-int8", "chat-mpnet-int8"])
 def int8(request) -> OnnxEmbedder:
     """Each bundled model."""
     return OnnxEmbedder(variant=request.param).load()
@@ -155,10 +155,11 @@ BUNDLED = onnx_mod.VARIANTS["chat-int8"].bundled
 def test_the_bundled_model_is_stored_compressed_and_leaves_no_inflated_copy_behind(
     int8: OnnxEmbedder, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert BUNDLED is not None and BUNDLED.name == "model_int8.onnx.gz" and int8.model_path() == BUNDLED
+    bundled = onnx_mod.VARIANTS[int8.variant].bundled
+    assert bundled is not None and bundled.name == "model_int8.onnx.gz" and int8.model_path() == bundled
     plain = tmp_path / "model_int8.onnx"
-    plain.write_bytes(gzip.decompress(BUNDLED.read_bytes()))
-    plain_embedder = OnnxEmbedder(model_path=plain)
+    plain.write_bytes(gzip.decompress(bundled.read_bytes()))
+    plain_embedder = OnnxEmbedder(variant=int8.variant, model_path=plain)
     from_plain = plain_embedder.embed(SENTENCES)
     assert np.array_equal(int8.embed(SENTENCES), from_plain)  # the same model, bit for bit
     # A file given by path is named after it, never as the bundled default, so a store records which file wrote it.
@@ -166,7 +167,7 @@ def test_the_bundled_model_is_stored_compressed_and_leaves_no_inflated_copy_behi
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-    OnnxEmbedder(variant="chat-int8").load()
+    OnnxEmbedder(variant=int8.variant).load()
     assert list(scratch.iterdir()) == []  # the inflated file was removed once the session had read it
 
 
@@ -174,7 +175,7 @@ def test_the_compressed_model_loads_from_memory_where_no_temporary_file_can_be_w
     int8: OnnxEmbedder, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing" / "tmp"))  # mkdtemp fails: no such folder
-    assert np.array_equal(OnnxEmbedder(variant="chat-int8").embed(SENTENCES), int8.embed(SENTENCES))
+    assert np.array_equal(OnnxEmbedder(variant=int8.variant).embed(SENTENCES), int8.embed(SENTENCES))
 
 
 def test_a_corrupt_compressed_model_is_refused_with_the_reinstall_hint(
@@ -261,11 +262,14 @@ def test_load_embedder_returns_the_onnx_embedder_by_name_and_alias() -> None:
     emb = load_embedder("chat-MiniLM-L6-onnx-int8")
     assert isinstance(emb, OnnxEmbedder) and emb.variant == "chat-int8"
     assert load_embedder("chat-minilm") is emb
+    mpnet = load_embedder("chat-mpnet-onnx-int8")
+    assert isinstance(mpnet, OnnxEmbedder) and mpnet.variant == "chat-mpnet-int8" and mpnet.dimension == 768
+    assert load_embedder("Chat-MPNet") is mpnet
 
 
 def test_a_file_is_run_as_the_architecture_its_output_width_names(tmp_path) -> None:
     for variant, spec in onnx_mod.VARIANTS.items():
-        if spec.bundled is not None and spec.bundled.exists():
+        if spec.bundled is not None:
             found = OnnxEmbedder.for_file(spec.bundled)
             assert (found.variant, found.dimension, found.name) == (variant, spec.dimension, "onnx-file:model_int8.onnx.gz")
     not_onnx = tmp_path / "model.onnx"

@@ -232,8 +232,9 @@ def test_sentence_embeddings_are_exported_as_float32_base64_and_imported_exactly
     import numpy as np
 
     turn, note = embedded["entries"]
-    rows = np.frombuffer(base64.b64decode(turn["passage_embeddings"]), dtype="<f4").reshape(-1, 384)
-    assert rows.shape == (2, 384) and np.allclose(np.linalg.norm(rows, axis=1), 1.0, atol=1e-5)
+    width = len(turn["embedding"])  # the default embedder's (768 since 0.7.0)
+    rows = np.frombuffer(base64.b64decode(turn["passage_embeddings"]), dtype="<f4").reshape(-1, width)
+    assert width == 768 and rows.shape == (2, width) and np.allclose(np.linalg.norm(rows, axis=1), 1.0, atol=1e-5)
     assert note["passage_embeddings"] is None  # one sentence: its embedding is the entry vector
     export_file = tmp_path / "backup.json"
     export_file.write_text(json.dumps(embedded))

@@ -55,7 +55,7 @@ def child_env(tmp_path: Path) -> dict[str, str]:
 
 
 def test_the_default_embedder_is_the_bundled_int8_onnx_minilm() -> None:
-    assert DEFAULT_EMBEDDER == "chat-MiniLM-L6-onnx-int8"
+    assert DEFAULT_EMBEDDER == "chat-mpnet-onnx-int8"
     assert Settings().embedder == DEFAULT_EMBEDDER
 
 

@@ -138,7 +138,7 @@ def test_the_mcp_protocol_ranks_as_the_service_does_in_process(store: str):
     on either store; the PostgreSQL run leaves no schema behind."""
     data = gen.build_dataset(seed=5, conversations=1, sessions=3)
     conversation = data["conversations"][0]
-    conversation["questions"] = conversation["questions"][:8]
+    conversation["questions"] = conversation["questions"][:16]
     schemas_before = asyncio.run(_bench_schemas()) if store == "postgres" else set()
     via_mcp = asyncio.run(bench.run_via_mcp([conversation], store))[bench.FUSION + " via MCP"]
     in_process = asyncio.run(bench.run_in_process([conversation], store,
@@ -181,7 +181,7 @@ def test_the_fusion_sweep_row_for_the_default_weights_is_the_default_fusion(monk
     monkeypatch.setattr("amfs_server.core.service.utcnow", lambda: datetime(2026, 3, 2, 9, 30, tzinfo=timezone.utc))
 
     conversation = gen.build_dataset(seed=3, conversations=1, sessions=3)["conversations"][0]
-    conversation["questions"] = conversation["questions"][:8]
+    conversation["questions"] = conversation["questions"][:16]
     from amfs_server.core.retrieval import HYBRID_WEIGHTS
 
     from amfs_server.core.embedding import PASSAGE_SHARE
@@ -192,9 +192,9 @@ def test_the_fusion_sweep_row_for_the_default_weights_is_the_default_fusion(monk
                                                selected={"d": bench.service_ranker(None)}))["d"]
     assert tune_fusion.weights_for(share) == pytest.approx(HYBRID_WEIGHTS)
     mine = table[(PASSAGE_SHARE, share)]
-    assert mine["n"] == 8
-    assert mine["recall@10"] == pytest.approx(sum(r["recall@10"] for r in default) / 8)
-    assert mine["mrr@10"] == pytest.approx(sum(r["mrr@10"] for r in default) / 8)
+    assert mine["n"] == 16
+    assert mine["recall@10"] == pytest.approx(sum(r["recall@10"] for r in default) / 16)
+    assert mine["mrr@10"] == pytest.approx(sum(r["mrr@10"] for r in default) / 16)
     assert mine != table[(PASSAGE_SHARE, 0.9)]  # the weight is really applied
     assert mine != table[(0.0, share)]  # and the passage share
 
@@ -222,7 +222,7 @@ def test_every_conversation_in_one_store_ranks_as_a_store_each():
     scope (N included) and semantic search filters by it."""
     data = gen.build_dataset(seed=7, conversations=2, sessions=3)
     for conversation in data["conversations"]:
-        conversation["questions"] = conversation["questions"][:8]
+        conversation["questions"] = conversation["questions"][:16]
     selected = {bench.FUSION: bench.service_ranker(None)}
     apart = asyncio.run(bench.run_in_process(data["conversations"], "sqlite", selected=selected))[bench.FUSION]
     together = asyncio.run(bench.run_in_process(data["conversations"], "sqlite", selected=selected,
@@ -259,7 +259,7 @@ def test_a_candidate_model_file_is_measured_like_the_shipped_model():
     candidate = bench_embedder(str(shipped))
     assert candidate.name == "onnx-file:model_int8.onnx.gz"
     text = "Jonah: We want to skydive for my birthday!"
-    assert candidate.embed([text]).tolist() == load_embedder().embed([text]).tolist()
+    assert candidate.embed([text]).tolist() == load_embedder("chat-minilm").embed([text]).tolist()
     assert bench_embedder(None) is None
     with pytest.raises(EmbedderUnavailableError, match="does not exist"):
         bench_embedder("/nonexistent/model_int8.onnx")

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from .scripts_dir import ROOT, random_mpnet, script
+from .scripts_dir import script
 
 TEXTS = ["chat message: Jonah: We want to skydive for my birthday!", "Why won't Felix skydive?", "<UNK> a <mask>", ""]
 
@@ -18,16 +18,6 @@ TEXTS = ["chat message: Jonah: We want to skydive for my birthday!", "Why won't 
 @pytest.fixture(scope="module")
 def exporter():
     return script("export_embedder_onnx")
-
-
-@pytest.fixture(scope="module")
-def small_mpnet(tmp_path_factory):
-    pytest.importorskip("onnx")
-    pytest.importorskip("tokenizers")
-    # The shipped width, vocabulary and tokenizer; one layer keeps the export to seconds.
-    return random_mpnet(tmp_path_factory.mktemp("small-mpnet"), ROOT / "adapters" / "models" / "chat-mpnet" /
-                        "tokenizer.json", "<pad>", hidden_size=768, num_hidden_layers=1, num_attention_heads=12,
-                        intermediate_size=256)
 
 
 def _torch_rows(folder, texts):
@@ -61,7 +51,7 @@ def test_an_mpnet_exports_to_files_the_server_adapter_runs(exporter, small_mpnet
     graph = onnx.load(str(int8)).graph
     weights = {init.name for init in graph.initializer}
     ops = [node.op_type for node in graph.node]
-    assert ops.count("MatMulNBits") == 6  # q, k, v, attention output, FFN in and out of the one layer
+    assert ops.count("MatMulNBits") == 12  # per layer: q, k, v, attention output, FFN in and out
     assert not [node for node in graph.node if node.op_type == "MatMul" and node.input[1] in weights]
     nbits = {attr.name: attr.i for node in graph.node if node.op_type == "MatMulNBits" for attr in node.attribute}
     assert nbits["bits"] == 8 and nbits["block_size"] == exporter.NBITS_BLOCK and nbits["accuracy_level"] == 4
