@@ -117,7 +117,8 @@ async def test_event_filters_use_the_event_time_else_the_write_time(service: Mem
 def embedder():
     from amfs_server.adapters.embedders import load_embedder
 
-    return load_embedder()
+    # chat-MiniLM-L6 (384 dimensions, the [postgres] fixture's width): these test the strategies, not the model
+    return load_embedder("chat-minilm")
 
 
 @pytest.fixture

@@ -27,7 +27,8 @@ NOTES = [
 def embedder():
     from amfs_server.adapters.embedders import load_embedder
 
-    return load_embedder()
+    # chat-MiniLM-L6 (384 dimensions, the [postgres] fixture's width): these test the strategies, not the model
+    return load_embedder("chat-minilm")
 
 
 @pytest.fixture

@@ -138,7 +138,7 @@ def test_the_mcp_protocol_ranks_as_the_service_does_in_process(store: str):
     on either store; the PostgreSQL run leaves no schema behind."""
     data = gen.build_dataset(seed=5, conversations=1, sessions=3)
     conversation = data["conversations"][0]
-    conversation["questions"] = conversation["questions"][:16]
+    conversation["questions"] = conversation["questions"][:8]
     schemas_before = asyncio.run(_bench_schemas()) if store == "postgres" else set()
     via_mcp = asyncio.run(bench.run_via_mcp([conversation], store))[bench.FUSION + " via MCP"]
     in_process = asyncio.run(bench.run_in_process([conversation], store,
@@ -181,7 +181,7 @@ def test_the_fusion_sweep_row_for_the_default_weights_is_the_default_fusion(monk
     monkeypatch.setattr("amfs_server.core.service.utcnow", lambda: datetime(2026, 3, 2, 9, 30, tzinfo=timezone.utc))
 
     conversation = gen.build_dataset(seed=3, conversations=1, sessions=3)["conversations"][0]
-    conversation["questions"] = conversation["questions"][:16]
+    conversation = dict(conversation, questions=conversation["questions"][:16])  # a copy: the data set is shared
     from amfs_server.core.retrieval import HYBRID_WEIGHTS
 
     from amfs_server.core.embedding import PASSAGE_SHARE
@@ -222,7 +222,7 @@ def test_every_conversation_in_one_store_ranks_as_a_store_each():
     scope (N included) and semantic search filters by it."""
     data = gen.build_dataset(seed=7, conversations=2, sessions=3)
     for conversation in data["conversations"]:
-        conversation["questions"] = conversation["questions"][:16]
+        conversation["questions"] = conversation["questions"][:8]
     selected = {bench.FUSION: bench.service_ranker(None)}
     apart = asyncio.run(bench.run_in_process(data["conversations"], "sqlite", selected=selected))[bench.FUSION]
     together = asyncio.run(bench.run_in_process(data["conversations"], "sqlite", selected=selected,
