@@ -232,7 +232,7 @@ VARIANTS: dict[str, Fusion] = {
     **{f"sem_floor{d}": semantic_floor(d) for d in (10, 20, 30)},
     **{f"sem_top{c}": semantic_top(c) for c in (1, 2, 3)},
     **{f"kw_by_best{f}": keyword_by_best_share(f) for f in (0.0, 0.6)},
-    **{f"semantic{w}": semantic_weight(w) for w in (0.5, 0.6, 0.7, 0.8)},
+    **{f"semantic{w}": semantic_weight(w) for w in (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)},
 }
 
 
