@@ -7,8 +7,11 @@ from pathlib import Path
 from ..core.ports import MemoryStore
 
 
-def create_store(sqlite_path: Path, postgres_dsn: str | None = None, embedding_dimension: int = 384) -> MemoryStore:
-    """PostgreSQL when a DSN is given, else the embedded SQLite file."""
+def create_store(
+    sqlite_path: Path, postgres_dsn: str | None = None, embedding_dimension: int | None = 384
+) -> MemoryStore:
+    """PostgreSQL when a DSN is given, else the embedded SQLite file. `embedding_dimension`: the embedder's; None
+    (no embedder) opens a PostgreSQL store at whatever vector width it has."""
     if postgres_dsn:
         from .postgres import PostgresStore
 

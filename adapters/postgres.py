@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from ..core.embedding import CHAT_MINILM
+from ..core.embedding import CHAT_MINILM, EMBEDDER_META, keep_or_reembed
 from ..core.errors import ConflictError, StoreError, ValidationError
 from ..core.models import (
     Actor,
@@ -101,6 +101,8 @@ VECTOR_EXTENSION = "vector"
 INSTALL_HINT = "run scripts/ensure_postgres.sh or install pgvector: https://github.com/pgvector/pgvector#installation"
 HNSW_EF_SEARCH = 100
 HNSW_MAX_DIMENSIONS = 2000  # pgvector cannot index `vector` columns wider than this
+# The vector width of a new store opened without an embedder (`embedding_dimension=None`: inspection commands).
+NO_EMBEDDER_DIMENSION = 384
 MAX_QUERY_WORDS = 64
 # Planner statistics are refreshed once this many rows were added since the last refresh, and at least this
 # share of the table (autovacuum's insert thresholds, acted on at once instead of within its next round).
@@ -217,8 +219,23 @@ MIGRATIONS: list[str] = [
     """,
 ]
 
-_HNSW_INDEX = (
-    "CREATE INDEX entries_embedding_hnsw ON entries USING hnsw (embedding vector_cosine_ops) WHERE is_current;"
+_HNSW_INDEX_NAME = "entries_embedding_hnsw"
+_HNSW_INDEX = f"CREATE INDEX {_HNSW_INDEX_NAME} ON entries USING hnsw (embedding vector_cosine_ops) WHERE is_current;"
+
+
+def _hnsw_index(dimension: int) -> str:
+    """The schema's HNSW index statement for vectors of `dimension`, empty when pgvector cannot index them."""
+    return _HNSW_INDEX if dimension <= HNSW_MAX_DIMENSIONS else ""
+
+
+# The width of the `embedding` column (its typmod); $1 is the schema-qualified table.
+_WIDTH_SQL = "SELECT a.atttypmod FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attname = 'embedding'"
+# What pgvector says when a vector meets a column (or a stored vector) of another width.
+_WIDTH_ERROR = re.compile(r"expected (\d+) dimensions, not \d+|different vector dimensions (\d+) and (\d+)")
+# What `memory reembed` does to a PostgreSQL store, for the refusal of another width.
+_REEMBED_IN_PLACE = (
+    "every version and the vector column's width, in place and in one transaction, after writing a backup file; "
+    "stop the other servers on this store first"
 )
 
 _BASE_COLUMNS = ENTRY_BASE_COLUMNS
@@ -360,12 +377,15 @@ class PostgresStore(PostgresDatabase):
         "outcome_ref or meta name."
     )
 
-    def __init__(self, dsn: str, embedding_dimension: int = 384, schema: str | None = None) -> None:
+    def __init__(self, dsn: str, embedding_dimension: int | None = 384, schema: str | None = None) -> None:
+        """`embedding_dimension`: the embedder's; None (no embedder) takes the store's own width at open."""
         super().__init__(dsn, schema)
-        if int(embedding_dimension) < 1:
+        if embedding_dimension is not None and int(embedding_dimension) < 1:
             raise StoreError(f"embedding_dimension must be >= 1, got {embedding_dimension}")
         self._term_stats: tuple[float, dict[str, float]] | None = None
-        self.embedding_dimension = int(embedding_dimension)
+        self._width_from_store = embedding_dimension is None
+        self.embedding_dimension = NO_EMBEDDER_DIMENSION if embedding_dimension is None else int(embedding_dimension)
+        self._reembedding = False
         self._vector_schema = "public"
         self._iterative_scan = False
         self._lock_namespace: int | None = None  # hashtext(schema), fetched at open
@@ -385,30 +405,73 @@ class PostgresStore(PostgresDatabase):
 
         await register_vector(conn, schema=self._vector_schema)
 
+    async def open(self, *, reembedding: bool = False) -> None:
+        """`reembedding`: a store of another vector width opens too, for `reembed`'s export (see `import_snapshot`)."""
+        self._reembedding = reembedding
+        await super().open()
+
     async def _bootstrap(self, conn: Any) -> None:
         """Extension, schema and migrations, under one advisory lock (safe when processes start at once)."""
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_KEY)
             await self._ensure_vector_extension(conn)
             await self._create_schema(conn)
-            hnsw = _HNSW_INDEX if self.embedding_dimension <= HNSW_MAX_DIMENSIONS else ""
+            hnsw = _hnsw_index(self.embedding_dimension)
             await self._migrate(
                 conn, "schema_migrations", MIGRATIONS,
                 lambda script: script.replace("{dim}", str(self.embedding_dimension)).replace("{hnsw}", hnsw),
             )
             self._lock_namespace = await conn.fetchval("SELECT hashtext($1)", self.schema)
             self._rows_at_analyze = max(0.0, float(await conn.fetchval(_ROW_ESTIMATE_SQL)))
-            typmod = await conn.fetchval(
-                "SELECT a.atttypmod FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attname = 'embedding'",
-                f"{quote_ident(self.schema)}.entries",
-            )
-        if typmod is not None and typmod > 0 and typmod != self.embedding_dimension:
-            raise StoreError(
-                f"The PostgreSQL store at {self.where} holds embeddings of dimension {typmod}, but the embedder "
-                f"gives {self.embedding_dimension}, so nothing was changed; a PostgreSQL store cannot be re-embedded "
-                f"to another dimension in place. Use the embedder the store was created with (a store the default "
-                f"of 0.4.0-0.6.0 made, 384 dimensions: AMFS_EMBEDDER={CHAT_MINILM}), or another database."
-            )
+            width = await self._column_width(conn)
+            recorded = await conn.fetchval("SELECT value_json FROM meta WHERE name = $1", EMBEDDER_META)
+        if width is None or width == self.embedding_dimension or self._reembedding:
+            return
+        if self._width_from_store:  # no embedder, so no width to match: the store's is the one it checks vectors by
+            self.embedding_dimension = width
+            return
+        recorded = None if recorded is None else json.loads(recorded)
+        made = "" if recorded is None else f" (made by {recorded!r})"
+        if recorded is None and width == 384:
+            recorded = CHAT_MINILM  # unrecorded and 384 wide: most likely 0.4.0-0.6.0's default
+        raise StoreError(
+            f"The PostgreSQL store at {self.where} holds embeddings of dimension {width}{made}, but the configured "
+            f"embedder gives {self.embedding_dimension}, so nothing was changed. "
+            f"{keep_or_reembed(recorded, _REEMBED_IN_PLACE)}."
+        )
+
+    async def _column_width(self, conn: Any) -> int | None:
+        """The `embedding` column's vector width (None if unknown)."""
+        typmod = await conn.fetchval(_WIDTH_SQL, f"{quote_ident(self.schema)}.entries")
+        return typmod if typmod is not None and typmod > 0 else None
+
+    async def _take_embedder_width(self, conn: Any) -> None:
+        """Give the emptied `embedding` column the embedder's width, if it has another, with the HNSW index remade as
+        the schema makes it for that width; inside the caller's transaction."""
+        if await self._column_width(conn) in (None, self.embedding_dimension):
+            return
+        await conn.execute(f"DROP INDEX IF EXISTS {_HNSW_INDEX_NAME}")
+        # USING NULL: no old vector is converted; the rows were just truncated and the import brings the new ones.
+        await conn.execute(f"ALTER TABLE entries ALTER COLUMN embedding TYPE vector({self.embedding_dimension}) USING NULL")
+        hnsw = _hnsw_index(self.embedding_dimension)
+        if hnsw:
+            await conn.execute(hnsw)
+
+    def _explain(self, error: Exception) -> Exception | None:
+        import asyncpg
+
+        found = _WIDTH_ERROR.search(str(error)) if isinstance(error, asyncpg.DataError) else None
+        if found is None:
+            return super()._explain(error)
+        # Writes and queries are checked against this server's width first, so pgvector refusing one means the
+        # column's width changed since this server opened the store (another process re-embedded it).
+        widths = [int(w) for w in found.groups() if w is not None and int(w) != self.embedding_dimension]
+        now = f"now holds embeddings of dimension {widths[0]}" if widths else "now holds embeddings of another dimension"
+        return StoreError(
+            f"The PostgreSQL store at {self.where} {now}, but this server's embedder gives {self.embedding_dimension}: "
+            "it was re-embedded (`amfs-server memory reembed`) since this server started, so nothing was changed. "
+            "Restart this server with the embedder the store was re-embedded with (AMFS_EMBEDDER)."
+        )
 
     async def _ensure_vector_extension(self, conn: Any) -> None:
         import asyncpg
@@ -972,6 +1035,7 @@ class PostgresStore(PostgresDatabase):
                 if await run_postgres(conn, export_store(POSTGRES)) != replacing:
                     raise ConflictError(STORE_CHANGED)
                 await conn.execute(_TRUNCATE_ALL)  # transactional in PostgreSQL: undone if the import fails
+                await self._take_embedder_width(conn)  # DDL is transactional too: undone with it
             await self._lock_keys(conn, latest)
             await run_postgres(conn, import_store(snapshot, POSTGRES))
 

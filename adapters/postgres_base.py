@@ -226,7 +226,9 @@ class PostgresDatabase:
                 async with pool.acquire() as conn:
                     async with conn.transaction(readonly=readonly, isolation=isolation):
                         return await fn(conn)
-            except (asyncpg.DeadlockDetectedError, asyncpg.SerializationError) as error:
+            # InvalidCachedStatementError: a statement prepared before another process changed the schema (`memory
+            # reembed` changing the vector column's width); asyncpg has dropped the pool's statement cache.
+            except (asyncpg.DeadlockDetectedError, asyncpg.SerializationError, asyncpg.InvalidCachedStatementError) as error:
                 if attempt == MAX_TX_ATTEMPTS:
                     raise ConflictError(
                         f"A PostgreSQL transaction kept conflicting with concurrent ones ({error}); retry the call."
@@ -240,9 +242,10 @@ class PostgresDatabase:
                     "the database server's disk. Reads keep working meanwhile."
                 ) from error
             except Exception as error:
-                if _connection_lost(error):
-                    raise StoreError(f"Lost the connection to PostgreSQL at {self.where}: {error}") from error
-                raise
+                explained = self._explain(error)
+                if explained is None:
+                    raise
+                raise explained from error
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _read(self, fn: Callable[[Any], Awaitable[T]]) -> T:
@@ -256,9 +259,16 @@ class PostgresDatabase:
         except asyncpg.CharacterNotInRepertoireError as error:
             raise ValidationError(self.NUL_MESSAGE) from error
         except Exception as error:
-            if _connection_lost(error):
-                raise StoreError(f"Lost the connection to PostgreSQL at {self.where}: {error}") from error
-            raise
+            explained = self._explain(error)
+            if explained is None:
+                raise
+            raise explained from error
+
+    def _explain(self, error: Exception) -> Exception | None:
+        """The error to raise in place of a driver error a caller should understand; None: `error` as it is."""
+        if _connection_lost(error):
+            return StoreError(f"Lost the connection to PostgreSQL at {self.where}: {error}")
+        return None
 
 
 def _connection_lost(error: BaseException) -> bool:

@@ -779,7 +779,7 @@ class SQLiteStore(SQLiteDatabase):
                                  [SQLITE.embedding_value(blob) for _, blob in erased])
             _clear_scrub_pending(conn)
 
-    async def open(self) -> None:
+    async def open(self, *, reembedding: bool = False) -> None:  # vectors of any width: nothing to allow
         await super().open()
         await self._run(self._finish_interrupted_scrub)
 

@@ -46,6 +46,8 @@ __all__ = [
     "CHAT_MPNET",
     "MINILM_INT8",
     "RETIRED_EMBEDDERS",
+    "EMBEDDER_META",
+    "keep_or_reembed",
     "TORCH_MINILM",
     "MPNET",
     "GEMMA",
@@ -96,6 +98,24 @@ MPNET = "all-mpnet-base-v2"
 # EmbeddingGemma-300M as int8 ONNX, fetched on request (`amfs-server embedder fetch embeddinggemma`, the [gemma]
 # extra): the strongest first stage measured here, at about three times MiniLM's query cost (README).
 GEMMA = "embeddinggemma-300m-onnx-int8"
+
+# The store meta naming the embedder whose vectors the store holds (MemoryService; the PostgreSQL store reads it to
+# name that embedder when its vector width is refused).
+EMBEDDER_META = "embedder"
+
+
+def keep_or_reembed(recorded: str | None, reembed: str = "every version, a few ms each") -> str:
+    """The fix for a store whose vectors `recorded` made (None: not recorded) when another embedder is configured:
+    re-embed it (`reembed` says what that does), or keep that embedder, unless it is no longer bundled."""
+    if recorded in RETIRED_EMBEDDERS:  # keeping it is no option: its model is not installed any more
+        return f"{recorded} {RETIRED_EMBEDDERS[recorded]}"
+    if recorded is None:
+        keep = "keep the embedder the store was made with"
+    else:
+        keep = f"keep the old embedder: AMFS_EMBEDDER={recorded}" + (
+            f" (needs the [lm] extra: {INSTALL_HINT})" if recorded == TORCH_MINILM else "")
+    return f"Either re-embed the store with the configured embedder: `amfs-server memory reembed` ({reembed}), or {keep}"
+
 
 # Longest text embedding_text() produces. The model itself truncates at 256
 # tokens (~1000-1500 characters of English); the extra room is for keyword search.

@@ -88,7 +88,11 @@ class MemoryStore(Protocol):
 
     name: str
 
-    async def open(self) -> None: ...
+    async def open(self, *, reembedding: bool = False) -> None:
+        """Connect and create what is missing. `reembedding`: opened to be re-embedded (`MemoryService.reembed`), so
+        a store whose vectors have another width than the configured embedder's opens for the export; the
+        replacing import then changes that width (a store without a fixed width ignores it)."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -215,8 +219,9 @@ class MemoryStore(Protocol):
     async def import_snapshot(self, snapshot: StoreSnapshot, *, replacing: StoreSnapshot | None = None) -> None:
         """Write a snapshot back in one transaction; refuses (and writes nothing) if any entry version exists.
         `replacing`: the export this snapshot replaces (`reembed`). In that same transaction the store must still
-        be exactly it (else ConflictError and nothing changes: another process wrote meanwhile), is emptied, and
-        `snapshot` is written, so neither a crash nor a concurrent writer loses anything."""
+        be exactly it (else ConflictError and nothing changes: another process wrote meanwhile), is emptied, takes
+        the configured embedder's vector width if it has another, and `snapshot` is written, so neither a crash nor
+        a concurrent writer loses anything."""
         ...
 
     async def get_meta(self, name: str) -> Any | None: ...

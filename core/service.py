@@ -19,9 +19,8 @@ from .ports import Embedder, MemoryStore, OutcomeTarget, StoreSnapshot, TierUpda
 from . import validation as v
 from .confidence import DEFAULT_MULTIPLIERS, effective_confidence, validate_multipliers
 from .embedding import (
+    EMBEDDER_META as EMBEDDER_META,
     ENTRY_VECTORS,
-    INSTALL_HINT as TORCH_INSTALL_HINT,
-    RETIRED_EMBEDDERS,
     PASSAGE_SHARE,
     TORCH_MINILM,
     Context,
@@ -32,6 +31,7 @@ from .embedding import (
     entry_texts,
     embedding_text,
     entry_similarity,
+    keep_or_reembed,
 )
 from .errors import ConflictError, NotFoundError, StorageFullError, StoreError, ValidationError
 from .models import (
@@ -87,7 +87,6 @@ def unscoped_outcome_ref(stored: str) -> str:
     return stored.partition("#")[2] if stored.startswith("@") and "#" in stored else stored
 
 
-EMBEDDER_META = "embedder"  # the name of the embedder whose vectors the store holds
 ENTRY_VECTORS_META = "entry_vectors"  # how those vectors were made from entry texts (embedding.ENTRY_VECTORS)
 # A store's vectors and the configured embedder's agree to this cosine when they come from the same model and
 # runtime (int8 ONNX is deterministic per text); torch and int8 MiniLM agree only to ~0.99 and do not mix.
@@ -178,7 +177,9 @@ class MemoryService:
         return self._clock() if self._clock is not None else utcnow()
 
     async def open(self, *, check_embedder: bool = True) -> None:
-        await self.store.open()
+        """`check_embedder=False`: opened to be re-embedded (`reembed`), so the store's vectors need not be the
+        configured embedder's, in name or in width."""
+        await self.store.open(reembedding=not check_embedder)
         if not await self.purge_expired():  # what expired while nothing ran is erased before anything reads
             await self._erased()  # copies follow what others erased, or what a process stopped before following
         await self.refresh_calibrated_multipliers()
@@ -215,15 +216,10 @@ class MemoryService:
                 "`amfs-server memory reembed` (every version, a few ms each)."
             )
         if recorded != self.embedder.name:
-            if recorded in RETIRED_EMBEDDERS:  # keeping it is no option: its model is not installed any more
-                fix = f"{recorded} {RETIRED_EMBEDDERS[recorded]}"
-            else:
-                fix = ("Either re-embed the store with the configured embedder: `amfs-server memory reembed` (every "
-                       f"version, a few ms each), or keep the old embedder: AMFS_EMBEDDER={recorded}"
-                       + (f" (needs the [lm] extra: {TORCH_INSTALL_HINT})" if recorded == TORCH_MINILM else ""))
             raise StoreError(
                 f"This store's vectors were made by the embedder {recorded!r}, but the server is configured for "
-                f"{self.embedder.name!r}; their vectors are not comparable, so nothing was changed. {fix}."
+                f"{self.embedder.name!r}; their vectors are not comparable, so nothing was changed. "
+                f"{keep_or_reembed(recorded)}."
             )
 
     async def _record_embedder(self) -> None:

@@ -111,7 +111,7 @@ def _memory_service(settings: Settings, clock: Clock | None) -> MemoryService:
 
         embedder = load_embedder(settings.embedder)
     store = create_store(
-        settings.sqlite_path, settings.postgres_dsn, embedding_dimension=embedder.dimension if embedder else 384
+        settings.sqlite_path, settings.postgres_dsn, embedding_dimension=embedder.dimension if embedder else None
     )
     config = ServiceConfig(
         decay_half_life_days=settings.decay_half_life_days,

@@ -297,12 +297,64 @@ async def test_concurrent_open_of_a_fresh_schema(pg_dsn: str) -> None:
 @pytestmark_pg
 async def test_embedding_dimension_mismatch(pg_store: PostgresStore) -> None:
     other = PostgresStore(pg_store.dsn, embedding_dimension=8, schema=pg_store.schema)
-    with pytest.raises(StoreError, match="dimension 384.*nothing was changed.*AMFS_EMBEDDER=chat-MiniLM-L6-onnx-int8"):
+    with pytest.raises(StoreError, match="dimension 384.*nothing was changed.*`amfs-server memory reembed`.*"
+                                         "AMFS_EMBEDDER=chat-MiniLM-L6-onnx-int8"):
         await other.open()
     with pytest.raises(ValidationError, match="dimension 3"):
         await pg_store.insert_versions([draft("svc/a", "k", embedding=[1.0, 0.0, 0.0])], ACTOR)
     with pytest.raises(ValidationError):
         await pg_store.semantic_candidates([1.0, 0.0], EntryFilter(), utcnow(), 5)
+
+
+async def _vector_column(store: PostgresStore) -> tuple[int, list[str]]:
+    """The `embedding` column's width and the names of the indexes on it."""
+    rows = await _fetch(
+        store.dsn,
+        "SELECT format_type(a.atttypid, a.atttypmod) AS type, (SELECT coalesce(array_agg(c.relname::text), '{}') "
+        "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = a.attrelid "
+        "AND a.attnum = ANY(i.indkey)) AS indexes FROM pg_attribute a "
+        "WHERE a.attrelid = to_regclass($1) AND a.attname = 'embedding'",
+        f'"{store.schema}".entries',
+    )
+    return int(rows[0]["type"].removeprefix("vector(").removesuffix(")")), list(rows[0]["indexes"])
+
+
+@pytestmark_pg
+async def test_a_replacing_import_changes_the_vector_width_and_remakes_the_hnsw_index_as_the_schema_would(
+    pg_store: PostgresStore,
+) -> None:
+    """What `memory reembed` does to a store of another width: opened for re-embedding (export at the old width), the
+    replacing import gives the column the new width, with an HNSW index only where pgvector can build one."""
+    from dataclasses import replace
+
+    rng = random.Random(5)
+    await pg_store.insert_versions([draft("svc/a", f"k{i}", embedding=random_vector(rng)) for i in range(3)], ACTOR)
+    assert await _vector_column(pg_store) == (DIM, ["entries_embedding_hnsw"])
+    for width, indexes in ((pg.HNSW_MAX_DIMENSIONS + 1, []), (DIM, ["entries_embedding_hnsw"])):
+        store = PostgresStore(pg_store.dsn, embedding_dimension=width, schema=pg_store.schema)
+        await store.open(reembedding=True)
+        old = await store.export_snapshot()
+        vectors = [unit([rng.gauss(0.0, 1.0) for _ in range(width)]) for _ in old.entries]
+        await store.import_snapshot(replace(old, entries=[e.with_changes(embedding=v, passage_embeddings=None)
+                                                          for e, v in zip(old.entries, vectors)]), replacing=old)
+        assert await _vector_column(store) == (width, indexes)
+        nearest = await store.semantic_candidates(vectors[1], EntryFilter(), utcnow(), 1)
+        assert nearest[0][0].key == "k1" and nearest[0][1] == pytest.approx(1.0, abs=1e-5)
+        await store.close()
+
+
+@pytestmark_pg
+async def test_a_store_of_another_width_opens_only_to_be_reembedded_or_without_an_embedder(pg_store: PostgresStore) -> None:
+    other = PostgresStore(pg_store.dsn, embedding_dimension=768, schema=pg_store.schema)
+    await other.open(reembedding=True)  # for the export a re-embedding starts with
+    assert other.embedding_dimension == 768 and await _vector_column(pg_store) == (DIM, ["entries_embedding_hnsw"])
+    await other.close()
+    inspecting = PostgresStore(pg_store.dsn, embedding_dimension=None, schema=pg_store.schema)  # no embedder
+    await inspecting.open()
+    assert inspecting.embedding_dimension == DIM
+    await inspecting.close()
+    with pytest.raises(StoreError, match="amfs-server memory reembed"):
+        await PostgresStore(pg_store.dsn, embedding_dimension=768, schema=pg_store.schema).open()
 
 
 @pytestmark_pg

@@ -1,8 +1,9 @@
 """A store records which embedder made its vectors; a server configured for another one refuses it with the
 command that re-embeds it (`amfs-server memory reembed`), and that command makes the store usable again.
 
-Unit tests use two deterministic hash embedders (test doubles) on real stores (`[sqlite]`, `[postgres]`), reopened
-between steps as a restarted server would; the CLI test uses the real default (ONNX) embedder."""
+Unit tests use deterministic hash embedders (test doubles; one of another width, which a PostgreSQL store's vector
+column changes to) on real stores (`[sqlite]`, `[postgres]`), reopened between steps as a restarted server would; the
+SQLite CLI test uses the real default (ONNX) embedder, the PostgreSQL one stand-ins under the bundled names."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from amfs_server.adapters.sqlite import SQLiteStore
-from amfs_server.core.embedding import DEFAULT_EMBEDDER, ENTRY_VECTORS, MINILM_INT8, TORCH_MINILM
+from amfs_server.core.embedding import CHAT_MINILM, DEFAULT_EMBEDDER, ENTRY_VECTORS, MINILM_INT8, TORCH_MINILM
 from amfs_server.core.errors import StoreError
 from amfs_server.core.models import Actor, EntryFilter, utcnow
 from amfs_server.core.service import EMBEDDER_META, MemoryService, WriteRequest
@@ -28,10 +30,8 @@ ACTOR = Actor("agent/test", "embedder-record")
 class SeededHashEmbedder:
     """Unit vectors from a text's hash; a different `seed` is a different model (unrelated vectors)."""
 
-    dimension = 384
-
-    def __init__(self, name: str, seed: int) -> None:
-        self.name, self.seed = name, seed
+    def __init__(self, name: str, seed: int, dimension: int = 384) -> None:
+        self.name, self.seed, self.dimension = name, seed, dimension
 
     def embed(self, texts: list[str]) -> np.ndarray:
         rows = []
@@ -44,23 +44,25 @@ class SeededHashEmbedder:
 
 MODEL_A = SeededHashEmbedder("model-a", 1)
 MODEL_B = SeededHashEmbedder("model-b", 2)
+WIDE = SeededHashEmbedder("model-wide", 3, dimension=768)  # another width, as chat-mpnet after chat-MiniLM-L6
 
 
-StoreFactory = Callable[[], object]
+StoreFactory = Callable[..., object]
 
 
 @pytest.fixture
 def make_store(store: object) -> StoreFactory:
-    """New handles on the conftest `store` (the same file or schema; the fixture cleans it up)."""
+    """New handles on the conftest `store` (the same file or schema; the fixture cleans it up), for an embedder of
+    `dimension` (None: no embedder)."""
     if isinstance(store, SQLiteStore):
-        return lambda: SQLiteStore(store.path)
+        return lambda dimension=384: SQLiteStore(store.path)
     from amfs_server.adapters.postgres import PostgresStore
 
-    return lambda: PostgresStore(store.dsn, embedding_dimension=384, schema=store.schema)
+    return lambda dimension=384: PostgresStore(store.dsn, embedding_dimension=dimension, schema=store.schema)
 
 
 async def open_service(make_store: StoreFactory, embedder: SeededHashEmbedder | None, check: bool = True) -> MemoryService:
-    service = MemoryService(make_store(), embedder=embedder)
+    service = MemoryService(make_store(None if embedder is None else embedder.dimension), embedder=embedder)
     await service.open(check_embedder=check)
     return service
 
@@ -178,7 +180,7 @@ def test_memory_reembed_command_moves_a_store_to_the_default_embedder(tmp_path: 
 
     data_dir = tmp_path / "store"
     data_dir.mkdir()
-    asyncio.run(store_written_by(lambda: SQLiteStore(data_dir / "amfs.db"), MODEL_A))
+    asyncio.run(store_written_by(lambda dimension=384: SQLiteStore(data_dir / "amfs.db"), MODEL_A))
     monkeypatch.setenv("AMFS_DATA_DIR", str(data_dir))
     monkeypatch.delenv("AMFS_EMBEDDER", raising=False)
     monkeypatch.delenv("AMFS_POSTGRES_DSN", raising=False)
@@ -388,3 +390,179 @@ async def test_reembed_makes_the_context_passages_the_writes_made(make_store: St
         if rows is not None:
             assert np.allclose(rows, again[version], atol=1e-6), version
     await service.close()
+
+
+# -- a change of vector width (chat-MiniLM-L6's 384 to chat-mpnet's 768): a PostgreSQL column's width changes too --
+
+async def vector_column(store: Any) -> tuple[int | None, str | None]:
+    """A PostgreSQL store's `embedding` width and its HNSW index's definition (None: no index)."""
+
+    async def read(conn: Any) -> tuple[int | None, str | None]:
+        index = await conn.fetchval(
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname = 'entries_embedding_hnsw'",
+            store.schema)
+        return await store._column_width(conn), index
+
+    return await store._read(read)
+
+
+def without_vectors(snapshot: Any) -> list[Any]:
+    return [e.with_changes(embedding=None, passage_embeddings=None) for e in snapshot.entries]
+
+
+async def test_reembed_moves_a_store_to_an_embedder_of_another_width(make_store: StoreFactory) -> None:
+    service = await open_service(make_store, MODEL_A)
+    await service.write(ACTOR, WriteRequest("svc/payments", "retry-policy", "retry the card authorisation 3 times"))
+    await service.write(ACTOR, WriteRequest("svc/payments", "retry-policy", "retry the card authorisation 5 times"))
+    await service.write(Actor("agent/other", "s2"), WriteRequest("svc/payments", "timeout", "gateway timeout is 30 seconds"))
+    await service.write(ACTOR, WriteRequest("chat/c1", "t1", "Jonah: Back from Kyoto! The bamboo forest was unreal."))
+    before = await service.store.export_snapshot()
+    await service.close()
+
+    with pytest.raises(StoreError) as refused:  # the server start names both fixes, and leaves the store as it was
+        await open_service(make_store, WIDE)
+    assert "amfs-server memory reembed" in str(refused.value) and "AMFS_EMBEDDER=model-a" in str(refused.value)
+    service = await open_service(make_store, WIDE, check=False)  # as `amfs-server memory reembed` opens it
+    assert await service.reembed() == 4
+    await service.close()
+
+    service = await open_service(make_store, WIDE)  # no longer refused
+    after = await service.store.export_snapshot()
+    assert [len(e.embedding) for e in after.entries] == [768] * 4
+    assert {np.asarray(e.passage_embeddings).shape[1] for e in after.entries if e.passage_embeddings} == {768}
+    assert without_vectors(after) == without_vectors(before)  # values, versions, provenance, confidence as they were
+    assert after.meta[EMBEDDER_META] == "model-wide"
+    probe = WIDE.embed(["svc payments timeout: gateway timeout is 30 seconds"])[0].tolist()
+    nearest = await service.store.semantic_candidates(probe, EntryFilter(), utcnow(), 1)
+    assert nearest[0][0].key == "timeout" and nearest[0][1] == pytest.approx(1.0, abs=1e-5)
+    hits = await service.retrieve(ACTOR, "gateway timeout is 30 seconds", limit=1)
+    assert hits[0].entry.key == "timeout"
+    await service.write(ACTOR, WriteRequest("svc/payments", "currency", "charges are in EUR"))  # writes go on
+    if not isinstance(service.store, SQLiteStore):
+        width, index = await vector_column(service.store)
+        assert width == 768 and index is not None and "hnsw" in index and "WHERE is_current" in index
+    await service.close()
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_the_refusal_of_another_width_names_the_reembed_command_and_the_old_embedder(
+    make_store: StoreFactory,
+) -> None:
+    await store_written_by(make_store, SeededHashEmbedder(CHAT_MINILM, 1))
+    with pytest.raises(StoreError) as refused:
+        await open_service(make_store, WIDE)
+    message = str(refused.value)
+    assert "holds embeddings of dimension 384 (made by 'chat-MiniLM-L6-onnx-int8')" in message
+    assert "gives 768, so nothing was changed" in message
+    assert "`amfs-server memory reembed` (every version and the vector column's width, in place" in message
+    assert "backup file" in message
+    assert "stop the other servers on this store first" in message
+    assert f"AMFS_EMBEDDER={CHAT_MINILM}" in message and "cannot be re-embedded" not in message
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_a_width_change_that_fails_leaves_the_store_at_its_old_width_with_its_vectors(
+    make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from amfs_server.adapters.postgres import PostgresStore
+
+    await store_written_by(make_store, MODEL_A)
+    service = await open_service(make_store, WIDE, check=False)
+    before = await service.store.export_snapshot()
+    widths: list[int | None] = []
+
+    async def fail_after_the_alter(self: PostgresStore, conn: Any, pairs: object) -> None:
+        widths.append(await self._column_width(conn))  # in the replacing transaction, before the import's rows
+        raise RuntimeError("injected failure during the import")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(PostgresStore, "_lock_keys", fail_after_the_alter)
+        with pytest.raises(RuntimeError, match="injected"):
+            await service.reembed()
+    assert widths == [768]  # the column had been changed when the import failed
+    await service.close()
+
+    with pytest.raises(StoreError, match="dimension 384"):  # still the old store: the new embedder is refused
+        await open_service(make_store, WIDE)
+    service = await open_service(make_store, MODEL_A)
+    assert await service.store.export_snapshot() == before  # every vector as it was
+    width, index = await vector_column(service.store)
+    assert width == 384 and index is not None
+    hits = await service.retrieve(ACTOR, "retry the card authorisation 3 times", limit=1)
+    assert hits[0].entry.key == "retry-policy"
+    await service.close()
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_a_server_left_running_through_a_width_change_is_stopped_at_its_next_vector_with_the_reason(
+    make_store: StoreFactory,
+) -> None:
+    from amfs_server.core.errors import ConflictError
+
+    old = await open_service(make_store, MODEL_A)  # a server still running on the 384-wide store
+    await old.write(ACTOR, WriteRequest("svc/payments", "retry-policy", "retry the card authorisation 3 times"))
+    service = await open_service(make_store, WIDE, check=False)
+    embed = service._entry_vectors
+
+    async def embed_while_the_old_server_writes(*args: object, **kwargs: object) -> object:
+        await old.write(ACTOR, WriteRequest("svc/payments", "timeout", "gateway timeout is 30 seconds"))
+        return await embed(*args, **kwargs)
+
+    service._entry_vectors = embed_while_the_old_server_writes
+    with pytest.raises(ConflictError, match="nothing was replaced"):  # caught before any change of width
+        await service.reembed()
+    assert (await vector_column(service.store))[0] == 384
+    assert len((await old.store.export_snapshot()).entries) == 2
+
+    service._entry_vectors = embed
+    assert await service.reembed() == 2
+    for attempt in (lambda: old.write(ACTOR, WriteRequest("svc/payments", "currency", "charges are in EUR")),
+                    lambda: old.retrieve(ACTOR, "gateway timeout", limit=1)):
+        with pytest.raises(StoreError, match=r"now holds embeddings of dimension 768, but this server's embedder "
+                                             r"gives 384: it was re-embedded \(`amfs-server memory reembed`\).*Restart"):
+            await attempt()
+    snapshot = await service.store.export_snapshot()
+    assert [e.key for e in snapshot.entries] == ["retry-policy", "timeout"]  # nothing of the old width written
+    await old.close()
+    await service.close()
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_memory_reembed_command_moves_a_postgres_store_to_the_default_embedders_width(
+    store: Any, make_store: StoreFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+    from urllib.parse import quote
+
+    from amfs_server.adapters import embedders
+
+    # Stand-ins under the bundled names, so the command runs as shipped without loading either model.
+    previous, default = SeededHashEmbedder(CHAT_MINILM, 1), SeededHashEmbedder(DEFAULT_EMBEDDER, 2, dimension=768)
+    monkeypatch.setitem(embedders._cache, CHAT_MINILM, previous)
+    monkeypatch.setitem(embedders._cache, DEFAULT_EMBEDDER, default)
+    await store_written_by(make_store, previous)
+    dsn = store.dsn
+    monkeypatch.setenv("AMFS_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("AMFS_POSTGRES_DSN", dsn + ("&" if "?" in dsn else "?")
+                       + "options=" + quote(f"-csearch_path={store.schema}", safe=""))
+    monkeypatch.delenv("AMFS_EMBEDDER", raising=False)
+
+    async def run(*args: str) -> Any:  # the command runs its own event loop
+        return await asyncio.to_thread(CliRunner().invoke, cli, list(args))
+
+    refused = await run("memory", "search", "gateway timeout")
+    assert refused.exit_code == 1 and "Traceback" not in refused.output
+    assert "holds embeddings of dimension 384" in refused.output and "`amfs-server memory reembed`" in refused.output
+    assert f"AMFS_EMBEDDER={CHAT_MINILM}" in refused.output
+    shown = await run("memory", "show")  # inspection needs no embedder, whatever the store's width
+    assert shown.exit_code == 0 and "svc/payments/timeout v1" in shown.output, shown.output
+
+    backup = tmp_path / "backup.json"
+    result = await run("memory", "reembed", "--backup", str(backup))
+    assert result.exit_code == 0, result.output
+    assert f"Re-embedded 2 entry versions with {DEFAULT_EMBEDDER}" in result.output
+    assert '"retry-policy"' in backup.read_text()
+    found = await run("memory", "search", "svc payments timeout: gateway timeout is 30 seconds", "--limit", "1")
+    assert found.exit_code == 0 and "svc/payments/timeout v1" in found.output, found.output
+    for command in (["memory", "show"], ["memory", "export"]):  # and at the new width without an embedder
+        assert (await run(*command)).exit_code == 0
