@@ -58,7 +58,14 @@ from ..core.models import (
     TraceKind,
     entry_key,
 )
-from ..core.ports import OutcomeTarget, StoreSnapshot, TierUpdate, missing_causal_entry, nothing_read
+from ..core.ports import (
+    OutcomeTarget,
+    StoreSnapshot,
+    TierUpdate,
+    missing_causal_entry,
+    nothing_read,
+    vector_width,
+)
 from .postgres_base import (
     DEFAULT_SCHEMA as DEFAULT_SCHEMA,
     MIGRATION_LOCK_KEY,
@@ -101,7 +108,8 @@ VECTOR_EXTENSION = "vector"
 INSTALL_HINT = "run scripts/ensure_postgres.sh or install pgvector: https://github.com/pgvector/pgvector#installation"
 HNSW_EF_SEARCH = 100
 HNSW_MAX_DIMENSIONS = 2000  # pgvector cannot index `vector` columns wider than this
-# The vector width of a new store opened without an embedder (`embedding_dimension=None`: inspection commands).
+# The vector width of a new store opened without an embedder (`embedding_dimension=None`: inspection commands,
+# `memory import`); while it holds no entry version, an import of vectors of another width gives it theirs.
 NO_EMBEDDER_DIMENSION = 384
 MAX_QUERY_WORDS = 64
 # Planner statistics are refreshed once this many rows were added since the last refresh, and at least this
@@ -445,15 +453,15 @@ class PostgresStore(PostgresDatabase):
         typmod = await conn.fetchval(_WIDTH_SQL, f"{quote_ident(self.schema)}.entries")
         return typmod if typmod is not None and typmod > 0 else None
 
-    async def _take_embedder_width(self, conn: Any) -> None:
-        """Give the emptied `embedding` column the embedder's width, if it has another, with the HNSW index remade as
-        the schema makes it for that width; inside the caller's transaction."""
-        if await self._column_width(conn) in (None, self.embedding_dimension):
+    async def _take_width(self, conn: Any, width: int) -> None:
+        """Give the emptied `embedding` column `width`, if it has another, with the HNSW index remade as the schema
+        makes it for that width; inside the caller's transaction."""
+        if await self._column_width(conn) in (None, width):
             return
         await conn.execute(f"DROP INDEX IF EXISTS {_HNSW_INDEX_NAME}")
-        # USING NULL: no old vector is converted; the rows were just truncated and the import brings the new ones.
-        await conn.execute(f"ALTER TABLE entries ALTER COLUMN embedding TYPE vector({self.embedding_dimension}) USING NULL")
-        hnsw = _hnsw_index(self.embedding_dimension)
+        # USING NULL: no old vector is converted; the table holds no row now and the import brings the new ones.
+        await conn.execute(f"ALTER TABLE entries ALTER COLUMN embedding TYPE vector({width}) USING NULL")
+        hnsw = _hnsw_index(width)
         if hnsw:
             await conn.execute(hnsw)
 
@@ -464,13 +472,15 @@ class PostgresStore(PostgresDatabase):
         if found is None:
             return super()._explain(error)
         # Writes and queries are checked against this server's width first, so pgvector refusing one means the
-        # column's width changed since this server opened the store (another process re-embedded it).
+        # column's width changed since this server opened the store (another process re-embedded it, or imported
+        # vectors of another width into it while it was empty).
         widths = [int(w) for w in found.groups() if w is not None and int(w) != self.embedding_dimension]
         now = f"now holds embeddings of dimension {widths[0]}" if widths else "now holds embeddings of another dimension"
         return StoreError(
             f"The PostgreSQL store at {self.where} {now}, but this server's embedder gives {self.embedding_dimension}: "
-            "it was re-embedded (`amfs-server memory reembed`) since this server started, so nothing was changed. "
-            "Restart this server with the embedder the store was re-embedded with (AMFS_EMBEDDER)."
+            "it was re-embedded (`amfs-server memory reembed`) since this server started, or imported an export of "
+            "that width while empty (`amfs-server memory import`), so nothing was changed. Restart this server with "
+            "the embedder whose vectors the store now holds (AMFS_EMBEDDER)."
         )
 
     async def _ensure_vector_extension(self, conn: Any) -> None:
@@ -1024,8 +1034,14 @@ class PostgresStore(PostgresDatabase):
         return await self._tx(lambda conn: run_postgres(conn, export_store(POSTGRES)), readonly=True, isolation="repeatable_read")
 
     async def import_snapshot(self, snapshot: StoreSnapshot, *, replacing: StoreSnapshot | None = None) -> None:
-        for entry in snapshot.entries:
-            self._check_embedding(entry.embedding, f"Imported entry '{entry.entry_key}' v{entry.version}")
+        width = vector_width(snapshot)  # refuses vectors of several widths before anything
+        # Opened without an embedder, the store has no width to keep: an empty one takes the snapshot's (`memory
+        # import` of a 768-wide export into a new store, which was made 384 wide). With one, the embedder's stays.
+        taking = width if (width not in (None, self.embedding_dimension) and self._width_from_store
+                           and replacing is None) else None
+        if taking is None:
+            for entry in snapshot.entries:
+                self._check_embedding(entry.embedding, f"Imported entry '{entry.entry_key}' v{entry.version}")
         latest = latest_versions(snapshot)
 
         async def write(conn: Any) -> None:
@@ -1035,11 +1051,24 @@ class PostgresStore(PostgresDatabase):
                 if await run_postgres(conn, export_store(POSTGRES)) != replacing:
                     raise ConflictError(STORE_CHANGED)
                 await conn.execute(_TRUNCATE_ALL)  # transactional in PostgreSQL: undone if the import fails
-                await self._take_embedder_width(conn)  # DDL is transactional too: undone with it
+                await self._take_width(conn, self.embedding_dimension)  # DDL is transactional too: undone with it
+            elif taking is not None:
+                # Readers and writers wait from here to the commit, so no vector of the old width comes in meanwhile.
+                await conn.execute("LOCK TABLE entries IN ACCESS EXCLUSIVE MODE")
+                if await conn.fetchval("SELECT EXISTS (SELECT 1 FROM entries)"):
+                    raise ValidationError(
+                        f"The snapshot's vectors have dimension {taking}, but the PostgreSQL store at {self.where} "
+                        f"holds dimension {await self._column_width(conn)} and is not empty, so nothing was imported. "
+                        "Import it into an empty store (another database or schema); to merge the two, re-embed one "
+                        "with the other's embedder first (`amfs-server memory reembed`)."
+                    )
+                await self._take_width(conn, taking)  # undone with the import if it fails
             await self._lock_keys(conn, latest)
             await run_postgres(conn, import_store(snapshot, POSTGRES))
 
         await self._tx(write)
+        if taking is not None:
+            self.embedding_dimension = taking
         self._rows_added(len(snapshot.entries))
 
     async def get_meta(self, name: str) -> Any | None:

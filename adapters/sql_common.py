@@ -36,7 +36,7 @@ from ..core.models import (
     Tier,
     TraceEvent,
 )
-from ..core.ports import StoreSnapshot
+from ..core.ports import StoreSnapshot, vector_width
 from ..core.retrieval import search_form
 
 T = TypeVar("T")
@@ -473,7 +473,8 @@ STORE_CHANGED = "the store changed after the snapshot being replaced was taken"
 
 def import_store(snapshot: StoreSnapshot, d: Dialect) -> Steps[None]:
     """Write `snapshot` into a store that holds none of its keys and none of its outcome refs; refuses
-    (before writing anything) otherwise. Run it inside one write transaction."""
+    (before writing anything) otherwise, and when its vectors mix widths. Run it inside one write transaction."""
+    vector_width(snapshot)
     latest = latest_versions(snapshot)
     taken = yield FirstExisting("entries", ("entity_path", "key"), sorted(latest))
     if taken is not None:

@@ -78,6 +78,22 @@ class StoreSnapshot:
     extra: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
+def vector_widths(snapshot: StoreSnapshot) -> list[int]:
+    """The widths of the snapshot's entry vectors, ascending (a store holds vectors of one width)."""
+    return sorted({len(entry.embedding) for entry in snapshot.entries if entry.embedding is not None})
+
+
+def vector_width(snapshot: StoreSnapshot) -> int | None:
+    """The one width of the snapshot's entry vectors (None: it has none); ValidationError when they mix widths."""
+    widths = vector_widths(snapshot)
+    if len(widths) > 1:
+        raise ValidationError(
+            f"The snapshot's vectors have {widths} dimensions, but a store holds vectors of one width; nothing was "
+            "imported. Re-embed the store they came from (`amfs-server memory reembed`) and export it again."
+        )
+    return widths[0] if widths else None
+
+
 @runtime_checkable
 class MemoryStore(Protocol):
     """Persistence for entries (every version), outcome records and decision traces.
@@ -217,7 +233,10 @@ class MemoryStore(Protocol):
     async def export_snapshot(self) -> StoreSnapshot: ...
 
     async def import_snapshot(self, snapshot: StoreSnapshot, *, replacing: StoreSnapshot | None = None) -> None:
-        """Write a snapshot back in one transaction; refuses (and writes nothing) if any entry version exists.
+        """Write a snapshot back in one transaction; refuses (and writes nothing) if one of its keys or outcome refs
+        exists, or if its vectors have more than one width (`vector_width`). A store opened without an embedder that
+        holds no entry version at all takes the snapshot's vector width in that same transaction (a store whose
+        width is not fixed holds any; one of a fixed width refuses vectors of another, as do its writes).
         `replacing`: the export this snapshot replaces (`reembed`). In that same transaction the store must still
         be exactly it (else ConflictError and nothing changes: another process wrote meanwhile), is emptied, takes
         the configured embedder's vector width if it has another, and `snapshot` is written, so neither a crash nor

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from .ports import Embedder, MemoryStore, OutcomeTarget, StoreSnapshot, TierUpdate
+from .ports import Embedder, MemoryStore, OutcomeTarget, StoreSnapshot, TierUpdate, vector_widths
 from . import validation as v
 from .confidence import DEFAULT_MULTIPLIERS, effective_confidence, validate_multipliers
 from .embedding import (
@@ -931,7 +931,9 @@ class MemoryService:
     async def import_snapshot(self, snapshot: StoreSnapshot) -> None:
         """Import a snapshot (`memory import`): refused, writing nothing, when a key or outcome ref exists, when
         its meta is invalid, or when its vectors come from another embedder than the store's. Meta the store
-        holds is kept (an import adds, it never overwrites), but for the embedder's record of an empty store."""
+        holds is kept (an import adds, it never overwrites), but for the embedder's record of an empty store.
+        Without an embedder (the command), a store holding no entry version takes the file's vector width (a
+        PostgreSQL store's column changes with the import); with one, vectors of another width are refused."""
         self._check_importable_records(snapshot)
         meta = await self._importable_meta(snapshot)
         await self.store.import_snapshot(replace(snapshot, meta=meta))
@@ -952,10 +954,10 @@ class MemoryService:
                     f"outcome {record.outcome_ref!r}: not a ref amfs_commit_outcome accepts as it is (padding, control "
                     "or invisible characters, or not in Unicode NFC). Nothing was imported."
                 )
-        dimensions = {len(entry.embedding) for entry in snapshot.entries if entry.embedding is not None}
-        if len(dimensions) > 1 or (self.embedder is not None and dimensions and dimensions != {self.embedder.dimension}):
+        dimensions = vector_widths(snapshot)
+        if len(dimensions) > 1 or (self.embedder is not None and dimensions and dimensions != [self.embedder.dimension]):
             raise ValidationError(
-                f"The file's vectors have {sorted(dimensions)} dimensions"
+                f"The file's vectors have {dimensions} dimensions"
                 + (f"; this store's embedder makes {self.embedder.dimension}" if self.embedder is not None else "")
                 + ". Nothing was imported."
             )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -77,6 +77,19 @@ async def store(request: pytest.FixtureRequest, tmp_path) -> AsyncIterator[objec
     finally:
         await pg_store.drop_schema()
         await pg_store.close()
+
+
+@pytest.fixture
+def make_store(store: object) -> Callable[..., object]:
+    """New handles on the `store` fixture's data (the same file or schema; the fixture cleans it up), unopened, for
+    an embedder of `dimension` (None: no embedder, as the commands that need none open a store)."""
+    from amfs_server.adapters.sqlite import SQLiteStore
+
+    if isinstance(store, SQLiteStore):
+        return lambda dimension=384: SQLiteStore(store.path)
+    from amfs_server.adapters.postgres import PostgresStore
+
+    return lambda dimension=384: PostgresStore(store.dsn, embedding_dimension=dimension, schema=store.schema)
 
 
 @pytest.fixture

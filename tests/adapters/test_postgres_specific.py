@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
+import numpy as np
 import pytest
 
 from amfs_server.adapters import postgres as pg
@@ -341,6 +342,72 @@ async def test_a_replacing_import_changes_the_vector_width_and_remakes_the_hnsw_
         nearest = await store.semantic_candidates(vectors[1], EntryFilter(), utcnow(), 1)
         assert nearest[0][0].key == "k1" and nearest[0][1] == pytest.approx(1.0, abs=1e-5)
         await store.close()
+
+
+@pytestmark_pg
+async def test_an_import_gives_its_width_only_to_a_store_without_an_embedder_that_holds_no_version(
+    pg_store: PostgresStore, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`memory import` (no embedder) of a snapshot of another width into an empty store: the column takes it in the
+    import's transaction, with the HNSW index as the schema makes it. A store holding any version, or one whose width
+    is its embedder's, refuses it and keeps its width; a snapshot without vectors leaves the width as it is."""
+    from dataclasses import replace
+
+    rng = random.Random(7)
+    await pg_store.insert_versions([draft("svc/a", f"k{i}", embedding=random_vector(rng)) for i in range(3)], ACTOR)
+    exported = await pg_store.export_snapshot()
+    await pg_store.clear()
+
+    def at_width(width: int) -> tuple[Any, list[list[float]]]:
+        vectors = [unit([rng.gauss(0.0, 1.0) for _ in range(width)]) for _ in exported.entries]
+        return replace(exported, entries=[e.with_changes(embedding=v) for e, v in zip(exported.entries, vectors)]), vectors
+
+    wide, vectors = at_width(768)
+    await pg_store.insert_versions([draft("svc/held", "x", embedding=random_vector(rng))], ACTOR)
+    with pytest.raises(ValidationError, match="dimension 768, but this store holds dimension 384"):
+        await pg_store.import_snapshot(wide)  # its embedder's width stays
+    importing = PostgresStore(pg_store.dsn, embedding_dimension=None, schema=pg_store.schema)  # as the command opens it
+    await importing.open()
+    with pytest.raises(ValidationError, match="dimension 768, but the PostgreSQL store .* holds dimension 384 and is "
+                                              "not empty, so nothing was imported"):
+        await importing.import_snapshot(wide)
+    assert await _vector_column(pg_store) == (DIM, ["entries_embedding_hnsw"])
+    await importing.forget("svc/held", "x")  # now it holds no version
+
+    async def fail_after_the_alter(self: PostgresStore, conn: Any, pairs: object) -> None:
+        raise RuntimeError(f"injected failure at width {await self._column_width(conn)}")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(PostgresStore, "_lock_keys", fail_after_the_alter)
+        with pytest.raises(RuntimeError, match="at width 768"):
+            await importing.import_snapshot(wide)
+    assert await _vector_column(pg_store) == (DIM, ["entries_embedding_hnsw"]) and importing.embedding_dimension == DIM
+
+    probe = [0.0] * DIM
+    probe[0] = 1.0
+    assert await asyncio.gather(*[importing.semantic_candidates(probe, EntryFilter(), utcnow(), 1)
+                                  for _ in range(4)]) == [[]] * 4  # statements prepared at the old width
+    await importing.import_snapshot(wide)
+    assert await _vector_column(pg_store) == (768, ["entries_embedding_hnsw"]) and importing.embedding_dimension == 768
+    assert await importing.export_snapshot() == replace(wide, entries=[
+        e.with_changes(embedding=np.asarray(e.embedding, dtype=np.float32).astype(float).tolist()) for e in wide.entries])
+    for nearest in await asyncio.gather(*[importing.semantic_candidates(vectors[1], EntryFilter(), utcnow(), 1)
+                                          for _ in range(4)]):  # on every pooled connection
+        assert nearest[0][0].key == "k1" and nearest[0][1] == pytest.approx(1.0, abs=1e-5)
+
+    for width, indexes in ((pg.HNSW_MAX_DIMENSIONS + 1, []), (DIM, ["entries_embedding_hnsw"])):  # and back again
+        await importing.clear()
+        snapshot, vectors = at_width(width)
+        await importing.import_snapshot(snapshot)
+        assert await _vector_column(pg_store) == (width, indexes)
+        nearest = await importing.semantic_candidates(vectors[2], EntryFilter(), utcnow(), 1)
+        assert nearest[0][0].key == "k2" and nearest[0][1] == pytest.approx(1.0, abs=1e-5)
+    await importing.clear()
+    await importing.import_snapshot(at_width(768)[0])
+    await importing.clear()
+    await importing.import_snapshot(replace(exported, entries=[e.with_changes(embedding=None) for e in exported.entries]))
+    assert await _vector_column(pg_store) == (768, ["entries_embedding_hnsw"])  # no vectors: the width stays
+    await importing.close()
 
 
 @pytestmark_pg

@@ -9,6 +9,7 @@ what only PostgreSQL has (migrations, index options, statistics, concurrency) is
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 import math
 import unicodedata
@@ -76,9 +77,9 @@ def draft(
     )
 
 
-def direction(degrees: float) -> list[float]:
+def direction(degrees: float, width: int = DIM) -> list[float]:
     """The unit vector at `degrees` from axis 0 towards axis 1: its cosine with `direction(0)` is cos(degrees)."""
-    vector = np.zeros(DIM, dtype=np.float64)
+    vector = np.zeros(width, dtype=np.float64)
     vector[0], vector[1] = math.cos(math.radians(degrees)), math.sin(math.radians(degrees))
     return vector.tolist()
 
@@ -956,6 +957,52 @@ async def test_a_replacing_import_is_all_or_nothing_and_refuses_a_store_that_cha
     assert [e.value for e in after.entries] == [{"new": "a"}, {"new": "b"}] and after.meta == {"m": 2}
     assert after.outcomes == before.outcomes
     assert keys(await store.semantic_candidates(direction(2), EntryFilter(), NOW, 1)) == ["b"]
+
+
+WIDE = 768  # chat-mpnet's width (the default embedder since 0.7.0); the [postgres] fixture's column is DIM wide
+
+
+async def test_an_empty_store_opened_without_an_embedder_takes_the_width_of_the_vectors_it_imports(
+    store: MemoryStore, make_store: Callable[..., Any],
+) -> None:
+    """`memory import` opens the store without an embedder: a 768-wide export (moved from SQLite to PostgreSQL, or a
+    backup restored) goes into a new store whatever width that store was made with; writes and searches follow."""
+    wide = [as_float32(direction(degrees, WIDE)) for degrees in (0, 30, 20, 40, 90)]
+    snapshot = StoreSnapshot(
+        entries=[_entry("svc", "a", embedding=wide[0]),
+                 _entry("svc", "a", version=2, embedding=wide[1], passage_embeddings=[wide[2], wide[3]]),
+                 _entry("svc", "b", embedding=wide[4]), _entry("svc", "no-vector")],
+        traces=[TraceEvent("s", "a", "read", "svc", "a", 2, NOW)], meta={"embedder": "model-wide"},
+    )
+    importing = make_store(None)
+    await importing.open()
+    try:
+        await importing.import_snapshot(snapshot)
+        assert await importing.export_snapshot() == snapshot  # every version as it was, vectors and passages too
+        assert keys(await importing.semantic_candidates(direction(85, WIDE), EntryFilter(), NOW, 1)) == ["b"]
+        assert keys(await importing.semantic_candidates(direction(35, WIDE), EntryFilter(), NOW, 1)) == ["a"]
+        await write(importing, draft("svc", "c", embedding=direction(60, WIDE)))
+        assert keys(await importing.semantic_candidates(direction(60, WIDE), EntryFilter(), NOW, 1)) == ["c"]
+    finally:
+        await importing.close()
+
+
+async def test_an_import_whose_vectors_mix_widths_is_refused_and_writes_nothing(
+    store: MemoryStore, make_store: Callable[..., Any],
+) -> None:
+    mixed = StoreSnapshot(entries=[_entry("svc", "a", embedding=direction(0)), _entry("svc", "b"),
+                                   _entry("svc", "c", embedding=direction(0, WIDE))], meta={"m": 1})
+    importing = make_store(None)
+    await importing.open()
+    try:
+        for target in (store, importing):  # with an embedder's width, and without one
+            with pytest.raises(ValidationError, match=r"\[384, 768\] dimensions.*one width; nothing was imported"):
+                await target.import_snapshot(mixed)
+    finally:
+        await importing.close()
+    assert await store.export_snapshot() == StoreSnapshot()
+    await write(store, draft("svc", "a", embedding=direction(10)))  # the store's own width, as before
+    assert keys(await store.semantic_candidates(direction(10), EntryFilter(), NOW, 1)) == ["a"]
 
 
 async def test_export_orders_paths_and_keys_by_their_bytes(store: MemoryStore) -> None:

@@ -47,18 +47,7 @@ MODEL_B = SeededHashEmbedder("model-b", 2)
 WIDE = SeededHashEmbedder("model-wide", 3, dimension=768)  # another width, as chat-mpnet after chat-MiniLM-L6
 
 
-StoreFactory = Callable[..., object]
-
-
-@pytest.fixture
-def make_store(store: object) -> StoreFactory:
-    """New handles on the conftest `store` (the same file or schema; the fixture cleans it up), for an embedder of
-    `dimension` (None: no embedder)."""
-    if isinstance(store, SQLiteStore):
-        return lambda dimension=384: SQLiteStore(store.path)
-    from amfs_server.adapters.postgres import PostgresStore
-
-    return lambda dimension=384: PostgresStore(store.dsn, embedding_dimension=dimension, schema=store.schema)
+StoreFactory = Callable[..., object]  # the conftest `make_store` fixture
 
 
 async def open_service(make_store: StoreFactory, embedder: SeededHashEmbedder | None, check: bool = True) -> MemoryService:
@@ -527,28 +516,41 @@ async def test_a_server_left_running_through_a_width_change_is_stopped_at_its_ne
     await service.close()
 
 
+def bundled_stand_ins(monkeypatch: pytest.MonkeyPatch) -> tuple[SeededHashEmbedder, SeededHashEmbedder]:
+    """Stand-ins under the bundled names (chat-MiniLM-L6's 384 wide, the default's 768), so the commands run as
+    shipped without loading either model; the default embedder is configured (AMFS_EMBEDDER unset)."""
+    from amfs_server.adapters import embedders
+
+    previous, default = SeededHashEmbedder(CHAT_MINILM, 1), SeededHashEmbedder(DEFAULT_EMBEDDER, 2, dimension=768)
+    monkeypatch.setitem(embedders._cache, CHAT_MINILM, previous)
+    monkeypatch.setitem(embedders._cache, DEFAULT_EMBEDDER, default)
+    monkeypatch.delenv("AMFS_EMBEDDER", raising=False)
+    return previous, default
+
+
+def use_postgres_store(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point the commands at the `store` fixture's PostgreSQL schema (AMFS_POSTGRES_DSN with its search path)."""
+    from urllib.parse import quote
+
+    monkeypatch.setenv("AMFS_POSTGRES_DSN", store.dsn + ("&" if "?" in store.dsn else "?")
+                       + "options=" + quote(f"-csearch_path={store.schema}", safe=""))
+
+
+async def run(*args: str) -> Any:
+    """`amfs-server ARGS` off the test's event loop (the command runs its own)."""
+    import asyncio
+
+    return await asyncio.to_thread(CliRunner().invoke, cli, list(args))
+
+
 @pytest.mark.parametrize("store", ["postgres"], indirect=True)
 async def test_memory_reembed_command_moves_a_postgres_store_to_the_default_embedders_width(
     store: Any, make_store: StoreFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import asyncio
-    from urllib.parse import quote
-
-    from amfs_server.adapters import embedders
-
-    # Stand-ins under the bundled names, so the command runs as shipped without loading either model.
-    previous, default = SeededHashEmbedder(CHAT_MINILM, 1), SeededHashEmbedder(DEFAULT_EMBEDDER, 2, dimension=768)
-    monkeypatch.setitem(embedders._cache, CHAT_MINILM, previous)
-    monkeypatch.setitem(embedders._cache, DEFAULT_EMBEDDER, default)
+    previous, default = bundled_stand_ins(monkeypatch)
     await store_written_by(make_store, previous)
-    dsn = store.dsn
     monkeypatch.setenv("AMFS_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setenv("AMFS_POSTGRES_DSN", dsn + ("&" if "?" in dsn else "?")
-                       + "options=" + quote(f"-csearch_path={store.schema}", safe=""))
-    monkeypatch.delenv("AMFS_EMBEDDER", raising=False)
-
-    async def run(*args: str) -> Any:  # the command runs its own event loop
-        return await asyncio.to_thread(CliRunner().invoke, cli, list(args))
+    use_postgres_store(store, monkeypatch)
 
     refused = await run("memory", "search", "gateway timeout")
     assert refused.exit_code == 1 and "Traceback" not in refused.output
@@ -566,3 +568,104 @@ async def test_memory_reembed_command_moves_a_postgres_store_to_the_default_embe
     assert found.exit_code == 0 and "svc/payments/timeout v1" in found.output, found.output
     for command in (["memory", "show"], ["memory", "export"]):  # and at the new width without an embedder
         assert (await run(*command)).exit_code == 0
+
+
+# -- `memory import` of an export of another width: moving a store from SQLite to PostgreSQL, restoring a backup --
+
+def sqlite_at(path: Path) -> StoreFactory:
+    return lambda dimension=384: SQLiteStore(path)
+
+
+async def wide_sqlite_export(path: Path) -> Any:
+    """The export of a SQLite store that chat-mpnet's width (768) wrote: two versions of a key, a transcript turn
+    whose sentences and context passage are kept beside its vector, an entry of another author."""
+    service = await open_service(sqlite_at(path), WIDE)
+    await service.write(ACTOR, WriteRequest("svc/payments", "retry-policy", "retry the card authorisation 3 times"))
+    await service.write(ACTOR, WriteRequest("svc/payments", "retry-policy", "retry the card authorisation 5 times"))
+    await service.write(Actor("agent/other", "s2"), WriteRequest("svc/payments", "timeout", "gateway timeout is 30 seconds"))
+    await service.write(ACTOR, WriteRequest("chat/c1", "t1", "Jonah: Back from Kyoto! The bamboo forest was unreal."))
+    await service.write(ACTOR, WriteRequest("chat/c1", "t2", "Felix: Jealous. Did you see the deer? Kyoto sounds lovely."))
+    exported = await service.export_snapshot()
+    await service.close()
+    return exported
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_an_export_of_another_width_imported_into_a_new_postgres_store_gives_it_that_width(
+    make_store: StoreFactory, tmp_path: Path,
+) -> None:
+    exported = await wide_sqlite_export(tmp_path / "amfs.db")
+    assert {len(e.embedding) for e in exported.entries} == {768} and any(e.passage_embeddings for e in exported.entries)
+    importing = await open_service(make_store, None)  # as `amfs-server memory import` opens it: no embedder
+    assert (await vector_column(importing.store))[0] == 384  # a new store, made without an embedder's width
+    await importing.import_snapshot(exported)
+    width, index = await vector_column(importing.store)
+    assert width == 768 and index is not None and "hnsw" in index and "WHERE is_current" in index
+    assert await importing.store.export_snapshot() == exported  # every version, vector and passage as it was
+    await importing.close()
+
+    service = await open_service(make_store, WIDE)  # a server with the export's embedder opens it
+    hits = await service.retrieve(ACTOR, "gateway timeout is 30 seconds", limit=1)
+    assert hits[0].entry.key == "timeout"
+    hits = await service.retrieve(ACTOR, "Felix: Jealous. Did you see the deer? Kyoto sounds lovely.", limit=1)
+    assert hits[0].entry.key == "t2"
+    version = await service.write(ACTOR, WriteRequest("svc/payments", "retry-policy", "retry 7 times"))
+    assert version.version == 3
+    await service.close()
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_an_import_of_another_width_the_store_cannot_take_is_refused_and_writes_nothing(
+    make_store: StoreFactory, tmp_path: Path,
+) -> None:
+    from amfs_server.core.errors import ValidationError
+
+    exported = await wide_sqlite_export(tmp_path / "amfs.db")
+    narrow = MODEL_A.embed(["svc payments timeout: gateway timeout is 30 seconds"])[0].tolist()
+    mixed = replace(exported, entries=[e.with_changes(embedding=narrow, passage_embeddings=None, context_key=None)
+                                       if e.key == "timeout" else e for e in exported.entries])
+    importing = await open_service(make_store, None)
+    with pytest.raises(ValidationError, match=r"\[384, 768\] dimensions\. Nothing was imported"):
+        await importing.import_snapshot(mixed)
+    with pytest.raises(ValidationError, match=r"\[384, 768\] dimensions.*one width; nothing was imported"):
+        await importing.store.import_snapshot(mixed)  # the store itself refuses it too
+    assert await importing.store.export_snapshot() == replace(exported, entries=[], traces=[], meta={})
+    assert (await vector_column(importing.store))[0] == 384
+    await importing.close()
+
+    configured = await open_service(make_store, MODEL_A)  # a process whose embedder has another width
+    with pytest.raises(ValidationError, match=r"\[768\] dimensions; this store's embedder makes 384"):
+        await configured.import_snapshot(exported)
+    await configured.write(ACTOR, WriteRequest("svc/ledger", "currency", "charges are in EUR"))
+    await configured.close()
+    importing = await open_service(make_store, None)  # no embedder, but the store holds model-a's vectors now
+    with pytest.raises(ValidationError, match=r"embedder='model-wide', this store's as 'model-a'.*amfs-server memory "
+                                              r"reembed"):
+        await importing.import_snapshot(exported)
+    assert [e.key for e in (await importing.store.export_snapshot()).entries] == ["currency"]
+    assert (await vector_column(importing.store))[0] == 384
+    await importing.close()
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_memory_import_command_moves_a_sqlite_store_of_the_default_embedders_width_to_a_new_postgres_store(
+    store: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, default = bundled_stand_ins(monkeypatch)
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    await store_written_by(sqlite_at(data_dir / "amfs.db"), default)
+    monkeypatch.setenv("AMFS_DATA_DIR", str(data_dir))
+    monkeypatch.delenv("AMFS_POSTGRES_DSN", raising=False)
+    export = tmp_path / "export.json"
+    exported = await run("memory", "export", "--output", str(export))
+    assert exported.exit_code == 0, exported.output
+
+    use_postgres_store(store, monkeypatch)
+    imported = await run("memory", "import", str(export))
+    assert imported.exit_code == 0, imported.output
+    assert "Imported 2 entry versions" in imported.output
+    width, index = await vector_column(store)
+    assert width == 768 and index is not None
+    found = await run("memory", "search", "svc payments timeout: gateway timeout is 30 seconds", "--limit", "1")
+    assert found.exit_code == 0 and "svc/payments/timeout v1" in found.output, found.output
