@@ -432,11 +432,13 @@ class PostgresStore(PostgresDatabase):
             self._lock_namespace = await conn.fetchval("SELECT hashtext($1)", self.schema)
             self._rows_at_analyze = max(0.0, float(await conn.fetchval(_ROW_ESTIMATE_SQL)))
             width = await self._column_width(conn)
-            recorded = await conn.fetchval("SELECT value_json FROM meta WHERE name = $1", EMBEDDER_META)
-        if width is None or width == self.embedding_dimension or self._reembedding:
-            return
-        if self._width_from_store:  # no embedder, so no width to match: the store's is the one it checks vectors by
-            self.embedding_dimension = width
+            refused = width not in (None, self.embedding_dimension) and not (self._reembedding or self._width_from_store)
+            # Only a refusal names the embedder the store records: a normal start reads nothing more.
+            recorded = (await conn.fetchval("SELECT value_json FROM meta WHERE name = $1", EMBEDDER_META)
+                        if refused else None)
+        if width is None or not refused:
+            if self._width_from_store and width is not None:  # no embedder, no width to match: the store's is kept
+                self.embedding_dimension = width
             return
         recorded = None if recorded is None else json.loads(recorded)
         made = "" if recorded is None else f" (made by {recorded!r})"
