@@ -17,37 +17,38 @@ def model_cache_dir() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "amfs-server" / "models"
 
 
-def _onnx_embedder(variant: str) -> Any:
+def _onnx_embedder(variant: str, threads: int | None) -> Any:
     from .onnx_embedder import OnnxEmbedder  # on use: onnxruntime loads only for the embedder asked for
 
-    return OnnxEmbedder(variant=variant)
+    return OnnxEmbedder(variant=variant) if threads is None else OnnxEmbedder(variant=variant, num_threads=threads)
 
 
-def _torch_embedder() -> Any:
+def _torch_embedder(threads: int | None) -> Any:
     from .torch_embedder import MiniLMEmbedder  # on use: torch is the [lm] extra
 
-    return MiniLMEmbedder()
+    return MiniLMEmbedder(num_threads=threads)
 
 
-def _mpnet_embedder() -> Any:
+def _mpnet_embedder(threads: int | None) -> Any:
     from .torch_embedder import MpnetEmbedder  # on use: torch is the [mpnet] extra
 
-    return MpnetEmbedder()
+    return MpnetEmbedder(num_threads=threads)
 
 
-def _gemma_embedder() -> Any:
+def _gemma_embedder(threads: int | None) -> Any:
     from .gemma_embedder import GemmaEmbedder  # on use: tokenizers is the [gemma] extra
 
-    return GemmaEmbedder()
+    return GemmaEmbedder() if threads is None else GemmaEmbedder(num_threads=threads)
 
 
-# canonical name -> constructor; aliases map onto canonical names.
+# canonical name -> constructor taking the intra-op thread count (None: the embedder's own default: one thread for
+# the onnxruntime ones, torch's process-wide setting left alone for the torch ones); aliases map onto canonical names.
 KNOWN_EMBEDDERS: dict[str, Any] = {
     TORCH_MINILM: _torch_embedder,
-    CHAT_MINILM: lambda: _onnx_embedder("chat-int8"),
-    CHAT_MPNET: lambda: _onnx_embedder("chat-mpnet-int8"),
-    MINILM_INT8: lambda: _onnx_embedder("int8"),
-    "all-MiniLM-L6-v2-onnx": lambda: _onnx_embedder("fp32"),
+    CHAT_MINILM: lambda threads: _onnx_embedder("chat-int8", threads),
+    CHAT_MPNET: lambda threads: _onnx_embedder("chat-mpnet-int8", threads),
+    MINILM_INT8: lambda threads: _onnx_embedder("int8", threads),
+    "all-MiniLM-L6-v2-onnx": lambda threads: _onnx_embedder("fp32", threads),
     MPNET: _mpnet_embedder,
     GEMMA: _gemma_embedder,
 }
@@ -72,7 +73,7 @@ _ALIASES = {
     "google/embeddinggemma-300m": GEMMA,
 }
 
-_cache: dict[str, Embedder] = {}
+_cache: dict[tuple[str, int | None], Embedder] = {}
 _cache_lock = threading.Lock()
 
 
@@ -81,8 +82,10 @@ def canonical_embedder(name: str) -> str | None:
     return _ALIASES.get(name.strip().lower())
 
 
-def load_embedder(name: str = DEFAULT_EMBEDDER) -> Embedder:
-    """Return the process-wide embedder for ``name`` (one instance per name).
+def load_embedder(name: str = DEFAULT_EMBEDDER, threads: int | None = None) -> Embedder:
+    """Return the process-wide embedder for ``name`` computing on ``threads`` intra-op threads (None: the
+    embedder's default, see KNOWN_EMBEDDERS; AMFS_EMBED_THREADS sets it for the server), one instance per name and
+    thread count.
 
     Checks cheaply that the model and runtime are installed (raising
     :class:`EmbedderUnavailableError` otherwise) but loads weights lazily on
@@ -93,10 +96,12 @@ def load_embedder(name: str = DEFAULT_EMBEDDER) -> Embedder:
         raise ValueError(
             f"Unknown embedder {name!r}; known embedders: {', '.join(sorted(KNOWN_EMBEDDERS))}"
         )
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"The embedder's thread count must be a whole number >= 1, got {threads!r}")
     with _cache_lock:
-        emb = _cache.get(canonical)
+        emb = _cache.get((canonical, threads))
         if emb is None:
-            candidate = KNOWN_EMBEDDERS[canonical]()
+            candidate = KNOWN_EMBEDDERS[canonical](threads)
             candidate.check_available()  # raises; failures are not cached
-            emb = _cache[canonical] = candidate
+            emb = _cache[(canonical, threads)] = candidate
     return emb

@@ -90,6 +90,7 @@ async def dump_conversations(dataset: Path | None, split: str, reattribute: floa
                         actor, question["question"], entity_path=conversation["conversation_id"], limit=10)
                     rankings, weights = recorder.calls[-1]
                     rows.append({"kind": question["kind"], "conversation": conversation["conversation_id"],
+                                 "question": question["question"],
                                  "gold": [prefix + key for key in question["evidence"]], "rankings": rankings,
                                  "weights": weights, "returned": [hit.entry.entry_key for hit in results]})
             finally:
@@ -121,6 +122,7 @@ async def dump_agent(embedder=None) -> list[dict[str, Any]]:
                                                  entity_path=question.get("entity_path"), limit=10)
                 rankings, weights = recorder.calls[-1]
                 rows.append({"kind": question["kind"], "half": "even" if number % 2 == 0 else "odd",
+                             "question": question["question"],
                              "gold": list(question["gold"]), "rankings": rankings, "weights": weights,
                              "returned": [hit.entry.entry_key for hit in results]})
         finally:
@@ -225,13 +227,27 @@ def semantic_weight(share: float) -> Fusion:
     return fusion
 
 
+def keyword_gate(threshold: float, share: float = 0.8) -> Fusion:
+    """Semantic / keyword at `share` / 1 - `share` for a question none of whose keyword hits covers `threshold` of
+    its word weight (no entry names what it asks about: keyword has only incidental words to offer), the shipped
+    split otherwise; a question naming an identifier keeps its own split."""
+    def fusion(rankings: list[RankedList], weights: dict[str, float]) -> list[str]:
+        kw = by_name(rankings)["keyword"]
+        best = min(1.0, kw.scores[0]) if kw.scores else 0.0
+        if best >= threshold:
+            return shipped(rankings, weights)
+        return semantic_weight(share)(rankings, weights)
+    return fusion
+
+
 VARIANTS: dict[str, Fusion] = {
     "shipped": shipped,
     **{f"kw_power{p}": keyword_power(p) for p in (1.5, 2.0)},
     **{f"kw_threshold{t}": keyword_threshold(t) for t in (0.1, 0.2, 0.3)},
     **{f"sem_floor{d}": semantic_floor(d) for d in (10, 20, 30)},
     **{f"sem_top{c}": semantic_top(c) for c in (1, 2, 3)},
-    **{f"kw_by_best{f}": keyword_by_best_share(f) for f in (0.0, 0.6)},
+    **{f"kw_by_best{f}": keyword_by_best_share(f) for f in (0.0, 0.3, 0.6)},
+    **{f"kw_gate{t}": keyword_gate(t) for t in (0.3, 0.5, 0.7)},
     **{f"semantic{w}": semantic_weight(w) for w in (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)},
 }
 

@@ -61,6 +61,7 @@ ENV_VARS: dict[str, tuple[str, ...]] = {
     "AMFS_DECAY_HALF_LIFE_DAYS": ("decay_half_life_days",),
     "AMFS_MAX_VALUE_BYTES": ("max_value_bytes",),
     "AMFS_EMBEDDER": ("embedder",),
+    "AMFS_EMBED_THREADS": ("embed_threads",),
     "AMFS_ML_MODEL_DIR": ("ml_model_dir",),
     "AMFS_API_KEYS": ("api_keys",),
     "AMFS_ALLOWED_ORIGINS": ("allowed_origins",),
@@ -209,6 +210,8 @@ class Settings(BaseModel):
     decay_half_life_days: float | None = Field(None, gt=0, allow_inf_nan=False)
     max_value_bytes: int = Field(1024 * 1024, ge=1)
     embedder: str | None = DEFAULT_EMBEDDER
+    embed_threads: int | None = Field(None, ge=1, le=256)
+    """Intra-op threads the embedder computes one text on; None: its default (one, for the bundled embedders)."""
     ml_model_dir: Path | None = None
     """Where ML exports go (models themselves live in the store); None: `<data_dir>/ml`, see `ml_dir`."""
     api_keys: str | None = None

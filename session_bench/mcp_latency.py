@@ -256,7 +256,8 @@ async def measure(transport: str, env: dict[str, str], calls: int, seed: int, wa
         return row
 
 
-def query_embedding_latency(embedder_name: str | None, calls: int, warmup: int) -> dict[str, Any] | None:
+def query_embedding_latency(embedder_name: str | None, calls: int, warmup: int,
+                            threads: int | None = None) -> dict[str, Any] | None:
     """One query at a time through the embedder the server uses (built the same way, in this process): the part
     of a retrieve that the model costs. None with embeddings off."""
     from ..adapters.embedders import load_embedder
@@ -265,7 +266,7 @@ def query_embedding_latency(embedder_name: str | None, calls: int, warmup: int) 
     name = DEFAULT_EMBEDDER if embedder_name is None else embedder_name
     if name.strip().lower() in {"", "none", "off"}:
         return None
-    embedder = load_embedder(name)
+    embedder = load_embedder(name, threads)
     queries = [f"how do we handle {TOPICS[n % len(TOPICS)]} in service {n}?" for n in range(calls + warmup)]
     embedder.embed(queries[:warmup])
     timings, cpu = [], []
@@ -299,25 +300,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="AMFS_EMBEDDER for the server (default: the server's default; 'none' to skip embeddings).",
     )
     parser.add_argument(
+        "--embed-threads", type=int, default=None, metavar="N",
+        help="AMFS_EMBED_THREADS for the server: the embedder's intra-op threads (default: its own, one).",
+    )
+    parser.add_argument(
         "--preload-entries", type=int, default=0,
         help="Memories written straight into the store (batched) before the server starts, e.g. 10000.",
     )
     parser.add_argument("--json", type=Path, default=None, help="Also write the results here.")
     args = parser.parse_args(argv)
+    if args.embed_threads is not None and args.embed_threads < 1:
+        parser.error("--embed-threads must be >= 1")
 
     rows = []
     transports = ["stdio", "http"] if args.transport == "both" else [args.transport]
     with tempfile.TemporaryDirectory(prefix="amfs-mcp-latency-") as tmp:
         for transport in transports:
             extra = {"AMFS_EMBEDDER": args.embedder} if args.embedder is not None else {}
+            if args.embed_threads is not None:
+                extra["AMFS_EMBED_THREADS"] = str(args.embed_threads)
             env = server_env(Path(tmp) / transport, **extra)
             if args.preload_entries:
                 asyncio.run(preload(env, args.preload_entries))
             rows.append(asyncio.run(measure(transport, env, args.calls, args.seed_entries, args.warmup)))
-    embedding = query_embedding_latency(args.embedder, args.calls, args.warmup)
+    embedding = query_embedding_latency(args.embedder, args.calls, args.warmup, args.embed_threads)
 
     print(
-        f"MCP round-trip latency, sequential calls (embedder: {args.embedder or 'default'}; "
+        f"MCP round-trip latency, sequential calls (embedder: {args.embedder or 'default'}, "
+        f"{args.embed_threads or 'default'} thread(s); "
         f"{args.preload_entries + args.seed_entries} entries before timing; {os.cpu_count()} CPUs)"
     )
     print(f"{'transport':<10} {'tool':<14} {'n':>5} {'p50 ms':>9} {'p95 ms':>9} {'mean ms':>9}")
@@ -341,7 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"p95 {embedding['p95_ms']} ms; CPU time p50 {embedding['cpu_p50_ms']} ms"
         )
     if args.json is not None:
-        document = {"embedder": args.embedder or "default", "results": rows, "query_embedding": embedding}
+        document = {"embedder": args.embedder or "default", "embed_threads": args.embed_threads, "results": rows,
+                    "query_embedding": embedding}
         args.json.write_text(json.dumps(document, indent=2) + "\n")
     return 0
 

@@ -185,3 +185,13 @@ def test_concurrent_embed_calls(minilm: MiniLMEmbedder) -> None:
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda i: minilm.embed(texts[i : i + 3]), range(0, 12, 3)))
     np.testing.assert_allclose(np.concatenate(results), expected, atol=1e-4)
+
+
+def test_factory_keeps_one_embedder_per_name_and_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(factory_mod, "_cache", {})
+    default, two = load_embedder("chat-minilm"), load_embedder("chat-minilm", 2)
+    assert (default.num_threads, two.num_threads) == (1, 2)  # nothing loaded: thread count is a constructor option
+    assert load_embedder("chat-MiniLM-L6-onnx-int8", 2) is two and load_embedder("chat-minilm") is default
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="thread count"):
+            load_embedder("chat-minilm", bad)

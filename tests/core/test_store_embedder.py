@@ -522,8 +522,8 @@ def bundled_stand_ins(monkeypatch: pytest.MonkeyPatch) -> tuple[SeededHashEmbedd
     from amfs_server.adapters import embedders
 
     previous, default = SeededHashEmbedder(CHAT_MINILM, 1), SeededHashEmbedder(DEFAULT_EMBEDDER, 2, dimension=768)
-    monkeypatch.setitem(embedders._cache, CHAT_MINILM, previous)
-    monkeypatch.setitem(embedders._cache, DEFAULT_EMBEDDER, default)
+    monkeypatch.setitem(embedders._cache, (CHAT_MINILM, None), previous)
+    monkeypatch.setitem(embedders._cache, (DEFAULT_EMBEDDER, None), default)
     monkeypatch.delenv("AMFS_EMBEDDER", raising=False)
     return previous, default
 
