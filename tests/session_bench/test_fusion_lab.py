@@ -133,3 +133,29 @@ def test_neighbour_slots_fill_the_tail_with_the_turns_next_to_the_top_hits():
     ranked = module.expand(fused, before, after, keep=8, top=2, side="n")
     assert ranked[:8] == fused[:8] and ranked[8:] == ["c/s1-t1", "c/s2-t1"]  # the two next turns take places 9-10
     assert module.expand(fused, before, after, keep=8, top=2, side="p") == fused[:10]  # no previous turns: unchanged
+
+
+def test_the_keyword_gate_leans_on_semantic_search_only_where_keyword_hits_are_weak():
+    module = lab()
+    semantic = RankedList("semantic", ["a", "b", "c"], [0.9, 0.8, 0.1])
+    gate = module.keyword_gate(0.3)
+    strong = [semantic, RankedList("keyword", ["b"], [0.45])]  # b: 0.5 x 0.875 + 0.5 x 0.45 > a's 0.5
+    weak = [semantic, RankedList("keyword", ["b"], [0.25])]  # at 0.8 / 0.2: a 0.8, b 0.7 + 0.05
+    shipped = {"semantic": 0.5, "keyword": 0.5}
+    assert gate(strong, shipped) == module.shipped(strong, shipped) == ["b", "a", "c"]
+    assert module.shipped(weak, shipped)[:2] == ["b", "a"] and gate(weak, shipped)[:2] == ["a", "b"]
+    identifier = {"semantic": 0.3, "keyword": 0.7}
+    assert gate(weak, identifier) == module.shipped(weak, identifier)
+
+
+def test_the_servers_weights_give_the_keyword_gates_ranking():
+    """The server's rule (resolve_weights with the best keyword score) and the lab's kw_gate0.3 rank alike."""
+    from amfs_server.core.retrieval import fuse_hybrid, resolve_weights
+
+    module = lab()
+    for keyword_score in (0.0, 0.1, 0.29, 0.3, 0.6):
+        rankings = [RankedList("semantic", ["a", "b", "c"], [0.9, 0.85, 0.1]),
+                    RankedList("keyword", ["b", "c"], [keyword_score, keyword_score / 2])]
+        shipped = resolve_weights(None, learned_available=False, query="what did she plan?")
+        served = resolve_weights(None, learned_available=False, query="what did she plan?", keyword_best=keyword_score)
+        assert module.keys_of(fuse_hybrid(rankings, served)) == module.VARIANTS["kw_gate0.3"](rankings, shipped)
