@@ -46,13 +46,6 @@ SPEAKER_WEIGHT = 0.1
 # those two weights at their defaults. No question of either conversation set matches; on the agent-memory set
 # 69 of its 72 identifier questions and 39 of 42 mixed ones do (README, Retrieval).
 IDENTIFIER_SEMANTIC_SHARE = 0.3
-# A question none of whose keyword hits covers WEAK_KEYWORD_SHARE of its word weight names nothing an entry names:
-# keyword search has only incidental words to offer, and semantic / keyword go to 0.8 / 0.2 for it (again only when
-# the call and the config leave those two weights at their defaults; an identifier question keeps its own split).
-# Chosen in 0.7.2 on the conversation sets' tuning splits by a rule written first (README, Retrieval, "A
-# query-dependent split").
-WEAK_KEYWORD_SHARE = 0.3
-WEAK_KEYWORD_SEMANTIC_SHARE = 0.8
 _IDENTIFIER = re.compile(r"\b\w+_\w+\b|\b[a-z]+[A-Z]\w*\b|\b[A-Za-z]\w*\.[A-Za-z]\w*\b|\b[A-Z]{2,}-?\d+\b"
                          r"|\b[A-Za-z]+\d+[A-Za-z\d]*\b|(?<![\w/])/[\w/-]+")
 # Strategies whose scores are already on the fusion's 0..1 scale (capped at 1 rather than min-max normalised).
@@ -154,18 +147,14 @@ def recency_bucket(written_at: datetime) -> float:
 
 def resolve_weights(
     overrides: Mapping[str, float] | None, learned_available: bool, fusion: str = "hybrid", query: str | None = None,
-    embedder: str | None = None, keyword_best: float | None = None,
+    embedder: str | None = None,
 ) -> dict[str, float]:
     """Default or configured weights; a trained ranker takes 30% and the others share the remaining 70%. Hybrid
-    fusion's default semantic / keyword share is the `embedder`'s in EMBEDDER_SEMANTIC_SHARE where it has one,
-    WEAK_KEYWORD_SEMANTIC_SHARE when the best keyword hit's score `keyword_best` (0 for none) is below
-    WEAK_KEYWORD_SHARE, and IDENTIFIER_SEMANTIC_SHARE for a `query` that names an identifier (none of them when
-    `overrides` sets either weight)."""
+    fusion's default semantic / keyword share is the `embedder`'s in EMBEDDER_SEMANTIC_SHARE where it has one, and
+    IDENTIFIER_SEMANTIC_SHARE for a `query` that names an identifier (neither when `overrides` sets either)."""
     weights = dict(HYBRID_WEIGHTS if fusion == "hybrid" else RRF_WEIGHTS)
     if fusion == "hybrid" and not {"semantic", "keyword"} & set(overrides or {}):
         share = EMBEDDER_SEMANTIC_SHARE.get(embedder or "")
-        if keyword_best is not None and keyword_best < WEAK_KEYWORD_SHARE:
-            share = WEAK_KEYWORD_SEMANTIC_SHARE
         if query is not None and names_an_identifier(query):
             share = IDENTIFIER_SEMANTIC_SHARE
         if share is not None:

@@ -671,13 +671,11 @@ class MemoryService:
             return False
         return self._learned_covers is None or self._learned_covers(entity_path)
 
-    def retrieval_weights(self, entity_path: str | None = None, query: str | None = None,
-                          keyword_best: float | None = None) -> dict[str, float]:
-        """The configured weights as a retrieval filtered to `entity_path` gets them (asking `query`, whose best
-        keyword hit scored `keyword_best`: see `resolve_weights`)."""
+    def retrieval_weights(self, entity_path: str | None = None, query: str | None = None) -> dict[str, float]:
+        """The configured weights as a retrieval filtered to `entity_path` (asking `query`) gets them."""
         return resolve_weights(
             self.config.retrieval_weights, learned_available=self.learned_applies(entity_path), fusion=self.config.fusion,
-            query=query, embedder=self._embedder_name(), keyword_best=keyword_best,
+            query=query, embedder=self._embedder_name(),
         )
 
     def _embedder_name(self) -> str | None:
@@ -727,8 +725,10 @@ class MemoryService:
             event_before=event_before,
         )
         learned = self.learned_applies(flt.entity_path)
-        if weights is not None:
-            resolve_weights(weights, learned_available=learned, fusion=fusion)  # bad weights fail before any search
+        active = (
+            resolve_weights(weights, learned_available=learned, fusion=fusion, query=query, embedder=self._embedder_name())
+            if weights is not None or fusion != self.config.fusion else self.retrieval_weights(flt.entity_path, query)
+        )
         now = self.now()
         # One pool for every limit up to candidate_pool / 2, so a larger limit extends the ranking of a smaller one
         # instead of reshuffling it; past that, twice the limit leaves room for the confidence and tier filters.
@@ -750,14 +750,6 @@ class MemoryService:
             if (min_confidence is None or self.effective_confidence(entry, now) >= min_confidence)
         }
         admitted = {key: entry for key, entry in admitted.items() if int(entry.tier) <= depth}
-        # How much of the question the best keyword hit covers decides the semantic / keyword split (resolve_weights).
-        keyword_best = max((min(1.0, score) for entry, score in keyword if entry.entry_key in admitted), default=0.0)
-        active = (
-            resolve_weights(weights, learned_available=learned, fusion=fusion, query=query, embedder=self._embedder_name(),
-                            keyword_best=keyword_best)
-            if weights is not None or fusion != self.config.fusion
-            else self.retrieval_weights(flt.entity_path, query, keyword_best)
-        )
         # The speaker rule (off by default) is only worked out when it weighs something.
         speaker_query = query if active.get("speaker", 0.0) > 0 else None
         rankings = self._rankings(speaker_query, admitted, semantic, keyword, now, learned)

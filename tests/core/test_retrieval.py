@@ -490,40 +490,6 @@ def test_resolve_weights_gives_an_identifier_question_the_keyword_share_unless_o
     assert resolve_weights(None, learned_available=False, fusion="rrf", query="ERR_LEDGER_409?")["keyword"] == 0.2
 
 
-def test_a_question_whose_keyword_hits_are_weak_leans_on_semantic_search() -> None:
-    from amfs_server.core.retrieval import WEAK_KEYWORD_SEMANTIC_SHARE, WEAK_KEYWORD_SHARE
-
-    def split(**kwargs) -> tuple[float, float]:
-        weights = resolve_weights(kwargs.pop("overrides", None), learned_available=False, **kwargs)
-        return weights["semantic"], weights["keyword"]
-
-    assert (WEAK_KEYWORD_SHARE, WEAK_KEYWORD_SEMANTIC_SHARE) == (0.3, 0.8)
-    question = "what did she decide about the trip?"
-    assert split(query=question, keyword_best=0.29) == pytest.approx((0.8, 0.2))
-    assert split(query=question, keyword_best=0.0) == pytest.approx((0.8, 0.2))  # no keyword hit at all
-    assert split(query=question, keyword_best=0.3) == (0.5, 0.5)  # a hit covering 30% of the question keeps 0.5
-    assert split(query=question) == (0.5, 0.5)  # not known (the UI's configured weights): as configured
-    assert split(query="was ERR_LEDGER_409 fixed?", keyword_best=0.1) == pytest.approx((0.3, 0.7))  # identifier first
-    assert split(query=question, keyword_best=0.1, overrides={"keyword": 0.6}) == (0.5, 0.6)  # the caller's choice
-    assert split(query=question, keyword_best=0.1, fusion="rrf") == (0.4, 0.2)  # the seed's RRF is left as it was
-
-
-async def test_retrieve_weighs_by_how_much_of_the_question_its_best_keyword_hit_covers(rsvc: MemoryService) -> None:
-    actor = Actor("agent/test", "weak-keyword")
-    await _seed(rsvc, actor)
-
-    async def semantic_weight(query: str) -> float:
-        hits = await rsvc.retrieve(actor, query, explain=True)
-        top = hits[0].strategies["semantic"]  # semantic's best is normalised to 1: its contribution is its weight
-        assert top.rank == 1, hits[0].strategies
-        return top.contribution
-
-    # Every word of the question names the backfill note: keyword keeps its half.
-    assert await semantic_weight("which outage was the orders table backfill about?") == pytest.approx(0.5)
-    # Words no memory holds: no keyword hit covers 30% of the question, semantic search gets 0.8.
-    assert await semantic_weight("zyxwv qwertz frobnicate plinth") == pytest.approx(0.8)
-
-
 def test_an_embedder_with_its_own_semantic_share_gets_it_unless_overridden_or_an_identifier_is_named() -> None:
     from amfs_server.core.embedding import GEMMA
     from amfs_server.core.retrieval import EMBEDDER_SEMANTIC_SHARE

@@ -147,15 +147,3 @@ def test_the_keyword_gate_leans_on_semantic_search_only_where_keyword_hits_are_w
     identifier = {"semantic": 0.3, "keyword": 0.7}
     assert gate(weak, identifier) == module.shipped(weak, identifier)
 
-
-def test_the_servers_weights_give_the_keyword_gates_ranking():
-    """The server's rule (resolve_weights with the best keyword score) and the lab's kw_gate0.3 rank alike."""
-    from amfs_server.core.retrieval import fuse_hybrid, resolve_weights
-
-    module = lab()
-    for keyword_score in (0.0, 0.1, 0.29, 0.3, 0.6):
-        rankings = [RankedList("semantic", ["a", "b", "c"], [0.9, 0.85, 0.1]),
-                    RankedList("keyword", ["b", "c"], [keyword_score, keyword_score / 2])]
-        shipped = resolve_weights(None, learned_available=False, query="what did she plan?")
-        served = resolve_weights(None, learned_available=False, query="what did she plan?", keyword_best=keyword_score)
-        assert module.keys_of(fuse_hybrid(rankings, served)) == module.VARIANTS["kw_gate0.3"](rankings, shipped)
