@@ -227,7 +227,20 @@ def import_client(transport: str) -> None:
         from mcp.client.streamable_http import streamable_http_client  # noqa: F401
 
 
-async def measure(transport: str, env: dict[str, str], calls: int, seed: int, warmup: int) -> dict[str, Any]:
+async def concurrent_retrieves(session: Any, queries: list[str], concurrent: int) -> dict[str, Any]:
+    """`queries` as `amfs_retrieve` calls `concurrent` at a time (the next group when the last one is answered), as
+    several agents sharing one server ask: each call's latency, and calls answered per second over the whole run."""
+    started = time.perf_counter()
+    timings: list[float] = []
+    for start in range(0, len(queries), concurrent):
+        group = queries[start:start + concurrent]
+        timings += await asyncio.gather(*(_timed(session, "amfs_retrieve", {"query": query}) for query in group))
+    return {**_summary(timings), "concurrent": concurrent,
+            "calls_per_s": round(len(timings) / (time.perf_counter() - started), 1)}
+
+
+async def measure(transport: str, env: dict[str, str], calls: int, seed: int, warmup: int,
+                  concurrent: int = 1) -> dict[str, Any]:
     session_factory = stdio_session if transport == "stdio" else http_session
     import_client(transport)
     spawned = time.perf_counter()
@@ -246,8 +259,12 @@ async def measure(transport: str, env: dict[str, str], calls: int, seed: int, wa
             queries = [f"how do we handle {TOPICS[n % len(TOPICS)]} safely?" for n in range(calls + warmup)]
             for query in queries[:warmup]:
                 await _timed(session, "amfs_retrieve", {"query": query})
+            started = time.perf_counter()
             timings = [await _timed(session, "amfs_retrieve", {"query": query}) for query in queries[warmup:]]
-            row["amfs_retrieve"] = _summary(timings)
+            row["amfs_retrieve"] = {**_summary(timings),
+                                    "calls_per_s": round(len(timings) / (time.perf_counter() - started), 1)}
+            if concurrent > 1:
+                row["amfs_retrieve_concurrent"] = await concurrent_retrieves(session, queries[warmup:], concurrent)
         else:
             row["amfs_retrieve"] = None
         row["cold_start_first_write_s"] = round(first_write_s, 2)
@@ -304,6 +321,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="AMFS_EMBED_THREADS for the server: the embedder's intra-op threads (default: its own, one).",
     )
     parser.add_argument(
+        "--concurrent", type=int, default=1, metavar="N",
+        help="Also time the retrieves N at a time on the one session (several agents on one server); default 1: off.",
+    )
+    parser.add_argument(
         "--preload-entries", type=int, default=0,
         help="Memories written straight into the store (batched) before the server starts, e.g. 10000.",
     )
@@ -311,6 +332,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.embed_threads is not None and args.embed_threads < 1:
         parser.error("--embed-threads must be >= 1")
+    if args.concurrent < 1:
+        parser.error("--concurrent must be >= 1")
 
     rows = []
     transports = ["stdio", "http"] if args.transport == "both" else [args.transport]
@@ -322,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             env = server_env(Path(tmp) / transport, **extra)
             if args.preload_entries:
                 asyncio.run(preload(env, args.preload_entries))
-            rows.append(asyncio.run(measure(transport, env, args.calls, args.seed_entries, args.warmup)))
+            rows.append(asyncio.run(measure(transport, env, args.calls, args.seed_entries, args.warmup, args.concurrent)))
     embedding = query_embedding_latency(args.embedder, args.calls, args.warmup, args.embed_threads)
 
     print(
@@ -341,6 +364,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{row['transport']:<10} {tool:<14} {stats['n']:>5} {stats['p50_ms']:>9} "
                     f"{stats['p95_ms']:>9} {stats['mean_ms']:>9}"
                 )
+        if "amfs_retrieve_concurrent" in row:
+            stats = row["amfs_retrieve_concurrent"]
+            print(f"{row['transport']:<10} {'amfs_retrieve':<14} {stats['n']:>5} {stats['p50_ms']:>9} {stats['p95_ms']:>9} "
+                  f"{stats['mean_ms']:>9}  ({stats['concurrent']} at a time: {stats['calls_per_s']} calls/s against "
+                  f"{row['amfs_retrieve']['calls_per_s']} one at a time)")
         print(
             f"{row['transport']:<10} cold start to first amfs_write answered: {row['cold_start_first_write_s']} s "
             f"({row['cold_start_server_cpu_s']} CPU s in the server); server RSS after the run: {row['server_rss_mb']} MB"
