@@ -354,21 +354,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.preload_entries + args.seed_entries} entries before timing; {os.cpu_count()} CPUs)"
     )
     print(f"{'transport':<10} {'tool':<14} {'n':>5} {'p50 ms':>9} {'p95 ms':>9} {'mean ms':>9}")
+    def line(transport: str, tool: str, stats: dict[str, Any]) -> str:
+        return f"{transport:<10} {tool:<14} {stats['n']:>5} {stats['p50_ms']:>9} {stats['p95_ms']:>9} {stats['mean_ms']:>9}"
+
     for row in rows:
         for tool in ("amfs_write", "amfs_retrieve"):
-            stats = row[tool]
-            if stats is None:
+            if row[tool] is None:
                 print(f"{row['transport']:<10} {tool:<14} (not registered: MemoryService.retrieve missing)")
             else:
-                print(
-                    f"{row['transport']:<10} {tool:<14} {stats['n']:>5} {stats['p50_ms']:>9} "
-                    f"{stats['p95_ms']:>9} {stats['mean_ms']:>9}"
-                )
+                print(line(row["transport"], tool, row[tool]))
         if "amfs_retrieve_concurrent" in row:
             stats = row["amfs_retrieve_concurrent"]
-            print(f"{row['transport']:<10} {'amfs_retrieve':<14} {stats['n']:>5} {stats['p50_ms']:>9} {stats['p95_ms']:>9} "
-                  f"{stats['mean_ms']:>9}  ({stats['concurrent']} at a time: {stats['calls_per_s']} calls/s against "
-                  f"{row['amfs_retrieve']['calls_per_s']} one at a time)")
+            print(line(row["transport"], "amfs_retrieve", stats) + f"  ({stats['concurrent']} at a time: {stats['calls_per_s']} calls/s "
+                  f"against {row['amfs_retrieve']['calls_per_s']} one at a time)")
         print(
             f"{row['transport']:<10} cold start to first amfs_write answered: {row['cold_start_first_write_s']} s "
             f"({row['cold_start_server_cpu_s']} CPU s in the server); server RSS after the run: {row['server_rss_mb']} MB"

@@ -146,4 +146,3 @@ def test_the_keyword_gate_leans_on_semantic_search_only_where_keyword_hits_are_w
     assert module.shipped(weak, shipped)[:2] == ["b", "a"] and gate(weak, shipped)[:2] == ["a", "b"]
     identifier = {"semantic": 0.3, "keyword": 0.7}
     assert gate(weak, identifier) == module.shipped(weak, identifier)
-
