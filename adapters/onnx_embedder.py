@@ -223,23 +223,26 @@ class OnnxEmbedder:
 
     @classmethod
     def for_file(cls, path: str | os.PathLike[str], **options: Any) -> "OnnxEmbedder":
-        """An embedder for an ONNX file of one of the variants' architectures (as
-        `scripts/export_embedder_onnx.py` writes it), told apart by its output width; the file is opened once to
-        read it. EmbedderUnavailableError for a file that is not there or of no known width."""
+        """A loaded embedder for an ONNX file of one of the variants' architectures (as
+        `scripts/export_embedder_onnx.py` writes it), told apart by its output width; the file is opened once, and
+        that session is the embedder's. EmbedderUnavailableError for a file that is not there or of no known width."""
         probe = cls(model_path=path, **options)
-        import onnxruntime as ort
-
-        with _model_source(probe.model_path()) as model:
-            try:
-                width = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).get_outputs()[0].shape[-1]
-            except Exception as exc:
-                raise EmbedderUnavailableError(f"{path} is not an ONNX model onnxruntime can load: {exc}") from exc
+        probe.model_path()  # a missing or placeholder file says so
+        try:
+            session = probe._open_session()
+        except EmbedderUnavailableError as exc:
+            raise EmbedderUnavailableError(f"{path} is not an ONNX model onnxruntime can load: {exc.__cause__}") from exc
+        width = session.get_outputs()[0].shape[-1]
         # the first variant of that width: its architecture, tokenizer and padding
         variant = next((key for key, spec in VARIANTS.items() if spec.dimension == width), None)
         if variant is None:
             widths = sorted({spec.dimension for spec in VARIANTS.values()})
             raise EmbedderUnavailableError(f"{path} outputs {width} dimensions; the ONNX embedders have {widths}")
-        return cls(variant=variant, model_path=path, **options)
+        embedder = cls(variant=variant, model_path=path, **options)
+        embedder.check_available()
+        with embedder._lock:
+            embedder._adopt(session)
+        return embedder
 
     # -- loading ------------------------------------------------------------ #
 
@@ -288,37 +291,53 @@ class OnnxEmbedder:
             if self._session is not None:
                 return self
             self.check_available()
-            try:
-                import onnxruntime as ort
-            except ImportError as exc:  # pragma: no cover - depends on the environment
-                raise EmbedderUnavailableError(
-                    f"onnxruntime could not be imported ({exc}). Install with: {self._hint}"
-                ) from exc
-            path = self.model_path()
-            try:
-                tokenizer = WordPieceTokenizer.from_file(self._tokenizer_path)
-                pad_id = tokenizer.token_to_id(self._pad_token)
-                options = cpu_session_options(self.num_threads)
-                with _model_source(path) as model:
-                    session = ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
-            except Exception as exc:
-                # A damaged bundled model is this package's file: reinstalling onnxruntime would not mend it.
-                hint = ("reinstall amfs-server (pip install --force-reinstall . from its source folder)"
-                        if path == self._bundled else self._hint)
-                raise EmbedderUnavailableError(
-                    f"Failed to load the ONNX embedding model {path}: {exc}. Reinstall with: {hint}"
-                ) from exc
-            names = {i.name for i in session.get_inputs()}
-            if not names <= set(_INPUTS) or "input_ids" not in names:
-                raise EmbedderUnavailableError(f"{path} has unexpected inputs {sorted(names)}; expected {_INPUTS}")
-            hidden = session.get_outputs()[0].shape[-1]
-            if hidden != self.dimension:
-                raise EmbedderUnavailableError(f"{path} outputs {hidden} dims, expected {self.dimension}")
-            self._input_names = names
-            self._pad_id = 0 if pad_id is None else pad_id
-            self._tokenizer = tokenizer
-            self._session = session  # set last: publishes the loaded state
+            self._adopt(self._open_session())
         return self
+
+    def _open_session(self) -> Any:
+        """An onnxruntime session on this embedder's model file, with the CPU options of `num_threads`."""
+        try:
+            import onnxruntime as ort
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise EmbedderUnavailableError(
+                f"onnxruntime could not be imported ({exc}). Install with: {self._hint}"
+            ) from exc
+        path = self.model_path()
+        try:
+            with _model_source(path) as model:
+                return ort.InferenceSession(model, sess_options=cpu_session_options(self.num_threads),
+                                            providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise EmbedderUnavailableError(
+                f"Failed to load the ONNX embedding model {path}: {exc}. Reinstall with: {self._reinstall_hint(path)}"
+            ) from exc
+
+    def _reinstall_hint(self, path: Path) -> str:
+        # A damaged bundled model is this package's file: reinstalling onnxruntime would not mend it.
+        return ("reinstall amfs-server (pip install --force-reinstall . from its source folder)"
+                if path == self._bundled else self._hint)
+
+    def _adopt(self, session: Any) -> None:
+        """Check `session` against this variant, load the tokenizer and publish both (the caller holds the lock)."""
+        path = self.model_path()
+        try:
+            tokenizer = WordPieceTokenizer.from_file(self._tokenizer_path)
+        except Exception as exc:
+            raise EmbedderUnavailableError(
+                f"Failed to load the ONNX embedding model {path}: its tokenizer {self._tokenizer_path}: {exc}. "
+                f"Reinstall with: {self._reinstall_hint(path)}"
+            ) from exc
+        pad_id = tokenizer.token_to_id(self._pad_token)
+        names = {i.name for i in session.get_inputs()}
+        if not names <= set(_INPUTS) or "input_ids" not in names:
+            raise EmbedderUnavailableError(f"{path} has unexpected inputs {sorted(names)}; expected {_INPUTS}")
+        hidden = session.get_outputs()[0].shape[-1]
+        if hidden != self.dimension:
+            raise EmbedderUnavailableError(f"{path} outputs {hidden} dims, expected {self.dimension}")
+        self._input_names = names
+        self._pad_id = 0 if pad_id is None else pad_id
+        self._tokenizer = tokenizer
+        self._session = session  # set last: publishes the loaded state
 
     # -- inference ---------------------------------------------------------- #
 

@@ -272,7 +272,29 @@ def test_a_file_is_run_as_the_architecture_its_output_width_names(tmp_path) -> N
         if spec.bundled is not None:
             found = OnnxEmbedder.for_file(spec.bundled)
             assert (found.variant, found.dimension, found.name) == (variant, spec.dimension, "onnx-file:model_int8.onnx.gz")
+    missing = tmp_path / "absent.onnx"
+    with pytest.raises(EmbedderUnavailableError, match="does not exist: check the path"):
+        OnnxEmbedder.for_file(missing)
     not_onnx = tmp_path / "model.onnx"
     not_onnx.write_bytes(b"\0" * 1_100_000)
     with pytest.raises(EmbedderUnavailableError, match="not an ONNX model onnxruntime can load"):
         OnnxEmbedder.for_file(not_onnx)
+
+
+def test_a_file_embedder_opens_its_model_once(monkeypatch) -> None:
+    """for_file reads the output width from the session it then embeds with: a 100 MB model is not inflated and
+    loaded twice."""
+    import onnxruntime as ort
+
+    opened: list[object] = []
+    real_session = ort.InferenceSession
+
+    def counting_session(*args, **kwargs):
+        opened.append(args[0])
+        return real_session(*args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", counting_session)
+    embedder = OnnxEmbedder.for_file(onnx_mod.VARIANTS["chat-int8"].bundled, num_threads=1)
+    vector = embedder.embed(["Caroline: I went to a support group yesterday."])
+    assert vector.shape == (1, 384) and abs(float((vector ** 2).sum()) - 1.0) < 1e-4
+    assert len(opened) == 1

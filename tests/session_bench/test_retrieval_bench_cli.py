@@ -15,7 +15,8 @@ def test_scale_measures_the_embedder_it_is_given_and_refuses_a_missing_model(mon
 
     given: list[object] = []
 
-    async def recording_scale(stores, sizes, queries, ingest_count, out_dir, cache_dir, embedder=None):
+    async def recording_scale(stores, sizes, queries, ingest_count, out_dir, cache_dir, embedder=None,
+                              real_vectors=None):
         given.append((stores, sizes, embedder))
         return {}
 
@@ -30,3 +31,32 @@ def test_scale_measures_the_embedder_it_is_given_and_refuses_a_missing_model(mon
     with pytest.raises(SystemExit):
         retrieval_bench.main(["scale", "--embedder", "/nonexistent/model_int8.onnx"])
     assert len(given) == 2
+
+
+def test_real_vectors_fill_keeps_the_real_ones_and_makes_distinct_unit_mixtures() -> None:
+    import numpy as np
+
+    from amfs_server.core.embedding import EntryVectors
+
+    rng = np.random.default_rng(3)
+    real = rng.normal(size=(50, 16)).astype("float32")
+    real /= np.linalg.norm(real, axis=1, keepdims=True)
+    passages = [rng.normal(size=(2, 16)).astype("float32") for _ in range(50)]
+    filled = retrieval_bench.mixed_vectors(EntryVectors(real, passages), 1000)
+    assert filled.vectors.shape == (1000, 16) and len(filled.passages) == 1000
+    assert np.array_equal(filled.vectors[:50], real)
+    assert np.allclose(np.linalg.norm(filled.vectors, axis=1), 1.0, atol=1e-5)
+    # every mixture is a new vector: none repeats another, none is a real one
+    assert len({row.tobytes() for row in filled.vectors}) == 1000
+    # note 50 + i mixes note i (whose passages it carries) with another real note
+    assert filled.passages[57] is passages[7] and float(filled.vectors[57] @ real[7]) > 0.5
+    short = retrieval_bench.mixed_vectors(EntryVectors(real, passages), 20)
+    assert short.vectors.shape == (20, 16)
+    with pytest.raises(ValueError, match="distinct mixtures"):  # 50 vectors make at most 1,200 mixtures, not 2,000
+        retrieval_bench.mixed_vectors(EntryVectors(real, passages), 2050)
+
+
+def test_real_vectors_below_two_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        retrieval_bench.main(["scale", "--stores", "sqlite", "--sizes", "100", "--real-vectors", "1",
+                              "--out", str(tmp_path)])
