@@ -20,7 +20,7 @@ def model_cache_dir() -> Path:
 def _onnx_embedder(variant: str, threads: int | None) -> Any:
     from .onnx_embedder import OnnxEmbedder  # on use: onnxruntime loads only for the embedder asked for
 
-    return OnnxEmbedder(variant=variant) if threads is None else OnnxEmbedder(variant=variant, num_threads=threads)
+    return OnnxEmbedder(variant=variant, num_threads=threads)
 
 
 def _torch_embedder(threads: int | None) -> Any:
@@ -38,11 +38,11 @@ def _mpnet_embedder(threads: int | None) -> Any:
 def _gemma_embedder(threads: int | None) -> Any:
     from .gemma_embedder import GemmaEmbedder  # on use: tokenizers is the [gemma] extra
 
-    return GemmaEmbedder() if threads is None else GemmaEmbedder(num_threads=threads)
+    return GemmaEmbedder(num_threads=threads)
 
 
-# canonical name -> constructor taking the intra-op thread count (None: the embedder's own default: one thread for
-# the onnxruntime ones, torch's process-wide setting left alone for the torch ones); aliases map onto canonical names.
+# canonical name -> constructor taking the intra-op thread count (None: the embedder's own default: `default_threads()`
+# for the onnxruntime ones, torch's process-wide setting left alone for the torch ones); aliases map onto canonical names.
 KNOWN_EMBEDDERS: dict[str, Any] = {
     TORCH_MINILM: _torch_embedder,
     CHAT_MINILM: lambda threads: _onnx_embedder("chat-int8", threads),

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..core.embedding import GEMMA, EmbedderUnavailableError, embed_in_batches
 from .embedders import model_cache_dir
-from .onnx_embedder import cpu_session_options
+from .onnx_embedder import cpu_session_options, default_threads
 
 __all__ = ["GemmaEmbedder", "GEMMA_FETCH_HINT", "fetch_gemma", "export_gemma_onnx"]
 
@@ -197,7 +197,9 @@ def export_gemma_onnx(st_dir: Path, out_dir: Path) -> tuple[Path, float]:
     for leftover in out_dir.glob("exported.onnx*"):
         leftover.unlink()
     int8 = out_dir / MODEL_FILE
-    quantize_dynamic(str(plain), str(int8), weight_type=QuantType.QInt8, per_channel=True)
+    # 7-bit weights (reduce_range): without them a CPU lacking AVX-512 VNNI multiplies u8 x s8 pairs into saturating
+    # 16-bit sums, and a tiny test model agreed with its float self to cosine 0.942 there (0.999 with them).
+    quantize_dynamic(str(plain), str(int8), weight_type=QuantType.QInt8, per_channel=True, reduce_range=True)
     plain.unlink()
     shutil.copy(st_dir / TOKENIZER_FILE, out_dir / TOKENIZER_FILE)
 
@@ -264,12 +266,12 @@ class GemmaEmbedder:
     dimension = 768
 
     def __init__(self, *, model_dir: str | os.PathLike[str] | None = None, max_length: int = 512,
-                 num_threads: int | None = 1) -> None:
+                 num_threads: int | None = None) -> None:
         if max_length < 8:
             raise ValueError("max_length must be >= 8")
         self._model_dir_override = Path(model_dir) if model_dir is not None else None
         self.max_length = int(max_length)
-        self.num_threads = num_threads
+        self.num_threads = default_threads() if num_threads is None else int(num_threads)
         self._lock = threading.Lock()
         self._session: Any = None
         self._tokenizer: Any = None

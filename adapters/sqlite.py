@@ -547,7 +547,7 @@ class SQLiteStore(SQLiteDatabase):
         entry holds, `ln(1 + (N - df + 0.5) / (df + 0.5))`, df counted within the filter's scope, N the index's
         row count (or the matches, if more). The score is that sum over the sum of every word's IDF: the share of
         the query's word weight the entry matches. Not FTS5's bm25(): on both retrieval sets its term-frequency
-        and length terms ranked worse (README), and both stores now rank alike."""
+        and length terms ranked worse (docs/retrieval-record.md), and both stores now rank alike."""
         phrases = match_words(terms)[:MAX_KEYWORD_PHRASES]
         if not phrases or limit <= 0:
             return []

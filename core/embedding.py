@@ -238,14 +238,14 @@ ENTRY_VECTORS = "whole+sentence-mean+passages+turn-header"
 # A transcript turn ("Caroline: ...") whose key carries a number (a turn id: "s25-t11", "D1:3", a UUID) is embedded
 # under this fixed header instead of its entity path and key: ids are not what was said, yet as words in every
 # sentence they moved its vectors (on the tuning split, replacing them by a fixed header moved single conversations
-# by -0.033 to +0.060 recall@10; README). A labelled note keyed by words ("Deploys: ..." under "deploy-process")
+# by -0.033 to +0.060 recall@10; docs/retrieval-record.md). A labelled note keyed by words ("Deploys: ..." under "deploy-process")
 # keeps its header, which names its topic. Chosen among eight fixed headers on the conversation set's tuning split;
 # keyword search still sees the path and key.
 TURN_HEADER = "chat message"
 _NUMBER = re.compile(r"\d")
 # An entry's semantic score: this share from its best passage's cosine to the query, the rest from its mean
 # vector's (ServiceConfig.passage_share). Chosen on the conversation set's tuning split with
-# `python -m amfs_server.session_bench.tune_fusion --passage-shares ...` (README).
+# `python -m amfs_server.session_bench.tune_fusion --passage-shares ...` (docs/retrieval-record.md).
 PASSAGE_SHARE = 0.5
 MAX_PASSAGES = 16
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -273,7 +273,7 @@ def entry_texts(entity_path: str, key: str, value: object, event_at: datetime | 
 
     The sentences' embeddings keep each sentence's topic, which a mean-pooled embedding of a long, many-topic turn
     ("Ugh, Mondays. Meet Taco, my new Maine Coon kitten.") dilutes (on the conversation set's tuning split: semantic
-    recall@10 0.542 -> 0.635 with 0.3.x's model, README); the whole text is what the chat embedder was fine-tuned
+    recall@10 0.542 -> 0.635 with 0.3.x's model, docs/retrieval-record.md); the whole text is what the chat embedder was fine-tuned
     on. Longer texts are grouped into at most MAX_PASSAGES runs of sentences, so a write embeds a bounded number.
     """
     label = speaker_label(value)
@@ -310,7 +310,7 @@ def context_passage(entity_path: str, key: str, previous: object, value: object,
     are transcript turns (`"Name: ..."`); else None.
 
     A reply often names its topic only in the turn it answers; this passage lets the best-sentence look find it
-    ("Why won't Felix skydive?"). It joins the entry's passages, never its vector (README, Retrieval)."""
+    ("Why won't Felix skydive?"). It joins the entry's passages, never its vector (docs/retrieval-record.md)."""
     if not (isinstance(previous, str) and isinstance(value, str)):
         return None
     label = speaker_label(value)
@@ -356,7 +356,7 @@ def embed_entries(embed: Callable[[list[str]], np.ndarray], texts: Sequence[Entr
     An entry of one sentence (or a structured value): its whole text's embedding is the vector. Of two or more:
     the normalised sum of the whole text's embedding and the normalised mean of its sentences' (on both
     conversation sets' tuning splits the sum beat the mean alone, by recall@10 and MRR, with the fine-tuned chat
-    embedder, which learned on whole turns; README), and its sentences' embeddings are kept for the look. A context
+    embedder, which learned on whole turns; docs/retrieval-record.md), and its sentences' embeddings are kept for the look. A context
     passage (`contexts[i]`) joins the look's embeddings, never the vector; then a one-sentence entry keeps its own
     embedding there too."""
     contexts = list(contexts) if contexts is not None else [None] * len(texts)

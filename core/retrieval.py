@@ -35,8 +35,8 @@ RRF_WEIGHTS: dict[str, float] = {"semantic": 0.4, "keyword": 0.2, "temporal": 0.
                                  "learned": 0.0}
 # semantic/keyword 0.5/0.5 since 0.4.0's chat embedder (0.3/0.7 before): chosen on the tuning splits of both
 # conversation sets (the authored one cross-fitted, the generated one clean and with 10% of evidence re-attributed);
-# the README has every half.
-# speaker is off by default: it pays only while nearly every evidence turn is the named person's own (README);
+# docs/retrieval-record.md has every half.
+# speaker is off by default: it pays only while nearly every evidence turn is the named person's own (docs/retrieval-record.md);
 # SPEAKER_WEIGHT is what it was tuned to, for transcript stores where that holds: weights={"speaker": SPEAKER_WEIGHT}.
 HYBRID_WEIGHTS: dict[str, float] = {"semantic": 0.5, "keyword": 0.5, "temporal": 0.05, "confidence": 0.05, "speaker": 0.0,
                                     "learned": 0.0}
@@ -44,7 +44,7 @@ SPEAKER_WEIGHT = 0.1
 # A question naming an identifier (ERR_LEDGER_409, retryPolicy, payments.gateway, INC-3, v2, /api/pay) is one keyword
 # search answers best; semantic / keyword go back to 0.3.2's 0.3 / 0.7 share for it when the call and the config leave
 # those two weights at their defaults. No question of either conversation set matches; on the agent-memory set
-# 69 of its 72 identifier questions and 39 of 42 mixed ones do (README, Retrieval).
+# 69 of its 72 identifier questions and 39 of 42 mixed ones do (docs/retrieval-record.md).
 IDENTIFIER_SEMANTIC_SHARE = 0.3
 _IDENTIFIER = re.compile(r"\b\w+_\w+\b|\b[a-z]+[A-Z]\w*\b|\b[A-Za-z]\w*\.[A-Za-z]\w*\b|\b[A-Z]{2,}-?\d+\b"
                          r"|\b[A-Za-z]+\d+[A-Za-z\d]*\b|(?<![\w/])/[\w/-]+")
@@ -52,7 +52,7 @@ _IDENTIFIER = re.compile(r"\b\w+_\w+\b|\b[a-z]+[A-Z]\w*\b|\b[A-Za-z]\w*\.[A-Za-z
 ABSOLUTE_SCORES: frozenset[str] = frozenset({"keyword", "speaker"})
 DEFAULT_WEIGHTS = HYBRID_WEIGHTS
 # An embedder whose semantic search alone is strong enough to earn more of the weight than the default half; chosen
-# for it on the conversation sets' tuning splits (README, Retrieval, "EmbeddingGemma-300M, opt-in").
+# for it on the conversation sets' tuning splits (docs/retrieval-record.md, "EmbeddingGemma-300M, opt-in").
 EMBEDDER_SEMANTIC_SHARE: dict[str, float] = {"embeddinggemma-300m-onnx-int8": 0.8}
 LEARNED_WEIGHT = 0.3
 HYBRID_POOL = 50
@@ -79,7 +79,7 @@ def search_form(text: str) -> str:
 # such words among a conversation's turns ranked first for half its questions). Above it the keyword score shrinks
 # with the square of the excess. 80 is above the longest entry of both data sets (turns up to 46 distinct words,
 # agent memories 51), so neither set's ranking moves; 40 held stuffing back further but cost the agent-memory set's
-# tuning half 0.010 MRR (README, Retrieval: Long and stuffed memories).
+# tuning half 0.010 MRR (docs/retrieval-record.md: Long and stuffed memories).
 KEYWORD_LENGTH_PIVOT = 80
 
 

@@ -1,5 +1,5 @@
 """Compare ways of making a transcript turn's entry vector, by semantic search alone, on one split of a
-conversation set: the comparison behind 0.5.0's entry vectors (README, Retrieval, "0.5.0: the whole turn back in
+conversation set: the comparison behind 0.5.0's entry vectors (docs/retrieval-record.md, "0.5.0: the whole turn back in
 the vector").
 
 Each turn is embedded as the server embeds it: its whole text and each of its sentences under the turn header

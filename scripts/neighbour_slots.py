@@ -1,5 +1,5 @@
 """Neighbour expansion, measured over `fusion_lab.py` dumps: the last places of the ten given to the turns next to
-the fused top hits. A research script (README, Retrieval, "Tried after 0.6.0"); nothing of it is in the server.
+the fused top hits. A research script (docs/retrieval-record.md, "Tried after 0.6.0"); nothing of it is in the server.
 
 For every dumped question it re-fuses the candidates as shipped, keeps the first KEEP places, fills the next ones
 with the turn after ("n"), before ("p") or both ("np") each of the top TOP hits (same session, in conversation

@@ -1,4 +1,4 @@
-"""Probe: does a small cross-encoder, re-ranking the shipped fusion's top 20, pay? (research; README, Retrieval)
+"""Probe: does a small cross-encoder, re-ranking the shipped fusion's top 20, pay? (research; docs/retrieval-record.md)
 
 Trains all-MiniLM-L6-v2's first `--layers` layers with a scoring head on (question, turn) pairs read together:
 each evidence turn against NEGATIVES non-evidence turns drawn from the fusion's own top 20 for that question

@@ -1,5 +1,5 @@
 """Research script (nothing of it is in the server): the quantisations of a fine-tuned mpnet folder that were tried
-before the shipped one, and how close any ONNX file comes to the torch model. README, Retrieval, "chat-mpnet, the default
+before the shipped one, and how close any ONNX file comes to the torch model. docs/retrieval-record.md, "chat-mpnet, the default
 since 0.7.0".
 
     python scripts/probe_mpnet_onnx.py export /tmp/chat-mpnet /tmp/chat-mpnet-dyn            # dynamic int8

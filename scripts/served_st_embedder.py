@@ -3,7 +3,7 @@
 asked with the shipped `retrieve`, the fusion as configured and semantic search alone, beside the shipped default
 on the same conversations. The model's `document` prompt goes before every text written, its `query` prompt before
 every question (the embedder port's `embed` and `embed_query`). Research: the model on torch in float, as it ships;
-the server's own EmbeddingGemma is the int8 export (`AMFS_EMBEDDER=embeddinggemma`, README, Retrieval).
+the server's own EmbeddingGemma is the int8 export (`AMFS_EMBEDDER=embeddinggemma`, docs/retrieval-record.md).
 
     python scripts/served_st_embedder.py --st-dir DIR --conversations ann-01,ann-02
 

@@ -318,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--embed-threads", type=int, default=None, metavar="N",
-        help="AMFS_EMBED_THREADS for the server: the embedder's intra-op threads (default: its own, one).",
+        help="AMFS_EMBED_THREADS for the server: the embedder's intra-op threads (default: its own, two where two cores are free).",
     )
     parser.add_argument(
         "--concurrent", type=int, default=1, metavar="N",

@@ -5,7 +5,7 @@ questions asked), written as one memory among a conversation's turns. Topic stuf
 of the other split, the evidence turns of its questions taken one conversation after another, written as one memory
 of N sentences, aimed at the best-sentence look of semantic search (an entry scores partly by its best sentence).
 Then every question of the conversation is asked with `limit` 10. Reports how often the stuffed memory ranks first
-and in the top 10, for each N. The README's tables ("Long and stuffed memories") are this command's output:
+and in the top 10, for each N. The tables of "Long and stuffed memories" in docs/retrieval-record.md are this command's output:
 
     python -m amfs_server.session_bench.stuffing_attack --conversation 1 --words 40,80,1500
     python -m amfs_server.session_bench.stuffing_attack --conversation 1 --words 40,80,1500 --pivot none

@@ -1,6 +1,6 @@
 """EmbeddingGemma (opt-in, fetched on request): the fetch's checks on the parts it joins, the hints when it is
 missing, the licence step, and the export + int8 + serving path end to end on a tiny randomly initialised model of
-the same architecture (the real one is a 1.2 GB download; README, Retrieval, has its measurements)."""
+the same architecture (the real one is a 1.2 GB download; docs/retrieval-record.md, has its measurements)."""
 
 from __future__ import annotations
 

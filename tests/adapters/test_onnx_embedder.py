@@ -298,3 +298,13 @@ def test_a_file_embedder_opens_its_model_once(monkeypatch) -> None:
     vector = embedder.embed(["Caroline: I went to a support group yesterday."])
     assert vector.shape == (1, 384) and abs(float((vector ** 2).sum()) - 1.0) < 1e-4
     assert len(opened) == 1
+
+
+def test_an_unconfigured_embedder_computes_on_two_threads_where_two_cores_are_free(monkeypatch) -> None:
+    for cores, expected in (({0}, 1), ({0, 1}, 2), (set(range(16)), 2)):
+        monkeypatch.setattr(onnx_mod.os, "sched_getaffinity", lambda pid, cores=cores: cores, raising=False)
+        assert onnx_mod.default_threads() == expected
+        assert OnnxEmbedder(variant="chat-int8").num_threads == expected
+        assert OnnxEmbedder(variant="chat-int8", num_threads=3).num_threads == 3
+    with pytest.raises(ValueError, match="num_threads must be >= 1"):
+        OnnxEmbedder(variant="chat-int8", num_threads=0)

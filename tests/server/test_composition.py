@@ -160,12 +160,13 @@ def test_a_bad_config_file_is_a_one_line_error_that_quotes_nothing(
 def test_the_embedders_thread_count_is_a_setting_that_reaches_the_embedder(tmp_path: Path) -> None:
     from amfs_server.adapters.embedders import load_embedder
 
-    assert load_settings({}).embed_threads is None  # the embedder's own default (one thread, bundled embedders)
+    assert load_settings({}).embed_threads is None  # the embedder's own default (bundled ones: default_threads())
     settings = load_settings({"AMFS_EMBED_THREADS": "2", "AMFS_DATA_DIR": str(tmp_path), "AMFS_EMBEDDER": "chat-mpnet"})
     assert settings.embed_threads == 2
     services = build_services(settings, learning=False)
     assert services.memory.embedder is load_embedder("chat-mpnet", 2)
-    assert services.memory.embedder.num_threads == 2 and load_embedder("chat-mpnet").num_threads == 1
+    assert services.memory.embedder.num_threads == 2
+    assert load_embedder("chat-mpnet", 1).num_threads == 1
     for bad in ("0", "two", "1.5"):
         with pytest.raises(ValidationError, match="embed_threads"):
             load_settings({"AMFS_EMBED_THREADS": bad})

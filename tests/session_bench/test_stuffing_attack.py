@@ -1,4 +1,4 @@
-"""The stuffing benchmark's attack texts: what the README's "Long and stuffed memories" tables are made of."""
+"""The stuffing benchmark's attack texts: what the "Long and stuffed memories" tables of docs/retrieval-record.md are made of."""
 
 from __future__ import annotations
 
