@@ -157,9 +157,9 @@ def default_threads() -> int:
     """The intra-op threads of an embedder nobody configured (AMFS_EMBED_THREADS): two where this process may run on
     two or more cores, else one.
 
-    Two halve a question's embedding on a CPU without AVX-512 VNNI (chat-mpnet over MCP stdio: retrieve p50 69 -> 54
-    ms, write 143 -> 88 ms) and trim it where int8 is fast (23 -> 20 ms), for 4-6% fewer calls a second with four
-    retrieves at a time on one server (README, Latency). More than two gained nothing measurable on two cores."""
+    On a CPU without AVX-512 VNNI two threads took chat-mpnet's retrieve over MCP stdio from 69 to 54 ms p50 and a
+    write from 143 to 88 ms; where int8 is fast, the retrieve from 23 to 20 ms; with four retrieves at a time on one
+    server they cost 1-8% of the calls a second (README, MCP server, Latency). More than two was not measured."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on every platform (macOS)
