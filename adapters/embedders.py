@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..core.embedding import CHAT_MINILM, CHAT_MPNET, DEFAULT_EMBEDDER, GEMMA, MINILM_INT8, MPNET, TORCH_MINILM
 from ..core.ports import Embedder
+
+QUERY_ENCODERS = ("full", "fast")
+"""`AMFS_QUERY_ENCODER`: `full` (the default) embeds questions with the embedder itself; `fast` with the embedder's
+distilled question side (chat-mpnet's only, see FAST_QUERY_SIDES), which stores nothing, so a store may switch
+freely. `fast` is not the default anywhere: it ranks the agent-memory set's questions far worse (README)."""
 
 
 def model_cache_dir() -> Path:
@@ -73,7 +81,46 @@ _ALIASES = {
     "google/embeddinggemma-300m": GEMMA,
 }
 
-_cache: dict[tuple[str, int | None], Embedder] = {}
+# embedder -> the ONNX variant of its distilled question side
+FAST_QUERY_SIDES = {CHAT_MPNET: "chat-mpnet-query-int8"}
+
+
+class TwoSidedEmbedder:
+    """One embedder for what is stored (its name is the store's record) and another, in the same vector space,
+    for questions (`embed_query`, which `core.embedding.embed_queries` calls)."""
+
+    def __init__(self, documents: Any, queries: Any) -> None:
+        if documents.dimension != queries.dimension:
+            raise ValueError(f"{queries.name} makes {queries.dimension}-d vectors, {documents.name} {documents.dimension}-d")
+        self.documents, self.queries = documents, queries
+        self.name, self.dimension = documents.name, documents.dimension
+
+    @property
+    def loaded(self) -> bool:
+        return bool(self.documents.loaded and self.queries.loaded)
+
+    def check_available(self) -> None:
+        self.documents.check_available()
+        self.queries.check_available()
+
+    def load(self) -> "TwoSidedEmbedder":
+        self.queries.load()
+        self.documents.load()
+        return self
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        vectors: np.ndarray = self.documents.embed(texts)
+        return vectors
+
+    def embed_query(self, texts: Sequence[str]) -> np.ndarray:
+        vectors: np.ndarray = self.queries.embed(texts)
+        return vectors
+
+    def __repr__(self) -> str:
+        return f"TwoSidedEmbedder(documents={self.documents!r}, queries={self.queries!r})"
+
+
+_cache: dict[tuple[str, int | None, str], Embedder] = {}
 _cache_lock = threading.Lock()
 
 
@@ -82,10 +129,10 @@ def canonical_embedder(name: str) -> str | None:
     return _ALIASES.get(name.strip().lower())
 
 
-def load_embedder(name: str = DEFAULT_EMBEDDER, threads: int | None = None) -> Embedder:
+def load_embedder(name: str = DEFAULT_EMBEDDER, threads: int | None = None, query_encoder: str = "full") -> Embedder:
     """Return the process-wide embedder for ``name`` computing on ``threads`` intra-op threads (None: the
-    embedder's default, see KNOWN_EMBEDDERS; AMFS_EMBED_THREADS sets it for the server), one instance per name and
-    thread count.
+    embedder's default, see KNOWN_EMBEDDERS; AMFS_EMBED_THREADS sets it for the server), one instance per name,
+    thread count and ``query_encoder`` (QUERY_ENCODERS; AMFS_QUERY_ENCODER).
 
     Checks cheaply that the model and runtime are installed (raising
     :class:`EmbedderUnavailableError` otherwise) but loads weights lazily on
@@ -98,10 +145,18 @@ def load_embedder(name: str = DEFAULT_EMBEDDER, threads: int | None = None) -> E
         )
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"The embedder's thread count must be a whole number >= 1, got {threads!r}")
+    if query_encoder not in QUERY_ENCODERS:
+        raise ValueError(f"Unknown query encoder {query_encoder!r}; use one of {', '.join(QUERY_ENCODERS)}")
+    if query_encoder == "fast" and canonical not in FAST_QUERY_SIDES:
+        raise ValueError(f"The embedder {canonical} has no fast query encoder (only {', '.join(FAST_QUERY_SIDES)} has); "
+                         "set AMFS_QUERY_ENCODER=full")
+    key = (canonical, threads, query_encoder)
     with _cache_lock:
-        emb = _cache.get((canonical, threads))
+        emb = _cache.get(key)
         if emb is None:
             candidate = KNOWN_EMBEDDERS[canonical](threads)
+            if query_encoder == "fast":
+                candidate = TwoSidedEmbedder(candidate, _onnx_embedder(FAST_QUERY_SIDES[canonical], threads))
             candidate.check_available()  # raises; failures are not cached
-            emb = _cache[(canonical, threads)] = candidate
+            emb = _cache[key] = candidate
     return emb

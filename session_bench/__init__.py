@@ -20,25 +20,27 @@ def alone(name: str) -> dict[str, float]:
     return {strategy: (1.0 if strategy == name else 0.0) for strategy in STRATEGIES}
 
 
-def bench_embedder(spec: str | None):
-    """The embedder a benchmark runs with: None for the server's default, a known embedder by name, an
-    ONNX file of MiniLM's or mpnet's architecture (``.onnx`` or ``.onnx.gz``, as `scripts/export_embedder_onnx.py`
-    writes it), or a folder `scripts/finetune_embedder.py` wrote (a MiniLM or an mpnet, run on torch), so a candidate
-    model is measured by the same code as the shipped one. Raises ValueError or EmbedderUnavailableError with
-    what is wrong."""
-    if not spec:
-        return None
+def bench_embedder(spec: str | None, query_encoder: str = "full"):
+    """The embedder a benchmark runs with: a known embedder by name (None: the server's default) with
+    `query_encoder` as the server's AMFS_QUERY_ENCODER, an ONNX file of MiniLM's or mpnet's architecture
+    (``.onnx`` or ``.onnx.gz``, as `scripts/export_embedder_onnx.py` writes it), or a folder
+    `scripts/finetune_embedder.py` wrote (a MiniLM or an mpnet, run on torch), so a candidate model is measured by
+    the same code as the shipped one (a file or folder embeds the questions too). Raises ValueError or
+    EmbedderUnavailableError with what is wrong."""
+    if not spec or not (Path(spec).is_dir() or spec.endswith((".onnx", ".onnx.gz"))):
+        from ..adapters.embedders import load_embedder
+        from ..core.embedding import DEFAULT_EMBEDDER
+
+        return load_embedder(spec or DEFAULT_EMBEDDER, query_encoder=query_encoder)
+    if query_encoder == "fast":
+        raise ValueError("--query-encoder fast takes an embedder by name, not a model file or folder")
     if Path(spec).is_dir():
         return _model_folder_embedder(Path(spec))
-    if spec.endswith((".onnx", ".onnx.gz")):
-        from ..adapters.onnx_embedder import OnnxEmbedder
+    from ..adapters.onnx_embedder import OnnxEmbedder
 
-        embedder = OnnxEmbedder.for_file(spec)
-        embedder.check_available()
-        return embedder
-    from ..adapters.embedders import load_embedder
-
-    return load_embedder(spec)
+    embedder = OnnxEmbedder.for_file(spec)
+    embedder.check_available()
+    return embedder
 
 
 def _model_folder_embedder(folder: Path):
@@ -64,13 +66,21 @@ def _model_folder_embedder(folder: Path):
     return embedder
 
 
-def embedder_option(parser: Any, spec: str | None):
-    """`bench_embedder(spec)` for a command line's `--embedder`: what is wrong with `spec` is `parser`'s usage
-    error (exit 2 with the message)."""
+def add_query_encoder_option(parser: Any) -> None:
+    from ..adapters.embedders import QUERY_ENCODERS
+
+    parser.add_argument("--query-encoder", choices=QUERY_ENCODERS, default="full",
+                        help="what embeds the questions (the server's AMFS_QUERY_ENCODER): the embedder itself (full, "
+                             "the default) or chat-mpnet's distilled question side (fast)")
+
+
+def embedder_option(parser: Any, spec: str | None, query_encoder: str = "full"):
+    """`bench_embedder(spec, query_encoder)` for a command line's `--embedder` / `--query-encoder`: what is wrong
+    is `parser`'s usage error (exit 2 with the message)."""
     from ..core.embedding import EmbedderUnavailableError
 
     try:
-        return bench_embedder(spec)
+        return bench_embedder(spec, query_encoder)
     except (ValueError, EmbedderUnavailableError) as error:
         parser.error(str(error))
 

@@ -42,7 +42,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from ..core.embedding import DEFAULT_EMBEDDER
 from ..core.models import Actor
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
-from . import SINGLE_STRATEGIES, alone, close_store, embedder_option, log, open_store, postgres_dsn, pyplot
+from . import SINGLE_STRATEGIES, add_query_encoder_option, alone, close_store, embedder_option, log, open_store, postgres_dsn, pyplot
 
 DATASET = Path(__file__).parent / "data" / "conversations_eval.json"
 SPLITS = ("tuning", "test", "all")
@@ -264,11 +264,12 @@ async def _drop_schema(dsn: str, schema: str) -> None:
 
 
 async def run_via_mcp(conversations: list[dict[str, Any]], store: str = "sqlite",
-                      one_store: bool = False, embedder: str | None = None) -> dict[str, list[dict[str, Any]]]:
+                      one_store: bool = False, embedder: str | None = None,
+                      query_encoder: str = "full") -> dict[str, list[dict[str, Any]]]:
     """The fusion through `amfs-server` over stdio, next to BM25: a fresh server per conversation (with `one_store`,
     one server holding every conversation, each question scoped to its own), on a fresh SQLite file or, with `store`
-    "postgres", in a fresh schema of the benchmarks' PostgreSQL database (dropped after); `embedder` is the server's
-    AMFS_EMBEDDER (default: its default)."""
+    "postgres", in a fresh schema of the benchmarks' PostgreSQL database (dropped after); `embedder` and
+    `query_encoder` are the server's AMFS_EMBEDDER (default: its default) and AMFS_QUERY_ENCODER."""
     from .mcp_latency import server_env, stdio_session
 
     rows: dict[str, list[dict[str, Any]]] = {FUSION + " via MCP": [], BM25_ROW: []}
@@ -281,6 +282,7 @@ async def run_via_mcp(conversations: list[dict[str, Any]], store: str = "sqlite"
             extra = {"AMFS_POSTGRES_DSN": _schema_dsn(postgres_dsn(), schema)} if store == "postgres" else {}
             if embedder is not None:
                 extra["AMFS_EMBEDDER"] = embedder
+            extra["AMFS_QUERY_ENCODER"] = query_encoder
             try:
                 async with stdio_session(server_env(Path(tmp) / f"server-{number}", **extra)) as session:
                     for conversation in group:
@@ -393,6 +395,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              "AMFS_EMBEDDER) or, in process only, a candidate model: an exported ONNX file "
                              "(PATH.onnx[.gz]) or a folder scripts/finetune_embedder.py wrote (default: the "
                              "server's default)")
+    add_query_encoder_option(parser)
     parser.add_argument("--with-dates", action="store_true",
                         help="write each turn with its session date as event_at (in-process only; the held-out "
                              "protocol passes no dates)")
@@ -420,18 +423,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         moved = reattribute_evidence(conversations, args.reattribute_evidence)
         log(f"[conversations] {moved} evidence turns re-attributed to the other speaker")
     report: dict[str, Any] = {"split": args.split, "with_dates": args.with_dates, "conversations": [c["conversation_id"] for c in conversations],
-                              "questions": sum(len(c["questions"]) for c in conversations), "runs": {}}
+                              "questions": sum(len(c["questions"]) for c in conversations),
+                              "query_encoder": args.query_encoder, "runs": {}}
     texts = []
     if args.via_mcp:
         for store in stores:
-            rows = asyncio.run(run_via_mcp(conversations, store, one_store=args.one_store, embedder=args.embedder))
+            rows = asyncio.run(run_via_mcp(conversations, store, one_store=args.one_store, embedder=args.embedder,
+                                           query_encoder=args.query_encoder))
             run = "mcp-stdio" if store == "sqlite" else f"mcp-stdio-{store}"
             report["runs"][run] = {"summary": summarise(rows), "questions": rows}
             texts.append(markdown(report["runs"][run]["summary"],
                                   f"amfs-server over MCP stdio ({'SQLite' if store == 'sqlite' else 'PostgreSQL'})"
                                   + (", every conversation in one server" if args.one_store else "")))
     else:
-        embedder = embedder_option(parser, args.embedder)
+        embedder = embedder_option(parser, args.embedder, args.query_encoder)
         report["embedder"] = embedder.name if embedder is not None else DEFAULT_EMBEDDER
         for store in stores:
             rows = asyncio.run(run_in_process(conversations, store, embedder=embedder, with_dates=args.with_dates,

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import add_query_encoder_option
+
 SERVER_COMMAND = [sys.executable, "-c", "from amfs_server.server.cli import main; main()"]
 TOPICS = ["payments", "retries", "timeouts", "deploys", "caching", "auth tokens", "database locks", "queues"]
 
@@ -274,7 +276,7 @@ async def measure(transport: str, env: dict[str, str], calls: int, seed: int, wa
 
 
 def query_embedding_latency(embedder_name: str | None, calls: int, warmup: int,
-                            threads: int | None = None) -> dict[str, Any] | None:
+                            threads: int | None = None, query_encoder: str = "full") -> dict[str, Any] | None:
     """One query at a time through the embedder the server uses (built the same way, in this process): the part
     of a retrieve that the model costs. None with embeddings off."""
     from ..adapters.embedders import load_embedder
@@ -283,9 +285,9 @@ def query_embedding_latency(embedder_name: str | None, calls: int, warmup: int,
     name = DEFAULT_EMBEDDER if embedder_name is None else embedder_name
     if name.strip().lower() in {"", "none", "off"}:
         return None
-    embedder = load_embedder(name, threads)
+    embedder = load_embedder(name, threads, query_encoder)
     queries = [f"how do we handle {TOPICS[n % len(TOPICS)]} in service {n}?" for n in range(calls + warmup)]
-    embedder.embed(queries[:warmup])
+    embed_queries(embedder, queries[:warmup])
     timings, cpu = [], []
     for query in queries[warmup:]:
         started, started_cpu = time.perf_counter(), time.process_time()
@@ -320,6 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--embed-threads", type=int, default=None, metavar="N",
         help="AMFS_EMBED_THREADS for the server: the embedder's intra-op threads (default: its own, two where two cores are free).",
     )
+    add_query_encoder_option(parser)
     parser.add_argument(
         "--concurrent", type=int, default=1, metavar="N",
         help="Also time the retrieves N at a time on the one session (several agents on one server); default 1: off.",
@@ -342,14 +345,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             extra = {"AMFS_EMBEDDER": args.embedder} if args.embedder is not None else {}
             if args.embed_threads is not None:
                 extra["AMFS_EMBED_THREADS"] = str(args.embed_threads)
+            extra["AMFS_QUERY_ENCODER"] = args.query_encoder
             env = server_env(Path(tmp) / transport, **extra)
             if args.preload_entries:
                 asyncio.run(preload(env, args.preload_entries))
             rows.append(asyncio.run(measure(transport, env, args.calls, args.seed_entries, args.warmup, args.concurrent)))
-    embedding = query_embedding_latency(args.embedder, args.calls, args.warmup, args.embed_threads)
+    embedding = query_embedding_latency(args.embedder, args.calls, args.warmup, args.embed_threads, args.query_encoder)
 
     print(
         f"MCP round-trip latency, sequential calls (embedder: {args.embedder or 'default'}, "
+        f"query encoder: {args.query_encoder}, "
         f"{args.embed_threads or 'default'} thread(s); "
         f"{args.preload_entries + args.seed_entries} entries before timing; {os.cpu_count()} CPUs)"
     )
@@ -377,7 +382,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"p95 {embedding['p95_ms']} ms; CPU time p50 {embedding['cpu_p50_ms']} ms"
         )
     if args.json is not None:
-        document = {"embedder": args.embedder or "default", "embed_threads": args.embed_threads, "results": rows,
+        document = {"embedder": args.embedder or "default", "embed_threads": args.embed_threads,
+                    "query_encoder": args.query_encoder, "results": rows,
                     "query_embedding": embedding}
         args.json.write_text(json.dumps(document, indent=2) + "\n")
     return 0

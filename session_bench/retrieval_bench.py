@@ -31,7 +31,7 @@ from ..core.models import Actor, MemoryEntry, MemoryType, NewEntry, Provenance, 
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
 from ..core.tiers import priority_score, tier_for
 from ..core.ports import StoreSnapshot
-from . import SINGLE_STRATEGIES, alone, close_store, embedder_option, log, open_store, percentile, pyplot
+from . import SINGLE_STRATEGIES, add_query_encoder_option, alone, close_store, embedder_option, log, open_store, percentile, pyplot
 
 DATASET = Path(__file__).parent / "data" / "retrieval_eval.json"
 QUALITY_FUSION = "fusion: hybrid (the default)"
@@ -408,6 +408,7 @@ def main(argv: list[str] | None = None) -> None:
     quality.add_argument("--out", type=Path, default=Path("reports/retrieval"))
     quality.add_argument("--embedder", default=None,
                          help="the embedder, by name or an exported ONNX file (PATH.onnx[.gz]; default: the server's)")
+    add_query_encoder_option(quality)
     scale = sub.add_parser("scale", help="ingest throughput and retrieve latency vs store size")
     scale.add_argument("--stores", default="sqlite,postgres")
     scale.add_argument("--sizes", default="1000,10000,100000")
@@ -420,16 +421,17 @@ def main(argv: list[str] | None = None) -> None:
     scale.add_argument("--real-vectors", type=int, default=None, metavar="N",
                        help="embed only the first N notes; later ones carry normalised sums of two real vectors "
                             "(a timing fill for sizes the embedder cannot reach in a session; default: embed all)")
+    add_query_encoder_option(scale)
     args = parser.parse_args(argv)
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     if args.command == "quality":
-        embedder = embedder_option(parser, args.embedder)
+        embedder = embedder_option(parser, args.embedder, args.query_encoder)
         asyncio.run(run_quality(stores, args.out, embedder))
     else:
         sizes = [int(s) for s in args.sizes.split(",")]
         if args.real_vectors is not None and args.real_vectors < 2:
             parser.error("--real-vectors must be at least 2 (a mixture needs two real vectors)")
-        embedder = embedder_option(parser, args.embedder)
+        embedder = embedder_option(parser, args.embedder, args.query_encoder)
         asyncio.run(run_scale(stores, sizes, args.queries, args.ingest_count, args.out, args.cache_dir, embedder,
                               args.real_vectors))
 

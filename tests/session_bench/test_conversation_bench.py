@@ -260,7 +260,12 @@ def test_a_candidate_model_file_is_measured_like_the_shipped_model():
     assert candidate.name == "onnx-file:model_int8.onnx.gz"
     text = "Jonah: We want to skydive for my birthday!"
     assert candidate.embed([text]).tolist() == load_embedder("chat-minilm").embed([text]).tolist()
-    assert bench_embedder(None) is None
+    from amfs_server.core.embedding import DEFAULT_EMBEDDER
+
+    assert bench_embedder(None) is load_embedder(DEFAULT_EMBEDDER)  # the server's default
+    assert bench_embedder(None, "fast") is load_embedder(DEFAULT_EMBEDDER, query_encoder="fast")
+    with pytest.raises(ValueError, match="takes an embedder by name"):
+        bench_embedder(str(shipped), "fast")
     with pytest.raises(EmbedderUnavailableError, match="does not exist"):
         bench_embedder("/nonexistent/model_int8.onnx")
     with pytest.raises(SystemExit):

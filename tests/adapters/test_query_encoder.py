@@ -1,0 +1,118 @@
+"""chat-mpnet's fast question side (AMFS_QUERY_ENCODER=fast): a MiniLM-L6 distilled into chat-mpnet's space
+embeds the questions, chat-mpnet everything stored."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from amfs_server.adapters import onnx_embedder as onnx_mod
+from amfs_server.adapters.embedders import TwoSidedEmbedder, load_embedder
+from amfs_server.adapters.onnx_embedder import OnnxEmbedder
+from amfs_server.core.embedding import CHAT_MPNET, CHAT_MPNET_QUERY, EmbedderUnavailableError, embed_queries
+from amfs_server.server.settings import load_settings
+
+
+class Fixed:
+    """A test double: every text maps to one fixed unit vector, so which side embedded a text shows."""
+
+    def __init__(self, name: str, vector: list[float]) -> None:
+        self.name, self.dimension = name, len(vector)
+        self.vector = np.asarray(vector, dtype=np.float32)
+        self.loaded = False
+
+    def check_available(self) -> None:
+        pass
+
+    def load(self) -> "Fixed":
+        self.loaded = True
+        return self
+
+    def embed(self, texts):
+        return np.tile(self.vector, (len(texts), 1))
+
+
+def test_questions_go_to_the_query_side_and_everything_else_to_the_document_side() -> None:
+    both = TwoSidedEmbedder(Fixed("documents", [1.0, 0.0]), Fixed("questions", [0.0, 1.0]))
+    assert (both.name, both.dimension) == ("documents", 2)  # the store records the document side's name
+    np.testing.assert_array_equal(both.embed(["a memory"]), [[1.0, 0.0]])
+    np.testing.assert_array_equal(embed_queries(both, ["a question?"]), [[0.0, 1.0]])
+    assert not both.loaded
+    assert both.load() is both and both.loaded
+
+
+def test_sides_of_different_widths_are_refused() -> None:
+    with pytest.raises(ValueError, match="3-d vectors"):
+        TwoSidedEmbedder(Fixed("documents", [1.0, 0.0]), Fixed("questions", [0.0, 0.0, 1.0]))
+
+
+def test_load_embedder_builds_the_fast_side_only_for_chat_mpnet() -> None:
+    fast = load_embedder("chat-mpnet", query_encoder="fast")
+    assert isinstance(fast, TwoSidedEmbedder) and fast.name == CHAT_MPNET and fast.dimension == 768
+    assert fast.queries.name == CHAT_MPNET_QUERY and fast.documents is not load_embedder("chat-mpnet", 1)
+    assert load_embedder("chat-mpnet", query_encoder="fast") is fast
+    assert not isinstance(load_embedder("chat-mpnet"), TwoSidedEmbedder)
+    with pytest.raises(ValueError, match="has no fast query encoder"):
+        load_embedder("chat-minilm", query_encoder="fast")
+    with pytest.raises(ValueError, match="Unknown query encoder 'quick'"):
+        load_embedder("chat-mpnet", query_encoder="quick")
+
+
+def test_a_missing_fast_side_file_says_to_reinstall(monkeypatch, tmp_path) -> None:
+    spec = onnx_mod.VARIANTS["chat-mpnet-query-int8"]
+    monkeypatch.setitem(onnx_mod.VARIANTS, "chat-mpnet-query-int8",
+                        onnx_mod.Variant(spec.name, tmp_path / "gone.onnx.gz", None, spec.hint, dimension=768))
+    with pytest.raises(EmbedderUnavailableError, match="does not exist. Reinstall amfs-server"):
+        TwoSidedEmbedder(load_embedder("chat-mpnet"), OnnxEmbedder(variant="chat-mpnet-query-int8")).check_available()
+
+
+def test_the_setting_is_read_from_the_environment_and_checked_against_the_embedder() -> None:
+    assert load_settings({}).query_encoder == "full"
+    assert load_settings({"AMFS_QUERY_ENCODER": "fast"}).query_encoder == "fast"
+    assert load_settings({"AMFS_QUERY_ENCODER": "fast", "AMFS_EMBEDDER": "none"}).embedder is None
+    with pytest.raises(Exception, match="no fast question side"):
+        load_settings({"AMFS_QUERY_ENCODER": "fast", "AMFS_EMBEDDER": "chat-minilm"})
+    with pytest.raises(Exception, match="query_encoder"):
+        load_settings({"AMFS_QUERY_ENCODER": "turbo"})
+
+
+def test_the_bundled_fast_side_puts_a_question_near_where_chat_mpnet_does() -> None:
+    """The distilled encoder's question vectors point where chat-mpnet's do, and it finds the turn a question asks
+    about among chat-mpnet's vectors of the turns."""
+    fast = load_embedder("chat-mpnet", query_encoder="fast")
+    questions = ["What did Theo name his sourdough starter?", "When is Maya moving to Lisbon?",
+                 "Which physio is helping Felix after his back operation?"]
+    turns = ["Theo: I named the starter Clint Yeastwood, he gets fed every morning.",
+             "Maya: The movers come on the 3rd of June and then it's Lisbon for two years!",
+             "Felix: Ruth, my physio, has me walking to the end of the road and back."]
+    full_questions = fast.documents.embed(questions)
+    fast_questions = embed_queries(fast, questions)
+    cosines = (full_questions * fast_questions).sum(axis=1)
+    assert cosines.min() > 0.8, cosines
+    scores = fast_questions @ fast.embed(turns).T
+    assert list(scores.argmax(axis=1)) == [0, 1, 2]
+
+
+def test_a_server_configured_fast_writes_chat_mpnet_vectors_and_asks_with_the_fast_side(tmp_path) -> None:
+    import asyncio
+
+    from amfs_server.core.models import Actor
+    from amfs_server.core.service import WriteRequest
+    from amfs_server.server.composition import build_service
+
+    settings = load_settings({"AMFS_DATA_DIR": str(tmp_path), "AMFS_QUERY_ENCODER": "fast"})
+    service = build_service(settings)
+    assert isinstance(service.embedder, TwoSidedEmbedder) and service.embedder.name == CHAT_MPNET
+    actor = Actor("agent/test", "s1")
+
+    async def run():
+        await service.open()
+        try:
+            await service.write(actor, WriteRequest("chat/maya-theo", "D1:4", "Theo: I named the starter Clint Yeastwood."))
+            await service.write(actor, WriteRequest("chat/maya-theo", "D1:5", "Maya: The movers come on the 3rd of June."))
+            found = await service.retrieve(actor, "What is the sourdough starter called?", entity_path="chat/maya-theo")
+            return [hit.entry.key for hit in found]
+        finally:
+            await service.close()
+
+    assert asyncio.run(run())[0] == "D1:4"
