@@ -11,7 +11,9 @@ from amfs_server.session_bench import retrieval_bench
 
 
 def test_scale_measures_the_embedder_it_is_given_and_refuses_a_missing_model(monkeypatch, tmp_path: Path) -> None:
+    from amfs_server.adapters.embedders import load_embedder
     from amfs_server.adapters.onnx_embedder import VARIANTS
+    from amfs_server.core.embedding import DEFAULT_EMBEDDER
 
     given: list[object] = []
 
@@ -27,10 +29,14 @@ def test_scale_measures_the_embedder_it_is_given_and_refuses_a_missing_model(mon
     stores, sizes, embedder = given[0]
     assert (stores, sizes) == (["sqlite"], [100]) and embedder.name == "onnx-file:model_int8.onnx.gz"
     retrieval_bench.main(["scale", "--stores", "sqlite", "--sizes", "100", "--out", str(tmp_path)])
-    assert given[1][2] is None  # no --embedder: the server's default, loaded by the run
+    assert given[1][2] is load_embedder(DEFAULT_EMBEDDER)  # no --embedder: the server's default
+    retrieval_bench.main(["scale", "--stores", "sqlite", "--sizes", "100", "--out", str(tmp_path), "--query-encoder", "fast"])
+    assert given[2][2] is load_embedder(DEFAULT_EMBEDDER, query_encoder="fast")
     with pytest.raises(SystemExit):
         retrieval_bench.main(["scale", "--embedder", "/nonexistent/model_int8.onnx"])
-    assert len(given) == 2
+    with pytest.raises(SystemExit):  # a candidate file embeds its own questions
+        retrieval_bench.main(["scale", "--embedder", str(shipped), "--query-encoder", "fast"])
+    assert len(given) == 3
 
 
 def test_real_vectors_fill_keeps_the_real_ones_and_makes_distinct_unit_mixtures() -> None:
