@@ -30,6 +30,7 @@ Nothing touches the network; a missing package or runtime raises
 from __future__ import annotations
 
 import gzip
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -71,6 +72,10 @@ class Variant:
     dimension: int = 384
     pad_token: str = "[PAD]"
     token_types: bool = True  # a BERT graph (MiniLM) takes token_type_ids; mpnet's does not
+    # a graph whose unchanged weights lie in another bundled model's file (ONNX external data naming
+    # SHARED_WEIGHTS), and that file's inflated sha256, so a re-exported model is not read at stale offsets
+    weights_from: Path | None = None
+    weights_sha256: str | None = None
 
 
 VARIANTS: dict[str, Variant] = {
@@ -80,10 +85,17 @@ VARIANTS: dict[str, Variant] = {
     "chat-mpnet-int8": Variant(CHAT_MPNET, _MPNET_DIR / "model_int8.onnx.gz", None, ONNX_INSTALL_HINT,
                                tokenizer=_MPNET_DIR / "tokenizer.json", dimension=768, pad_token="<pad>",
                                token_types=False),
-    # chat-mpnet's fast question side: a MiniLM-L6 distilled into its space (scripts/distill_query_encoder.py)
+    # chat-mpnet's fast question side: 7 of its 12 layers, the top two retrained (scripts/distill_query_encoder.py);
+    # the other weights are read from chat-mpnet's own file
     "chat-mpnet-query-int8": Variant(CHAT_MPNET_QUERY, _MODELS / "chat-mpnet-query" / "model_int8.onnx.gz", None,
-                                     ONNX_INSTALL_HINT, dimension=768),
+                                     ONNX_INSTALL_HINT, tokenizer=_MPNET_DIR / "tokenizer.json", dimension=768,
+                                     pad_token="<pad>", token_types=False,
+                                     weights_from=_MPNET_DIR / "model_int8.onnx.gz",
+                                     weights_sha256="e25746ecf24668e3e4fa10389a83c3c211e5539cbcd30cf5e1e556d3d9a5b7f3"),
 }
+SHARED_WEIGHTS = "chat-mpnet.onnx"
+"""The file name a graph with `Variant.weights_from` gives its external initializers: that model is inflated
+under this name beside it."""
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
@@ -126,14 +138,27 @@ def _sweep_abandoned_inflations() -> None:
             continue
 
 
+def _inflate(packed: Path, out: Path) -> str:
+    """Inflate `packed` into `out`; returns the inflated bytes' sha256."""
+    digest = hashlib.sha256()
+    with gzip.open(packed, "rb") as source, open(out, "wb") as target:
+        while chunk := source.read(1 << 20):
+            digest.update(chunk)
+            target.write(chunk)
+    return digest.hexdigest()
+
+
 @contextmanager
-def _model_source(path: Path) -> Iterator[str | bytes]:
+def _model_source(path: Path, spec: Variant | None = None) -> Iterator[str | bytes]:
     """What onnxruntime loads for `path`: the path itself, or for a ``.gz`` model its contents inflated into a
-    temporary file removed afterwards (the bundled model is stored gzip-compressed, 5 MB less on disk).
+    temporary folder removed afterwards (the bundled models are stored gzip-compressed). A variant whose graph
+    reads its weights from another model (`Variant.weights_from`) gets that model inflated beside it.
 
     Given the inflated bytes instead, onnxruntime holds about 25 MB more resident memory for the server's life,
-    so the bytes are only the fallback where no temporary file can be written (a read-only or full temp dir)."""
-    if path.suffix != ".gz":
+    so the bytes are only the fallback where no temporary file can be written (a read-only or full temp dir);
+    a graph with shared weights has no such fallback and says so."""
+    shared = spec.weights_from if spec is not None and path == spec.bundled else None
+    if path.suffix != ".gz" and shared is None:
         yield str(path)
         return
     _sweep_abandoned_inflations()
@@ -141,13 +166,25 @@ def _model_source(path: Path) -> Iterator[str | bytes]:
     try:
         folder = tempfile.mkdtemp(prefix=_INFLATED_PREFIX)
         plain = Path(folder) / path.stem
-        with gzip.open(path, "rb") as packed, open(plain, "wb") as out:
-            shutil.copyfileobj(packed, out, 1 << 20)
+        if path.suffix == ".gz":
+            _inflate(path, plain)
+        else:
+            shutil.copyfile(path, plain)
+        if shared is not None and spec is not None:
+            digest = _inflate(shared, Path(folder) / SHARED_WEIGHTS)
+            if digest != spec.weights_sha256:
+                raise EmbedderUnavailableError(
+                    f"{path} reads its weights from {shared}, which is not the file it was built against "
+                    f"(sha256 {digest[:12]}..., expected {str(spec.weights_sha256)[:12]}...): rebuild it with "
+                    "scripts/distill_query_encoder.py or reinstall amfs-server")
     except BaseException as exc:  # a cut-short file raises EOFError: no inflated copy is left behind either way
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
         if not isinstance(exc, OSError) or isinstance(exc, gzip.BadGzipFile):
             raise
+        if shared is not None:
+            raise EmbedderUnavailableError(
+                f"{path} needs a writable temporary folder to load ({exc}); set TMPDIR to one") from exc
         folder = None
     if folder is None:
         yield gzip.decompress(path.read_bytes())
@@ -324,7 +361,7 @@ class OnnxEmbedder:
             ) from exc
         path = self.model_path()
         try:
-            with _model_source(path) as model:
+            with _model_source(path, VARIANTS[self.variant]) as model:
                 return ort.InferenceSession(model, sess_options=cpu_session_options(self.num_threads),
                                             providers=["CPUExecutionProvider"])
         except Exception as exc:

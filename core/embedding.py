@@ -80,8 +80,9 @@ CHAT_MINILM = "chat-MiniLM-L6-onnx-int8"
 # all-mpnet-base-v2 fine-tuned by the same recipe (scripts/finetune_embedder.py --base mpnet), 768 dimensions,
 # 8-bit weights on onnxruntime (MatMulNBits, block-wise 8-bit activations), bundled, no torch.
 CHAT_MPNET = "chat-mpnet-onnx-int8"
-# chat-mpnet's fast question side: all-MiniLM-L6-v2 distilled to put a question where chat-mpnet would
-# (scripts/distill_query_encoder.py); it embeds questions only, never what is stored, so a store keeps CHAT_MPNET.
+# chat-mpnet's fast question side: seven of its twelve layers, the top ones retrained to put a question where
+# chat-mpnet would (scripts/distill_query_encoder.py); it embeds questions only, never what is stored, so a store
+# keeps CHAT_MPNET.
 CHAT_MPNET_QUERY = "chat-mpnet-query-onnx-int8"
 # all-MiniLM-L6-v2 itself as int8 on onnxruntime: the default up to 0.3.2.
 MINILM_INT8 = "all-MiniLM-L6-v2-onnx-int8"

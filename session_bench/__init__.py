@@ -71,7 +71,7 @@ def add_query_encoder_option(parser: Any) -> None:
 
     parser.add_argument("--query-encoder", choices=QUERY_ENCODERS, default="full",
                         help="what embeds the questions (the server's AMFS_QUERY_ENCODER): the embedder itself (full, "
-                             "the default) or chat-mpnet's distilled question side (fast)")
+                             "the default) or chat-mpnet's cheaper question side (fast)")
 
 
 def embedder_option(parser: Any, spec: str | None, query_encoder: str = "full"):

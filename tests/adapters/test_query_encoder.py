@@ -1,7 +1,9 @@
-"""chat-mpnet's fast question side (AMFS_QUERY_ENCODER=fast): a MiniLM-L6 distilled into chat-mpnet's space
-embeds the questions, chat-mpnet everything stored."""
+"""chat-mpnet's fast question side (AMFS_QUERY_ENCODER=fast): seven of chat-mpnet's layers, the top two retrained,
+embed the questions, chat-mpnet everything stored."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -66,6 +68,24 @@ def test_a_missing_fast_side_file_says_to_reinstall(monkeypatch, tmp_path) -> No
         TwoSidedEmbedder(load_embedder("chat-mpnet"), OnnxEmbedder(variant="chat-mpnet-query-int8")).check_available()
 
 
+def test_a_fast_side_built_against_another_chat_mpnet_file_is_refused(monkeypatch) -> None:
+    """Its graph reads chat-mpnet's weights at fixed offsets: after a re-export it would compute nonsense."""
+    spec = onnx_mod.VARIANTS["chat-mpnet-query-int8"]
+    monkeypatch.setitem(onnx_mod.VARIANTS, "chat-mpnet-query-int8",
+                        dataclasses.replace(spec, weights_sha256="0" * 64))
+    with pytest.raises(EmbedderUnavailableError, match="not the file it was built against"):
+        OnnxEmbedder(variant="chat-mpnet-query-int8").load()
+
+
+def test_without_a_writable_temp_folder_the_fast_side_says_what_to_set(monkeypatch) -> None:
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(onnx_mod.tempfile, "mkdtemp", refuse)
+    with pytest.raises(EmbedderUnavailableError, match="writable temporary folder.*TMPDIR"):
+        OnnxEmbedder(variant="chat-mpnet-query-int8").load()
+
+
 def test_the_setting_is_read_from_the_environment_and_checked_against_the_embedder() -> None:
     assert load_settings({}).query_encoder == "full"
     assert load_settings({"AMFS_QUERY_ENCODER": "fast"}).query_encoder == "fast"
@@ -77,8 +97,8 @@ def test_the_setting_is_read_from_the_environment_and_checked_against_the_embedd
 
 
 def test_the_bundled_fast_side_puts_a_question_near_where_chat_mpnet_does() -> None:
-    """The distilled encoder's question vectors point where chat-mpnet's do, and it finds the turn a question asks
-    about among chat-mpnet's vectors of the turns."""
+    """The fast side's question vectors point where chat-mpnet's do, and it finds the turn a question asks about
+    among chat-mpnet's vectors of the turns."""
     fast = load_embedder("chat-mpnet", query_encoder="fast")
     questions = ["What did Theo name his sourdough starter?", "When is Maya moving to Lisbon?",
                  "Which physio is helping Felix after his back operation?"]
