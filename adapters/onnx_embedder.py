@@ -123,8 +123,9 @@ _ABANDONED_AFTER_S = 600.0
 
 def _sweep_abandoned_inflations() -> None:
     """Remove inflated-model folders that processes stopped during a load left in the temp dir (each up to
-    23 MB): the load runs in a daemon thread, so its cleanup does not run when the process is stopped. Another
-    user's folders, which this process may not delete, are left alone."""
+    112 MB, about 140 MB for the fast question side, which inflates chat-mpnet beside its graph): the load runs in
+    a daemon thread, so its cleanup does not run when the process is stopped. Another user's folders, which this
+    process may not delete, are left alone."""
     try:
         folders = list(Path(tempfile.gettempdir()).glob(_INFLATED_PREFIX + "*"))
     except OSError:
