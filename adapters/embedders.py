@@ -86,6 +86,16 @@ _ALIASES = {
 FAST_QUERY_SIDES = {CHAT_MPNET: "chat-mpnet-query-int8"}
 
 
+def check_query_encoder(embedder: str, query_encoder: str) -> None:
+    """Refuse a query encoder that is not one of QUERY_ENCODERS, or `fast` for an embedder (canonical name) without
+    a fast question side, naming the fix."""
+    if query_encoder not in QUERY_ENCODERS:
+        raise ValueError(f"Unknown query encoder {query_encoder!r}; use one of {', '.join(QUERY_ENCODERS)}")
+    if query_encoder == "fast" and embedder not in FAST_QUERY_SIDES:
+        raise ValueError(f"the embedder {embedder} has no fast question side (only {', '.join(FAST_QUERY_SIDES)} "
+                         "has); set AMFS_QUERY_ENCODER=full")
+
+
 class TwoSidedEmbedder:
     """One embedder for what is stored (its name is the store's record) and another, in the same vector space,
     for questions (`embed_query`, which `core.embedding.embed_queries` calls)."""
@@ -146,11 +156,7 @@ def load_embedder(name: str = DEFAULT_EMBEDDER, threads: int | None = None, quer
         )
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"The embedder's thread count must be a whole number >= 1, got {threads!r}")
-    if query_encoder not in QUERY_ENCODERS:
-        raise ValueError(f"Unknown query encoder {query_encoder!r}; use one of {', '.join(QUERY_ENCODERS)}")
-    if query_encoder == "fast" and canonical not in FAST_QUERY_SIDES:
-        raise ValueError(f"The embedder {canonical} has no fast query encoder (only {', '.join(FAST_QUERY_SIDES)} has); "
-                         "set AMFS_QUERY_ENCODER=full")
+    check_query_encoder(canonical, query_encoder)
     key = (canonical, threads, query_encoder)
     with _cache_lock:
         emb = _cache.get(key)

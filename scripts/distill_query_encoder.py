@@ -1,4 +1,4 @@
-"""Make chat-mpnet's fast question side: seven of its twelve layers, the top two retrained so that a question lands
+"""Make chat-mpnet's fast question side: seven of its twelve layers, the top few retrained so that a question lands
 where the full model puts it, while every stored memory keeps its chat-mpnet vectors. A store does not change;
 only the question's side gets cheaper (7/12 of the compute).
 
@@ -114,22 +114,15 @@ def docstrings(limit: int, seed: int) -> list[str]:
     return list(found)[:limit]
 
 
-def corpus(seed: int) -> list[str]:
+def corpus(seed: int, docstring_count: int = DOCSTRINGS) -> list[str]:
     rng = random.Random(seed)
     questions, turns = training_texts(training_conversations())
     rng.shuffle(questions)
     rng.shuffle(turns)
-    return list(dict.fromkeys(questions[:MAX_PER_KIND] + turns[:MAX_PER_KIND] + docstrings(DOCSTRINGS, seed)))
+    return list(dict.fromkeys(questions[:MAX_PER_KIND] + turns[:MAX_PER_KIND] + docstrings(docstring_count, seed)))
 
 
-def inflate(packed: Path, out: Path) -> bytes:
-    with gzip.open(packed, "rb") as source:
-        data = source.read()
-    out.write_bytes(data)
-    return data
-
-
-def teacher_pass(teacher_file: Path, texts: list[str], cache: Path):
+def teacher_pass(teacher_bytes: bytes, texts: list[str], cache: Path):
     """Per text, chat-mpnet's query vector and its token states after the last frozen layer (float16), in one
     run of a copy of the graph with that extra output; cached in `cache`."""
     import numpy as np
@@ -144,7 +137,7 @@ def teacher_pass(teacher_file: Path, texts: list[str], cache: Path):
             if list(saved["texts"]) == texts:
                 return saved["vectors"], saved["states"], saved["lengths"]
     frozen_top = KEPT[len(KEPT) - TRAINED - 1]
-    model = onnx.load(str(teacher_file))
+    model = onnx.load_from_string(teacher_bytes)
     model.graph.output.append(onnx.helper.make_tensor_value_info(LAYER_OUT.format(frozen_top), onnx.TensorProto.FLOAT, None))
     session = ort.InferenceSession(model.SerializeToString(), cpu_session_options(2), providers=["CPUExecutionProvider"])
     tokenizer = WordPieceTokenizer.from_file(ROOT / "adapters" / "models" / "chat-mpnet" / "tokenizer.json")
@@ -374,18 +367,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trained-layers", type=int, default=TRAINED,
                         help=f"how many of the {LAYERS} layers are chat-mpnet's top ones, retrained (default {TRAINED})")
+    parser.add_argument("--docstrings", type=int, default=DOCSTRINGS,
+                        help=f"how many docstring paragraphs join the training texts (default {DOCSTRINGS})")
     args = parser.parse_args(argv)
     TRAINED = args.trained_layers
     KEPT = [*range(LAYERS - TRAINED), *range(12 - TRAINED, 12)]
 
     import onnx
 
+    from amfs_server.adapters.onnx_embedder import _inflate
+
     args.out.mkdir(parents=True, exist_ok=True)
     teacher_file = args.out / "teacher.onnx"
-    teacher_bytes = inflate(ROOT / "adapters" / "models" / "chat-mpnet" / "model_int8.onnx.gz", teacher_file)
-    texts = corpus(args.seed)
+    _inflate(ROOT / "adapters" / "models" / "chat-mpnet" / "model_int8.onnx.gz", teacher_file)
+    teacher_bytes = teacher_file.read_bytes()
+    texts = corpus(args.seed, args.docstrings)
     print(f"{len(texts)} texts; teacher sha256 {hashlib.sha256(teacher_bytes).hexdigest()}", file=sys.stderr)
-    vectors, states, lengths = teacher_pass(teacher_file, texts, args.out / f"teacher-{LAYERS - TRAINED}.npz")
+    vectors, states, lengths = teacher_pass(teacher_bytes, texts, args.out / f"teacher-{LAYERS - TRAINED}.npz")
     trained = train(teacher_weights(onnx.load_from_string(teacher_bytes)), vectors, states, lengths, args.epochs,
                     args.seed)
     packed = build(teacher_bytes, trained, args.out)

@@ -256,11 +256,10 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _fast_query_side_exists(self) -> Settings:
-        from ..adapters.embedders import FAST_QUERY_SIDES, canonical_embedder
+        from ..adapters.embedders import canonical_embedder, check_query_encoder
 
-        if self.query_encoder == "fast" and self.embedder is not None and canonical_embedder(self.embedder) not in FAST_QUERY_SIDES:
-            raise ValueError(f"query_encoder fast: the embedder {self.embedder} has no fast question side (only "
-                             f"{', '.join(FAST_QUERY_SIDES)} has); set AMFS_QUERY_ENCODER=full")
+        if self.embedder is not None:
+            check_query_encoder(canonical_embedder(self.embedder) or self.embedder, self.query_encoder)
         return self
 
     @property

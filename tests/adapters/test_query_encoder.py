@@ -54,7 +54,7 @@ def test_load_embedder_builds_the_fast_side_only_for_chat_mpnet() -> None:
     assert fast.queries.name == CHAT_MPNET_QUERY and fast.documents.name == CHAT_MPNET
     assert load_embedder("chat-mpnet", query_encoder="fast") is fast
     assert not isinstance(load_embedder("chat-mpnet"), TwoSidedEmbedder)
-    with pytest.raises(ValueError, match="has no fast query encoder"):
+    with pytest.raises(ValueError, match="has no fast question side"):
         load_embedder("chat-minilm", query_encoder="fast")
     with pytest.raises(ValueError, match="Unknown query encoder 'quick'"):
         load_embedder("chat-mpnet", query_encoder="quick")
