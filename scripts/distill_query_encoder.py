@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -359,10 +360,37 @@ def build(teacher_bytes: bytes, trained: dict, out: Path) -> Path:
     return packed
 
 
+def fit_report(model: Path | None = None) -> dict[str, float]:
+    """Median cosine of a fast question side (None: the bundled one; else a built `model_int8.onnx[.gz]`) to
+    chat-mpnet's own question vector, on the annotated tuning chats' questions (texts the recipe trains on) and on
+    the agent-memory set's even questions (never trained on; the tuning half of that set)."""
+    import numpy as np
+
+    from amfs_server.adapters.embedders import load_embedder
+    from amfs_server.adapters.onnx_embedder import VARIANTS, OnnxEmbedder
+    from amfs_server.core.embedding import embed_queries
+
+    variant = "chat-mpnet-query-int8"
+    if model is not None:  # loaded as the bundled one is, with the same check of chat-mpnet's file
+        VARIANTS[variant] = dataclasses.replace(VARIANTS[variant], bundled=model)
+    fast, full = OnnxEmbedder(variant=variant).load(), load_embedder("chat-mpnet", query_encoder="full")
+    annotated = [question["question"] for conversation in json.loads((DATA / "conversations_annotated.json").read_text())["conversations"]
+                 if conversation["split"] == "tuning" for question in conversation["questions"]]
+    agent = [question["question"] for question in json.loads((DATA / "retrieval_eval.json").read_text())["questions"]][0::2]
+    report = {}
+    for name, texts in (("annotated tuning questions", annotated), ("agent memories, even questions", agent)):
+        cosines = [float(np.dot(fast.embed([text])[0], embed_queries(full, [text])[0])) for text in texts]
+        report[name] = round(float(np.median(cosines)), 3)
+        print(f"{name} ({len(texts)}): median cosine {report[name]}", file=sys.stderr)
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     global TRAINED, KEPT
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="folder for the teacher cache and the model")
+    parser.add_argument("--out", type=Path, help="folder for the teacher cache and the model")
+    parser.add_argument("--fit", nargs="?", type=Path, const=True, default=None, metavar="MODEL",
+                        help="only report how closely a fast side (the bundled one, or MODEL) fits chat-mpnet")
     parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trained-layers", type=int, default=TRAINED,
@@ -370,6 +398,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--docstrings", type=int, default=DOCSTRINGS,
                         help=f"how many docstring paragraphs join the training texts (default {DOCSTRINGS})")
     args = parser.parse_args(argv)
+    if args.fit is not None:
+        fit_report(None if args.fit is True else args.fit)
+        return 0
+    if args.out is None:
+        parser.error("--out is required (or --fit)")
     TRAINED = args.trained_layers
     KEPT = [*range(LAYERS - TRAINED), *range(12 - TRAINED, 12)]
 
