@@ -85,7 +85,7 @@ VARIANTS: dict[str, Variant] = {
     "chat-mpnet-int8": Variant(CHAT_MPNET, _MPNET_DIR / "model_int8.onnx.gz", None, ONNX_INSTALL_HINT,
                                tokenizer=_MPNET_DIR / "tokenizer.json", dimension=768, pad_token="<pad>",
                                token_types=False),
-    # chat-mpnet's fast question side: 7 of its 12 layers, the top three retrained (scripts/distill_query_encoder.py);
+    # chat-mpnet's fast question side: its layers 1-3, then 9-12 retrained (scripts/distill_query_encoder.py);
     # the other weights are read from chat-mpnet's own file
     "chat-mpnet-query-int8": Variant(CHAT_MPNET_QUERY, _MODELS / "chat-mpnet-query" / "model_int8.onnx.gz", None,
                                      ONNX_INSTALL_HINT, tokenizer=_MPNET_DIR / "tokenizer.json", dimension=768,

@@ -12,15 +12,15 @@ on which split):
   of the installed Python packages (technical prose, so that agents' questions are not a kind it never saw; which
   ones depends on the environment: the README's full install plus `onnx`). No evidence labels.
 - teacher: the bundled chat-mpnet ONNX model, one text at a time as a retrieve embeds it: its query vector (the
-  target) and its token states after its fourth layer (the student's frozen input), in one run.
-- student: chat-mpnet's layers 1-4 as they are, then its layers 10-12 (5-9 skipped), started from their weights;
-  only those three trained (AdamW, lr 5e-5, one-cycle, batch 32, EPOCHS) on 1 - cos(student, teacher). The
-  relative position bias is shared with the frozen layers and stays frozen. (`--trained-layers 2`, layers 1-5 then
-  11-12, was the first candidate: README, "A fast question side".)
-- export: the teacher's graph rewired to skip layers 5-9, the three trained layers quantised to 8-bit blocks of 128
+  target) and its token states after its third layer (the student's frozen input), in one run.
+- student: chat-mpnet's layers 1-3 as they are, then its layers 9-12 (4-8 skipped), started from their weights;
+  only those four trained (AdamW, lr 5e-5, one-cycle, batch 32, EPOCHS) on 1 - cos(student, teacher). The
+  relative position bias is shared with the frozen layers and stays frozen. (Earlier candidates: `--trained-layers
+  2` and `3 --docstrings 4000`, the 0.7.5 side; docs/retrieval-record.md.)
+- export: the teacher's graph rewired to skip layers 4-8, the four trained layers quantised to 8-bit blocks of 128
   by onnxruntime's own scheme (`quantize_blocks` gives the teacher's own bytes back from its dequantised weights),
   every unchanged weight left where it is: those initializers point into chat-mpnet's file (ONNX external data,
-  `SHARED_WEIGHTS`), which the embedder inflates beside this graph, so the file holds three layers, not seven.
+  `SHARED_WEIGHTS`), which the embedder inflates beside this graph, so the file holds four layers, not seven.
 
     python scripts/distill_query_encoder.py --out /tmp/mpnet-query          # teacher pass, training, export
     cp /tmp/mpnet-query/model_int8.onnx.gz adapters/models/chat-mpnet-query/
@@ -56,9 +56,9 @@ SOURCES = [
     ("conversations_eval.json", {"tuning"}),
 ]
 MAX_PER_KIND = 5000
-DOCSTRINGS = 4000
+DOCSTRINGS = 8000
 LAYERS = 7  # of chat-mpnet's 12: the question side's share of the compute
-TRAINED = 3  # the top ones, retrained; the first LAYERS - TRAINED run as they are (--trained-layers)
+TRAINED = 4  # the top ones, retrained; the first LAYERS - TRAINED run as they are (--trained-layers)
 KEPT = [*range(LAYERS - TRAINED), *range(12 - TRAINED, 12)]  # chat-mpnet's layers the question side runs (0-based)
 EPOCHS = 4
 BATCH = 32
@@ -213,7 +213,7 @@ def top_layers(teacher: dict):
     from transformers.masking_utils import create_bidirectional_mask
     from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
 
-    config = MPNetConfig(num_hidden_layers=TRAINED, layer_norm_eps=1e-5)  # all-mpnet-base-v2's, but two layers
+    config = MPNetConfig(num_hidden_layers=TRAINED, layer_norm_eps=1e-5)  # all-mpnet-base-v2's, but only the trained layers
     config._attn_implementation = "eager"
     top = MPNetEncoder(config)
     state = {"relative_attention_bias.weight": torch.from_numpy(teacher["encoder.relative_attention_bias.weight"])}
@@ -374,8 +374,8 @@ def fit_report(model: Path | None = None) -> dict[str, float]:
     if model is not None:  # loaded as the bundled one is, with the same check of chat-mpnet's file
         VARIANTS[variant] = dataclasses.replace(VARIANTS[variant], bundled=model)
     fast, full = OnnxEmbedder(variant=variant).load(), load_embedder("chat-mpnet", query_encoder="full")
-    annotated = [question["question"] for conversation in json.loads((DATA / "conversations_annotated.json").read_text())["conversations"]
-                 if conversation["split"] == "tuning" for question in conversation["questions"]]
+    chats = json.loads((DATA / "conversations_annotated.json").read_text())["conversations"]
+    annotated = [question["question"] for chat in chats if chat["split"] == "tuning" for question in chat["questions"]]
     agent = [question["question"] for question in json.loads((DATA / "retrieval_eval.json").read_text())["questions"]][0::2]
     report = {}
     for name, texts in (("annotated tuning questions", annotated), ("agent memories, even questions", agent)):

@@ -1,4 +1,4 @@
-"""chat-mpnet's fast question side (AMFS_QUERY_ENCODER=fast): seven of chat-mpnet's layers, the top two retrained,
+"""chat-mpnet's fast question side (AMFS_QUERY_ENCODER=fast): seven of chat-mpnet's layers, the top four retrained,
 embed the questions, chat-mpnet everything stored."""
 
 from __future__ import annotations
