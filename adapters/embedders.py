@@ -16,8 +16,8 @@ from ..core.ports import Embedder
 QUERY_ENCODERS = ("full", "fast")
 """`AMFS_QUERY_ENCODER`: `full` (the default) embeds questions with the embedder itself; `fast` with the embedder's
 cheaper question side (chat-mpnet's only, see FAST_QUERY_SIDES: 7 of its 12 layers), which stores nothing, so a
-store may switch freely. `fast` is not the default anywhere: on the tuning splits it kept recall@10 but lost more
-MRR@10 than the rule written before allowed (README, "A fast question side")."""
+store may switch freely. `fast` is not the default anywhere: on the tuning splits it lost more recall@10 on the agent
+memories than the rule written before allowed (README, "A fast question side")."""
 
 
 def model_cache_dir() -> Path:
