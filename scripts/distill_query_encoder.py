@@ -123,6 +123,12 @@ def corpus(seed: int, docstring_count: int = DOCSTRINGS) -> list[str]:
     return list(dict.fromkeys(questions[:MAX_PER_KIND] + turns[:MAX_PER_KIND] + docstrings(docstring_count, seed)))
 
 
+def read_teacher() -> bytes:
+    """chat-mpnet's bundled ONNX file, inflated in memory."""
+    with gzip.open(ROOT / "adapters" / "models" / "chat-mpnet" / "model_int8.onnx.gz", "rb") as packed:
+        return packed.read()
+
+
 def teacher_pass(teacher_bytes: bytes, texts: list[str], cache: Path):
     """Per text, chat-mpnet's query vector and its token states after the last frozen layer (float16), in one
     run of a copy of the graph with that extra output; cached in `cache`."""
@@ -408,12 +414,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import onnx
 
-    from amfs_server.adapters.onnx_embedder import _inflate
-
     args.out.mkdir(parents=True, exist_ok=True)
-    teacher_file = args.out / "teacher.onnx"
-    _inflate(ROOT / "adapters" / "models" / "chat-mpnet" / "model_int8.onnx.gz", teacher_file)
-    teacher_bytes = teacher_file.read_bytes()
+    teacher_bytes = read_teacher()
     texts = corpus(args.seed, args.docstrings)
     print(f"{len(texts)} texts; teacher sha256 {hashlib.sha256(teacher_bytes).hexdigest()}", file=sys.stderr)
     vectors, states, lengths = teacher_pass(teacher_bytes, texts, args.out / f"teacher-{LAYERS - TRAINED}.npz")

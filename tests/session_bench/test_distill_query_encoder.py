@@ -5,8 +5,6 @@ that graph computes."""
 
 from __future__ import annotations
 
-import gzip
-
 import numpy as np
 import pytest
 
@@ -25,15 +23,13 @@ def distill():
 
 
 @pytest.fixture(scope="module")
-def teacher(tmp_path_factory):
+def teacher(distill):
     """(the inflated chat-mpnet bytes, its model, its dequantised weights)."""
     import onnx
 
-    module = script("distill_query_encoder")
-    with gzip.open(ROOT / "adapters" / "models" / "chat-mpnet" / "model_int8.onnx.gz", "rb") as packed:
-        data = packed.read()
+    data = distill.read_teacher()
     model = onnx.load_from_string(data)
-    return data, model, module.teacher_weights(model)
+    return data, model, distill.teacher_weights(model)
 
 
 def _run(path, texts, extra_output=None):
