@@ -58,6 +58,15 @@ def test_int8_rows_are_unit_norm_float32_of_the_model_dimension(int8: OnnxEmbedd
     np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
 
 
+def test_pool_threads_spin_only_while_a_call_runs() -> None:
+    """Spinning between the graph's operators saves a wake-up each (16.1 -> 13.0 ms for a chat-mpnet question);
+    without the stop at the end of a call the idle pool kept spinning (28 ms of CPU in 200 ms idle)."""
+    options = onnx_mod.cpu_session_options(2)
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    assert options.get_session_config_entry("session.force_spinning_stop") == "1"
+    assert options.intra_op_num_threads == 2 and options.inter_op_num_threads == 1
+
+
 def test_empty_input_returns_empty_matrix_without_loading() -> None:
     emb = OnnxEmbedder(variant="fp32", package="amfs_no_such_model_package")
     out = emb.embed([])
