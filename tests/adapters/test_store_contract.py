@@ -674,6 +674,25 @@ async def test_semantic_candidates_break_ties_newest_write_first(store: MemorySt
     assert keys(hits) == ["m", "x", "b", "old"]
 
 
+async def test_a_scoped_semantic_search_ranks_the_scope_as_a_scan_of_it_would(store: MemoryStore) -> None:
+    """A conversation among many in one store: its nearest entries are the scope's nearest, in cosine order, whether
+    the scope is a small share of the store (SQLite scans the scope's own vectors) or most of it (the index's
+    search, widened until enough hits pass the filter)."""
+    rng = np.random.default_rng(3)
+    vectors = rng.standard_normal((160, DIM))
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    paths = ["chat/small"] * 12 + ["chat/large"] * 148
+    await write(store, *[draft(path, f"t{i}", embedding=vectors[i].tolist()) for i, path in enumerate(paths)])
+    query = rng.standard_normal(DIM)
+    for scope, wanted in [("chat/small", 5), ("chat/large", 40), ("chat", 10)]:
+        members = [i for i, path in enumerate(paths) if path == scope or path.startswith(scope + "/")]
+        cosines = {f"t{i}": float(vectors[i] @ query / np.linalg.norm(query)) for i in members}
+        expected = sorted(cosines, key=lambda key: -cosines[key])[:wanted]
+        hits = await store.semantic_candidates(query.tolist(), EntryFilter(entity_path=scope), NOW, wanted)
+        assert keys(hits) == expected, scope
+        assert [score for _, score in hits] == pytest.approx([cosines[key] for key in expected], abs=1e-5)
+
+
 async def test_passage_vectors_are_those_of_the_exact_versions_asked_for(store: MemoryStore) -> None:
     two = [direction(0), direction(90)]
     await write(store, draft("svc", "turn", embedding=direction(45), passage_embeddings=two),

@@ -160,6 +160,26 @@ def test_filtered_search_returns_k_when_available(make_index, data) -> None:
     assert len(calls) == len(set(calls))
 
 
+def test_search_among_scans_exactly_the_ids_given(make_index, data) -> None:
+    ids, vecs, queries = data
+    idx = make_index(DIM, None)
+    idx.add(ids, vecs)
+    idx.remove([ids[5]])
+    among = [int(i) for i in ids[::7]] + [int(ids[14]), 99_999]  # a duplicate, an id never added
+    alive = sorted({i for i in among if i != int(ids[5]) and i != 99_999})
+    alive_vecs = np.stack([vecs[i - 100] for i in alive])
+    exact = idx.search(queries[0], k=len(idx))  # the whole index: an exact scan
+    for q in queries[:5]:
+        hits = idx.search_among(q, among, 6)
+        assert [h[0] for h in hits] == exact_top(alive_vecs, np.array(alive), q, 6)
+    # The same distance kernel as search(): equal scores, not merely close ones.
+    whole = dict(exact)
+    assert all(score == whole[key] for key, score in idx.search_among(queries[0], among, 100))
+    assert len(idx.search_among(queries[0], among, 100)) == len(alive)  # ids[5] removed, 99_999 absent
+    assert idx.search_among(queries[0], [], 5) == [] and idx.search_among(queries[0], among, 0) == []
+    assert idx.search_among(queries[0], [99_999], 5) == []
+
+
 def test_unfiltered_allowed_takes_first_round(make_index, data) -> None:
     ids, vecs, queries = data
     idx = make_index(DIM, None)
