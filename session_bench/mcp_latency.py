@@ -242,7 +242,9 @@ async def concurrent_retrieves(session: Any, queries: list[str], concurrent: int
 
 
 async def measure(transport: str, env: dict[str, str], calls: int, seed: int, warmup: int,
-                  concurrent: int = 1) -> dict[str, Any]:
+                  concurrent: int = 1, scopes: Sequence[str] = ()) -> dict[str, Any]:
+    """Times `calls` writes and retrieves; with `scopes`, the same retrieves again, each scoped to one of them in
+    turn, as a conversation benchmark asks (one conversation among many in the store)."""
     session_factory = stdio_session if transport == "stdio" else http_session
     import_client(transport)
     spawned = time.perf_counter()
@@ -265,6 +267,10 @@ async def measure(transport: str, env: dict[str, str], calls: int, seed: int, wa
             timings = [await _timed(session, "amfs_retrieve", {"query": query}) for query in queries[warmup:]]
             row["amfs_retrieve"] = {**_summary(timings),
                                     "calls_per_s": round(len(timings) / (time.perf_counter() - started), 1)}
+            if scopes:
+                scoped = [await _timed(session, "amfs_retrieve", {"query": query, "entity_path": scopes[n % len(scopes)]})
+                          for n, query in enumerate(queries[warmup:])]
+                row["amfs_retrieve_scoped"] = {**_summary(scoped), "scopes": len(scopes)}
             if concurrent > 1:
                 row["amfs_retrieve_concurrent"] = await concurrent_retrieves(session, queries[warmup:], concurrent)
         else:
@@ -349,7 +355,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             env = server_env(Path(tmp) / transport, **extra)
             if args.preload_entries:
                 asyncio.run(preload(env, args.preload_entries))
-            rows.append(asyncio.run(measure(transport, env, args.calls, args.seed_entries, args.warmup, args.concurrent)))
+            # Scoped to one conversation of the preload, else to one service of the seed notes (_note).
+            scopes = ([f"conv-{n:02d}" for n in range(min(40, args.preload_entries))] if args.preload_entries
+                      else [f"service-{n}" for n in range(10)])
+            rows.append(asyncio.run(measure(transport, env, args.calls, args.seed_entries, args.warmup, args.concurrent,
+                                            scopes)))
     embedding = query_embedding_latency(args.embedder, args.calls, args.warmup, args.embed_threads, args.query_encoder)
 
     print(
@@ -368,6 +378,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{row['transport']:<10} {tool:<14} (not registered: MemoryService.retrieve missing)")
             else:
                 print(line(row["transport"], tool, row[tool]))
+        if "amfs_retrieve_scoped" in row:
+            stats = row["amfs_retrieve_scoped"]
+            print(line(row["transport"], "amfs_retrieve", stats) + f"  (scoped: each to one of {stats['scopes']} entity paths)")
         if "amfs_retrieve_concurrent" in row:
             stats = row["amfs_retrieve_concurrent"]
             print(line(row["transport"], "amfs_retrieve", stats) + f"  ({stats['concurrent']} at a time: {stats['calls_per_s']} calls/s "
