@@ -169,6 +169,9 @@ def _turn(n: int) -> str:
     return f"{speaker}: I {verb} {thing} {when}, and it reminded me of conversation {n % 97}."
 
 
+PRELOAD_CONVERSATIONS = 40  # the preload's turns are spread over this many conversations (entity paths)
+
+
 async def preload(env: dict[str, str], entries: int, batch: int = 256) -> None:
     """Write `entries` memories straight into the server's store (batched embeddings), before it starts."""
     from ..core.models import Actor
@@ -182,7 +185,7 @@ async def preload(env: dict[str, str], entries: int, batch: int = 256) -> None:
         actor = Actor("bench/preload", "preload")
         for start in range(0, entries, batch):
             requests = [
-                WriteRequest(f"conv-{n % 40:02d}", f"turn-{n:06d}", _turn(n)) for n in range(start, min(entries, start + batch))
+                WriteRequest(f"conv-{n % PRELOAD_CONVERSATIONS:02d}", f"turn-{n:06d}", _turn(n)) for n in range(start, min(entries, start + batch))
             ]
             await service.write_many(actor, requests)
             print(f"preloaded {min(entries, start + batch)}/{entries}", file=sys.stderr, flush=True)
@@ -356,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.preload_entries:
                 asyncio.run(preload(env, args.preload_entries))
             # Scoped to one conversation of the preload, else to one service of the seed notes (_note).
-            scopes = ([f"conv-{n:02d}" for n in range(min(40, args.preload_entries))] if args.preload_entries
+            scopes = ([f"conv-{n:02d}" for n in range(min(PRELOAD_CONVERSATIONS, args.preload_entries))] if args.preload_entries
                       else [f"service-{n}" for n in range(10)])
             rows.append(asyncio.run(measure(transport, env, args.calls, args.seed_entries, args.warmup, args.concurrent,
                                             scopes)))

@@ -33,9 +33,9 @@ def test_fts_row_count_reads_the_averages_record_and_follows_inserts_and_deletes
 
 
 async def test_a_filter_holding_few_of_the_index_scans_its_own_vectors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The path that took a conversation-scoped search at 10k entries from 17 ms to under 1: a filter holding at most
-    1/SCOPED_SCAN_SHARE of the index (and at most SCOPED_SCAN_MAX entries) is scanned exactly; an unfiltered
-    search, or a filter holding more, walks the index as before. Both give the scope's nearest (contract suite)."""
+    """The path that took a conversation-scoped search at 10k entries from 17 ms to under 1: an entity scope holding
+    at most 1/SCOPED_SCAN_SHARE of the index (and at most SCOPED_SCAN_MAX entries) is scanned exactly; a search
+    without one, or a scope holding more, walks the index as before. Both give the scope's nearest (contract suite)."""
     actor = Actor("agent/test", "session-1")
     rng = np.random.default_rng(5)
     vectors = rng.standard_normal((40, 8)).astype(np.float32)
@@ -46,7 +46,7 @@ async def test_a_filter_holding_few_of_the_index_scans_its_own_vectors(tmp_path:
     try:
         await store.insert_versions([
             NewEntry(entity_path="chat/a" if n < 8 else "chat/b", key=f"t{n}", value="x", value_json='"x"', confidence=1.0,
-                     memory_type=MemoryType.FACT, agent_id=actor.agent_id, session_id=actor.session_id, written_at=now,
+                     memory_type=MemoryType.BELIEF if 8 <= n < 12 else MemoryType.FACT, agent_id=actor.agent_id, session_id=actor.session_id, written_at=now,
                      ttl_at=None, importance_score=None, importance_dimensions=None, tier=Tier.HOT, priority_score=0.5,
                      embedding=vector.tolist(), search_text=f"t{n}")
             for n, vector in enumerate(vectors)
@@ -64,9 +64,25 @@ async def test_a_filter_holding_few_of_the_index_scans_its_own_vectors(tmp_path:
         assert scanned == [8]  # 8 of 40 entries: at most a quarter of the index
         await store.semantic_candidates(query, EntryFilter(), now, 3)
         await store.semantic_candidates(query, EntryFilter(entity_path="chat/b"), now, 3)  # 32 of 40
+        # A filter without an entity path is not counted on the key index: it walks the index even when small (4)
+        assert len(await store.semantic_candidates(query, EntryFilter(memory_type=MemoryType.BELIEF), now, 5)) == 4
         assert scanned == [8]
         monkeypatch.setattr(sqlite_adapter, "SCOPED_SCAN_MAX", 7)
         await store.semantic_candidates(query, EntryFilter(entity_path="chat/a"), now, 3)
         assert scanned == [8]  # more than SCOPED_SCAN_MAX: the index's search
     finally:
         await store.close()
+
+
+def test_entries_in_scope_counts_the_path_and_below_and_stops_past_at_most(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "scope.db", isolation_level=None)
+    conn.execute("CREATE TABLE entries (entity_path TEXT, key TEXT, is_current INTEGER)")
+    conn.execute("CREATE UNIQUE INDEX entries_current_key ON entries (entity_path, key) WHERE is_current = 1")
+    rows = [("chat", "a", 1), ("chat", "old", 0), ("chat/x", "b", 1), ("chat/x/y", "c", 1), ("chat-2", "d", 1),
+            ("chatter", "e", 1), *[("chat/z", f"k{n}", 1) for n in range(6)]]
+    conn.executemany("INSERT INTO entries VALUES (?, ?, ?)", rows)
+    assert sqlite_adapter.entries_in_scope(conn, "chat") == 9  # not its old version, not chat-2 or chatter
+    assert sqlite_adapter.entries_in_scope(conn, "chat/x") == 2
+    assert sqlite_adapter.entries_in_scope(conn, "chat", at_most=4) == 6  # the path's own 1 + the range's 4 + 1
+    assert sqlite_adapter.entries_in_scope(conn, "chat", at_most=100) == 9
+    assert sqlite_adapter.entries_in_scope(conn, "none") == 0
