@@ -155,6 +155,9 @@ _INSERT_TRACE = SQLITE.insert("trace_events", TRACE_INSERT_COLUMNS)
 _UPSERT_META = upsert_meta_sql(SQLITE)
 _TOKEN = re.compile(r"\w+")
 MAX_KEYWORD_PHRASES = 64  # as PostgreSQL's MAX_QUERY_WORDS: one index lookup per word
+# A word's matches between two row ids, as bare rowids (the FTS index holds current entries only). FTS5 seeks
+# the range within the word's doclist: a conversation's turns, written one after another, lie in a narrow one.
+_FTS_ROWIDS = "SELECT rowid FROM entries_fts WHERE entries_fts MATCH ? AND rowid BETWEEN ? AND ?"
 
 
 def match_words(terms: list[str]) -> list[str]:
@@ -191,13 +194,20 @@ def prefix_clause(column: str, entity_path: str) -> tuple[str, list[Any]]:
     return f"({column} = ? OR ({column} >= ? AND {column} < ?))", [entity_path, entity_path + "/", entity_path + "0"]
 
 
-# A semantic search scoped to an entity path (one conversation among many) scans the scope's own vectors exactly
-# when it holds at most this many entries and at most 1/SCOPED_SCAN_SHARE of the index: gathering them costs
-# about half a microsecond each (3 ms for 5,000 768-d vectors, more than one exact scan of a 10k index), while the
-# index's search, which knows nothing of the filter, widens its pool fourfold until enough of its hits pass it: two
-# rounds from a quarter of the index down, four for a scope of 1/60 (17 ms at 10k entries, 768-d).
+# A search scoped to an entity path (one conversation among many) works from the scope's own entries when it holds
+# at most SCOPED_SCAN_MAX of them and at most 1/SCOPED_SCAN_SHARE of the store: it scans the scope's vectors and
+# takes its keyword matches from its ids. The vector index's search, which knows nothing of the filter, widened its
+# pool fourfold until enough hits passed it (four rounds for a scope of 1/60, 17 ms at 10k entries), and joining a
+# word's every match in the store to its row to test its path cost 5 us a match (54 ms for a word in every one of
+# 100k entries). PostgreSQL keeps pgvector's filtered HNSW search: an exact scan of a 5,000-entry scope at 100k
+# entries was no faster there (28 ms p50 against 27).
 SCOPED_SCAN_MAX = 10_000
 SCOPED_SCAN_SHARE = 4
+
+
+def scoped_scan_cap(store_size: int) -> int:
+    """The most entries a scope may hold, in a store of `store_size`, for a search to work from the scope's own."""
+    return min(SCOPED_SCAN_MAX, store_size // SCOPED_SCAN_SHARE)
 
 
 def entries_in_scope(conn: sqlite3.Connection, entity_path: str, at_most: int | None = None) -> int:
@@ -211,6 +221,38 @@ def entries_in_scope(conn: sqlite3.Connection, entity_path: str, at_most: int | 
         "(SELECT 1 FROM entries WHERE is_current = 1 AND entity_path >= ? AND entity_path < ? LIMIT ?))",
         (exact, below, above, -1 if at_most is None else at_most + 1),  # SQLite reads a negative LIMIT as none
     ).fetchone()[0])
+
+
+def scope_row_ids(conn: sqlite3.Connection, entity_path: str) -> list[int]:
+    """Row ids of the current entries at `entity_path` and below, from the current-key index alone: the path and
+    the range below it as two index searches (1 ms for 5,000 ids at 100k entries; the two as one OR made SQLite
+    read every row, 5 ms). Nothing else of the filter is applied: callers apply it to the rows they read."""
+    exact, below, above = prefix_clause("entity_path", entity_path)[1]
+    return [row[0] for row in conn.execute(
+        "SELECT row_id FROM entries WHERE is_current = 1 AND entity_path = ? UNION ALL "
+        "SELECT row_id FROM entries WHERE is_current = 1 AND entity_path >= ? AND entity_path < ?",
+        (exact, below, above),
+    )]
+
+
+def small_scope_ids(conn: sqlite3.Connection, entity_path: str, store_size: int) -> list[int] | None:
+    """`scope_row_ids` when the scope is small (`scoped_scan_cap`; decided on the key index before any id is read),
+    else None: a search then pays by the scope, not the store."""
+    cap = scoped_scan_cap(store_size)
+    if entries_in_scope(conn, entity_path, at_most=cap) > cap:
+        return None
+    return scope_row_ids(conn, entity_path)
+
+
+def expired_in_scope(conn: sqlite3.Connection, entity_path: str, now: datetime) -> set[int]:
+    """Current entries at `entity_path` and below whose TTL has passed but which no purge has removed yet, found on
+    the TTL index (few, if any)."""
+    rows = conn.execute(
+        "SELECT row_id, entity_path FROM entries INDEXED BY entries_current_ttl "
+        "WHERE is_current = 1 AND ttl_at IS NOT NULL AND ttl_at <= ?",
+        (_ts(now),),
+    )
+    return {row_id for row_id, path in rows if path == entity_path or path.startswith(entity_path + "/")}
 
 
 def _mark_scrub_pending(conn: sqlite3.Connection) -> None:
@@ -583,20 +625,47 @@ class SQLiteStore(SQLiteDatabase):
                 conn.execute("COMMIT")
 
         def search(conn: sqlite3.Connection) -> list[tuple[MemoryEntry, float]]:
-            matches = [conn.execute(hits_sql, [phrase, *params]).fetchall() for phrase in phrases]
-            written: dict[int, str] = {row_id: at for rows in matches for row_id, at in rows}
-            if not written:
+            scope = None
+            if flt.entity_path is not None and flt == EntryFilter(entity_path=flt.entity_path):
+                scope = small_scope_ids(conn, flt.entity_path, fts_row_count(conn))
+            written: dict[int, float] = {}
+            if scope is None:
+                hits = [conn.execute(hits_sql, [phrase, *params]).fetchall() for phrase in phrases]
+                matches = [[row_id for row_id, _ in rows] for rows in hits]
+                written = {row_id: at for rows in hits for row_id, at in rows}
+            else:
+                # A small scope: each word's matches as bare FTS rowids within the scope's span, kept when in the
+                # scope and live. Joining every match in the store to its row to test its path cost 5 us a match
+                # (54 ms for a word in all of 100k entries); the rowids alone 0.2 us.
+                assert flt.entity_path is not None
+                live = set(scope) - expired_in_scope(conn, flt.entity_path, now)
+                span = (min(scope), max(scope)) if scope else (0, -1)
+                matches = [[row_id for (row_id,) in conn.execute(_FTS_ROWIDS, (phrase, *span)) if row_id in live]
+                           for phrase in phrases]
+            matched = {row_id for ids in matches for row_id in ids}
+            if not matched:
                 return []
             # N: the scope's entries for a scoped retrieval (an entity-limited key's scores must not depend on the
             # rest of the store), the whole index otherwise.
-            in_scope = fts_row_count(conn) if flt.entity_path is None else entries_in_scope(conn, flt.entity_path)
-            total = max(in_scope, len(written))
-            weights = [math.log(1 + (total - len(rows) + 0.5) / (len(rows) + 0.5)) for rows in matches]
+            if scope is not None:
+                in_scope = len(scope)
+            else:
+                in_scope = fts_row_count(conn) if flt.entity_path is None else entries_in_scope(conn, flt.entity_path)
+            total = max(in_scope, len(matched))
+            weights = [math.log(1 + (total - len(ids) + 0.5) / (len(ids) + 0.5)) for ids in matches]
             scores: dict[int, float] = {}
-            for rows, weight in zip(matches, weights):
-                for row_id, _ in rows:
+            for ids, weight in zip(matches, weights):
+                for row_id in ids:
                     scores[row_id] = scores.get(row_id, 0.0) + weight
-            best = sorted(scores, key=lambda row_id: (scores[row_id], written[row_id], row_id), reverse=True)[:limit]
+            # Best by score, ties by write time then row id: only the entries scoring at least the limit-th one
+            # can place, so only their write times are needed.
+            cut = sorted(scores.values(), reverse=True)[min(limit, len(scores)) - 1]
+            contenders = [row_id for row_id, score in scores.items() if score >= cut]
+            if scope is not None:
+                marks = ",".join("?" * len(contenders))
+                written = dict(conn.execute(f"SELECT row_id, written_at FROM entries WHERE row_id IN ({marks})",
+                                            contenders).fetchall())
+            best = sorted(contenders, key=lambda row_id: (scores[row_id], written[row_id], row_id), reverse=True)[:limit]
             reference = sum(weights)
             marks = ",".join("?" * len(best))
             found = {
@@ -615,6 +684,8 @@ class SQLiteStore(SQLiteDatabase):
             if entity_path is not None and entries_in_scope(conn, entity_path) <= max_matches:
                 return set()  # no word can match more entries than the scope holds
             common = set()
+            scope: set[int] | None = None  # read once a word is common in the store; empty for a large scope
+            span = (0, -1)
             for term in terms:
                 phrase = '"' + term.replace('"', "") + '"'
                 # LIMIT lets FTS5 stop walking the term's doclist early: cost is bounded by max_matches.
@@ -622,7 +693,18 @@ class SQLiteStore(SQLiteDatabase):
                     "SELECT count(*) FROM (SELECT 1 FROM entries_fts WHERE entries_fts MATCH ? LIMIT ?)",
                     (phrase, max_matches + 1),
                 ).fetchone()[0]
-                if matches > max_matches and entity_path is not None:
+                if matches > max_matches and entity_path is not None and scope is None:
+                    ids = small_scope_ids(conn, entity_path, fts_row_count(conn)) or []
+                    scope, span = set(ids), ((min(ids), max(ids)) if ids else (0, -1))
+                if matches > max_matches and entity_path is not None and scope:
+                    # Common in the store; counted again within a small scope on the bare FTS rowids (see
+                    # keyword_candidates), stopping once past max_matches.
+                    matches = 0
+                    for (row_id,) in conn.execute(_FTS_ROWIDS, (phrase, *span)):
+                        matches += row_id in scope
+                        if matches > max_matches:
+                            break
+                elif matches > max_matches and entity_path is not None:
                     # Common in the store; counted again within the scope, so entries outside it can neither
                     # switch a scoped caller's word off nor tell it they exist. Walks the word's whole doclist
                     # when the scope holds few of its matches.
@@ -681,14 +763,27 @@ class SQLiteStore(SQLiteDatabase):
             """The scope's entries scanned exactly, or None when it holds too many of the index's for that to pay
             (decided on the key index before any row is read)."""
             assert flt.entity_path is not None
-            cap = min(SCOPED_SCAN_MAX, size // SCOPED_SCAN_SHARE)
-            if entries_in_scope(conn, flt.entity_path, at_most=cap) > cap:
+            ids = small_scope_ids(conn, flt.entity_path, size)
+            if ids is None:
                 return None
-            ids = [row[0] for row in conn.execute(
-                f"SELECT row_id FROM entries WHERE {' AND '.join(clauses)} AND embedding IS NOT NULL", params)]
-            similarity = dict(index.search_among(query, ids, limit))
-            marks = ",".join("?" * len(similarity))
-            rows = conn.execute(f"SELECT {_BASE_COLUMNS} FROM entries WHERE row_id IN ({marks})", [*similarity]).fetchall()
+            # The whole scope ranked (ids without a vector are not in the index and drop out), then its rows read
+            # best first with the filter's every clause (TTL, type, event time) until `limit` pass: those are the
+            # answer, as every entry further down ranks below them. Each read takes the ids tied with its last.
+            order = index.search_among(query, ids, len(ids))
+            similarity = dict(order)
+            rows: list[sqlite3.Row] = []
+            read, want = 0, limit
+            while read < len(order) and len(rows) < limit:
+                end = min(len(order), read + want)
+                while end < len(order) and order[end][1] == order[end - 1][1]:
+                    end += 1
+                batch = [row_id for row_id, _ in order[read:end]]
+                marks = ",".join("?" * len(batch))
+                rows += conn.execute(
+                    f"SELECT {_BASE_COLUMNS} FROM entries WHERE row_id IN ({marks}) AND {' AND '.join(clauses)}",
+                    [*batch, *params],
+                ).fetchall()
+                read, want = end, want * 4
             return ranked(rows, similarity)
 
         def ranked(rows: list[sqlite3.Row], similarity: dict[int, float]) -> list[tuple[MemoryEntry, float]]:

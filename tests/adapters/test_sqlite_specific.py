@@ -4,6 +4,8 @@ a filtered semantic search scans the filter's own vectors."""
 from __future__ import annotations
 
 import sqlite3
+from contextlib import closing
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -86,3 +88,108 @@ def test_entries_in_scope_counts_the_path_and_below_and_stops_past_at_most(tmp_p
     assert sqlite_adapter.entries_in_scope(conn, "chat", at_most=4) == 6  # the path's own 1 + the range's 4 + 1
     assert sqlite_adapter.entries_in_scope(conn, "chat", at_most=100) == 9
     assert sqlite_adapter.entries_in_scope(conn, "none") == 0
+
+
+async def test_a_small_scope_ranks_as_the_whole_store_search_filtered_to_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scope holding few of the store's entries is searched from its own ids (keyword: the FTS rowids of each
+    word kept when in the scope; semantic: the scope's vectors ranked, rows read best first) instead of matching
+    the whole store and filtering, with ties on score (a vocabulary of 12 words, equal vectors), expired,
+    superseded and forgotten entries, entries without a vector, and filters beyond the path. Keyword search and
+    common_terms must answer exactly as the whole-store path (SCOPED_SCAN_MAX 0); semantic search as an exact scan
+    of the filter's entries, ties newest first (the index's search is approximate: among 100 equal vectors it
+    returned an arbitrary few, so it is no reference)."""
+    actor = Actor("agent/test", "session-1")
+    rng = np.random.default_rng(11)
+    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima"]
+    now = utcnow()
+    paths = [f"chat/{n % 9}" if n % 9 else f"chat/{n % 9}/deep" for n in range(360)]
+    current: dict[str, NewEntry] = {}  # key -> its current version
+
+    def entry(n: int, path: str, written: float, **changes: object) -> NewEntry:
+        text = " ".join(rng.choice(words, size=int(rng.integers(1, 5))))
+        vector = rng.standard_normal(8).astype(np.float32)
+        if n % 4 == 0:
+            vector = np.ones(8, dtype=np.float32)  # equal vectors: ties on similarity, across the limit
+        fields: dict[str, object] = dict(
+            entity_path=path, key=f"t{n}", value=text, value_json=f'"{text}"', confidence=1.0,
+            memory_type=MemoryType.BELIEF if n % 5 == 0 else MemoryType.FACT, agent_id=actor.agent_id,
+            session_id=actor.session_id, written_at=now - timedelta(seconds=written), ttl_at=None,
+            importance_score=None, importance_dimensions=None, tier=Tier.HOT, priority_score=0.5,
+            embedding=None if n % 23 == 0 else vector.tolist(), search_text=text)
+        fields.update(changes)
+        current[fields["key"]] = made = NewEntry(**fields)  # type: ignore[arg-type]
+        return made
+
+    def scanned(vector: list[float], flt: EntryFilter, limit: int, row_ids: dict[str, int]) -> list[tuple[str, float]]:
+        """The filter's live entries with a vector, by exact cosine, then newest write, then latest row."""
+        query = np.asarray(vector, dtype=np.float64)
+        found = []
+        for made in current.values():
+            if made.embedding is None or (made.ttl_at is not None and made.ttl_at <= now):
+                continue
+            if not (made.entity_path == flt.entity_path or made.entity_path.startswith(f"{flt.entity_path}/")):
+                continue
+            if flt.memory_type is not None and made.memory_type != flt.memory_type:
+                continue
+            stored = np.asarray(made.embedding, dtype=np.float64)
+            cosine = float(stored @ query / np.linalg.norm(stored) / np.linalg.norm(query))
+            found.append((cosine, made.written_at, row_ids[made.key], made.key))
+        return [(key, cosine) for cosine, _, _, key in sorted(found, reverse=True)[:limit]]
+
+    store = SQLiteStore(tmp_path / "amfs.db")
+    await store.open()
+    try:
+        # Write times in whole minutes: many entries share one, so ties go on to the row id.
+        await store.insert_versions([entry(n, path, 60.0 * (n % 7)) for n, path in enumerate(paths)], actor)
+        # A conversation written in one go: its rows lie in a narrow range of row ids, which keyword search seeks.
+        await store.insert_versions([entry(n, "chat/block", 60.0 * (n % 7)) for n in range(360, 400)], actor)
+        await store.insert_versions([entry(n, paths[n], 0.0) for n in range(2, 360, 37)], actor)
+        await store.insert_versions([  # expired but not purged, and new versions of a few keys
+            *[entry(n, paths[n], 0.0, ttl_at=now - timedelta(seconds=1)) for n in range(0, 360, 13)],
+            *[entry(n, paths[n], 0.0) for n in range(5, 360, 29)],
+            *[entry(n, "chat/block", 0.0, ttl_at=now - timedelta(seconds=1)) for n in (361, 375)],
+        ], actor)
+        for n in range(7, 360, 31):
+            await store.forget(paths[n], f"t{n}")
+            del current[f"t{n}"]
+        filters = [EntryFilter(entity_path=path) for path in ("chat/1", "chat/0", "chat/0/deep", "chat/4", "chat/block")]
+        filters += [EntryFilter(entity_path="chat/2", memory_type=MemoryType.FACT)]
+        queries = [list(rng.choice(words, size=int(rng.integers(1, 6)), replace=False)) for _ in range(25)]
+        vectors = [rng.standard_normal(8).tolist() for _ in range(10)] + [[1.0] * 8]
+
+        async def searches() -> list[list[object]]:
+            keyword: list[object] = []
+            common: list[object] = []
+            semantic: list[object] = []
+            for flt in filters:
+                for terms in queries:
+                    keyword.append([(e.key, e.version, round(s, 12)) for e, s in await store.keyword_candidates(terms, flt, now, 7)])
+                    common.append(sorted(await store.common_terms(terms, 5, flt.entity_path)))
+                for vector in vectors:
+                    semantic.append([(e.key, s) for e, s in await store.semantic_candidates(vector, flt, now, 6)])
+            return [keyword, common, semantic]
+
+        read_scopes: list[str] = []
+        scope_ids = sqlite_adapter.scope_row_ids
+        monkeypatch.setattr(sqlite_adapter, "scope_row_ids", lambda conn, path: read_scopes.append(path) or scope_ids(conn, path))
+        small = await searches()
+        with closing(sqlite3.connect(tmp_path / "amfs.db")) as conn:
+            row_ids = dict(conn.execute("SELECT key, row_id FROM entries WHERE is_current = 1").fetchall())
+        exact = [scanned(vector, flt, 6, row_ids) for flt in filters for vector in vectors]
+        assert [[key for key, _ in found] for found in small[2]] == [[key for key, _ in found] for found in exact]
+        for found, wanted in zip(small[2], exact):
+            assert [cosine for _, cosine in found] == pytest.approx([cosine for _, cosine in wanted], abs=1e-5)
+        # The scope's own path: every keyword and semantic search, and common_terms for a query with a word common
+        # in the store (counted again within the scope).
+        assert len(read_scopes) > len(filters) * (len(queries) + len(vectors))
+        assert "chat/block" in read_scopes
+        monkeypatch.setattr(sqlite_adapter, "SCOPED_SCAN_MAX", 0)
+        read_scopes.clear()
+        whole = await searches()
+        assert read_scopes == []
+        for kind, small_found, whole_found in zip(["keyword", "common"], small, whole):
+            assert small_found == whole_found, kind
+            assert sum(1 for found in whole_found if found) > len(whole_found) / 2, kind  # something to compare
+        assert all(len(found) == 6 for found in exact)
+    finally:
+        await store.close()

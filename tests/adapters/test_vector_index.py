@@ -134,32 +134,6 @@ def test_remove(make_index, data) -> None:
     assert idx.search(vecs[0], 1)[0][0] == ids[0]
 
 
-def test_filtered_search_returns_k_when_available(make_index, data) -> None:
-    ids, vecs, queries = data
-    idx = make_index(DIM, None)
-    idx.add(ids, vecs)
-    allowed_ids = {int(i) for i in ids if i % 37 == 0}  # 8 of 300, scattered
-    calls: list[int] = []
-
-    def allowed(i: int) -> bool:
-        calls.append(i)
-        return i in allowed_ids
-
-    for q in queries[:5]:
-        hits = idx.search(q, k=5, allowed=allowed)
-        assert len(hits) == 5
-        assert all(h[0] in allowed_ids for h in hits)
-        allowed_vecs = np.stack([vecs[i - 100] for i in sorted(allowed_ids)])
-        assert [h[0] for h in hits] == exact_top(allowed_vecs, np.array(sorted(allowed_ids)), q, 5)
-    # Asking for more than exist returns all of them; none allowed returns [].
-    assert len(idx.search(queries[0], k=50, allowed=allowed)) == len(allowed_ids)
-    assert idx.search(queries[0], k=3, allowed=lambda i: False) == []
-    # Each id is checked at most once per query despite the oversampling rounds.
-    calls.clear()
-    idx.search(queries[0], k=50, allowed=allowed)
-    assert len(calls) == len(set(calls))
-
-
 def test_search_among_scans_exactly_the_ids_given(make_index, data) -> None:
     ids, vecs, queries = data
     idx = make_index(DIM, None)
@@ -178,13 +152,6 @@ def test_search_among_scans_exactly_the_ids_given(make_index, data) -> None:
     assert len(idx.search_among(queries[0], among, 100)) == len(alive)  # ids[5] removed, 99_999 absent
     assert idx.search_among(queries[0], [], 5) == [] and idx.search_among(queries[0], among, 0) == []
     assert idx.search_among(queries[0], [99_999], 5) == []
-
-
-def test_unfiltered_allowed_takes_first_round(make_index, data) -> None:
-    ids, vecs, queries = data
-    idx = make_index(DIM, None)
-    idx.add(ids, vecs)
-    assert idx.search(queries[0], 10, allowed=lambda i: True) == idx.search(queries[0], 10)
 
 
 def test_save_load_round_trip(make_index, tmp_path, data) -> None:
@@ -260,7 +227,8 @@ def test_concurrent_add_and_search(make_index, data) -> None:
         try:
             for _ in range(30):
                 for q in queries[:3]:
-                    assert len(idx.search(q, 5, allowed=lambda i: i % 2 == 0)) == 5
+                    assert len(idx.search(q, 5)) == 5
+                    assert len(idx.search_among(q, [int(i) for i in ids if i % 2 == 0], 5)) == 5
         except BaseException as exc:  # pragma: no cover
             errors.append(exc)
 
