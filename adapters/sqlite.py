@@ -681,8 +681,9 @@ class SQLiteStore(SQLiteDatabase):
 
         def count() -> set[str]:
             conn = self._connection()
-            if entity_path is not None and entries_in_scope(conn, entity_path) <= max_matches:
-                return set()  # no word can match more entries than the scope holds
+            # No word can match more entries than the scope (or the store) holds.
+            if (fts_row_count(conn) if entity_path is None else entries_in_scope(conn, entity_path)) <= max_matches:
+                return set()
             common = set()
             scope: set[int] | None = None  # read once a word is common in the store; empty for a large scope
             span = (0, -1)
