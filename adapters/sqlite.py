@@ -248,8 +248,7 @@ def expired_in_scope(conn: sqlite3.Connection, entity_path: str, now: datetime) 
     """Current entries at `entity_path` and below whose TTL has passed but which no purge has removed yet, found on
     the TTL index (few, if any)."""
     rows = conn.execute(
-        "SELECT row_id, entity_path FROM entries INDEXED BY entries_current_ttl "
-        "WHERE is_current = 1 AND ttl_at IS NOT NULL AND ttl_at <= ?",
+        "SELECT row_id, entity_path FROM entries WHERE is_current = 1 AND ttl_at IS NOT NULL AND ttl_at <= ?",
         (_ts(now),),
     )
     return {row_id for row_id, path in rows if path == entity_path or path.startswith(entity_path + "/")}
