@@ -160,6 +160,28 @@ MAX_KEYWORD_PHRASES = 64  # as PostgreSQL's MAX_QUERY_WORDS: one index lookup pe
 _FTS_ROWIDS = "SELECT rowid FROM entries_fts WHERE entries_fts MATCH ? AND rowid BETWEEN ? AND ?"
 
 
+# Row ids per `IN (...)` list: SQLite builds before 3.32 take at most 999 parameters in one statement.
+IDS_PER_STATEMENT = 500
+
+
+def _id_lists(sql: str, ids: Sequence[int]) -> Iterator[tuple[str, list[int]]]:
+    """`sql` with its `IN (?ids)` written out for each part of `ids`, and the part."""
+    for start in range(0, len(ids), IDS_PER_STATEMENT):
+        part = list(ids[start:start + IDS_PER_STATEMENT])
+        yield sql.replace("IN (?ids)", f"IN ({','.join('?' * len(part))})"), part
+
+
+def select_by_ids(conn: sqlite3.Connection, sql: str, ids: Sequence[int], params: Sequence[Any] = ()) -> list[Any]:
+    """The rows of `sql`, whose `IN (?ids)` stands for a list of `ids` (then `params`), over parts of `ids` small
+    enough for any SQLite build."""
+    return [row for text, part in _id_lists(sql, ids) for row in conn.execute(text, [*part, *params]).fetchall()]
+
+
+def delete_by_ids(conn: sqlite3.Connection, sql: str, ids: Sequence[int]) -> int:
+    """Run the DELETE `sql` (its `IN (?ids)` as in `select_by_ids`) over parts of `ids`; the rows deleted."""
+    return sum(conn.execute(text, part).rowcount for text, part in _id_lists(sql, ids))
+
+
 def match_words(terms: list[str]) -> list[str]:
     """The FTS5 phrases of the terms' words, each quoted: `["retry policy", "ERR_42"]` -> `['"retry"', '"policy"',
     '"ERR_42"']`. Words are `\\w+` runs, as the tokenizer (`tokenchars '_'`) and PostgreSQL's adapter split them;
@@ -661,16 +683,12 @@ class SQLiteStore(SQLiteDatabase):
             cut = sorted(scores.values(), reverse=True)[min(limit, len(scores)) - 1]
             contenders = [row_id for row_id, score in scores.items() if score >= cut]
             if scope is not None:
-                marks = ",".join("?" * len(contenders))
-                written = dict(conn.execute(f"SELECT row_id, written_at FROM entries WHERE row_id IN ({marks})",
-                                            contenders).fetchall())
+                written = dict(select_by_ids(
+                    conn, "SELECT row_id, written_at FROM entries WHERE row_id IN (?ids)", contenders))
             best = sorted(contenders, key=lambda row_id: (scores[row_id], written[row_id], row_id), reverse=True)[:limit]
             reference = sum(weights)
-            marks = ",".join("?" * len(best))
-            found = {
-                row["row_id"]: row
-                for row in conn.execute(f"SELECT {_BASE_COLUMNS} FROM entries WHERE row_id IN ({marks})", best)
-            }
+            found = {row["row_id"]: row
+                     for row in select_by_ids(conn, f"SELECT {_BASE_COLUMNS} FROM entries WHERE row_id IN (?ids)", best)}
             return [(_row_to_entry(found[row_id], with_embedding=False), scores[row_id] / reference) for row_id in best]
 
         return await self._run(fetch)
@@ -728,6 +746,7 @@ class SQLiteStore(SQLiteDatabase):
         if limit <= 0 or not np.all(np.isfinite(query)) or not np.any(query):
             return []  # no cosine similarity to a zero / non-finite vector
         clauses, params = self._filter_sql(flt, now)
+        rows_sql = f"SELECT {_BASE_COLUMNS} FROM entries WHERE row_id IN (?ids) AND {' AND '.join(clauses)}"
 
         def fetch() -> list[tuple[MemoryEntry, float]]:
             conn = self._connection()
@@ -749,11 +768,7 @@ class SQLiteStore(SQLiteDatabase):
             while True:
                 hits = index.search(query, pool)
                 similarity = dict(hits)
-                marks = ",".join("?" * len(hits))
-                rows = conn.execute(
-                    f"SELECT {_BASE_COLUMNS} FROM entries WHERE row_id IN ({marks}) AND {' AND '.join(clauses)}",
-                    [*similarity, *params],
-                ).fetchall()
+                rows = select_by_ids(conn, rows_sql, [*similarity], params)
                 if len(rows) >= limit or pool >= size:
                     break
                 pool = min(size, pool * 4)
@@ -778,11 +793,7 @@ class SQLiteStore(SQLiteDatabase):
                 while end < len(order) and order[end][1] == order[end - 1][1]:
                     end += 1
                 batch = [row_id for row_id, _ in order[read:end]]
-                marks = ",".join("?" * len(batch))
-                rows += conn.execute(
-                    f"SELECT {_BASE_COLUMNS} FROM entries WHERE row_id IN ({marks}) AND {' AND '.join(clauses)}",
-                    [*batch, *params],
-                ).fetchall()
+                rows += select_by_ids(conn, rows_sql, batch, params)
                 read, want = end, want * 4
             return ranked(rows, similarity)
 
@@ -863,8 +874,7 @@ class SQLiteStore(SQLiteDatabase):
             rows = conn.execute(f"SELECT row_id, embedding FROM entries WHERE {where}", pair).fetchall()
             if not rows:
                 continue
-            marks = ",".join("?" * len(rows))
-            conn.execute(f"DELETE FROM entries_fts WHERE rowid IN ({marks})", [row[0] for row in rows])
+            delete_by_ids(conn, "DELETE FROM entries_fts WHERE rowid IN (?ids)", [row[0] for row in rows])
             removed += conn.execute(f"DELETE FROM entries WHERE {where}", pair).rowcount
             conn.execute(f"DELETE FROM trace_events WHERE {where}", pair)
             conn.execute(f"DELETE FROM outcome_effects WHERE {where}", pair)
@@ -884,9 +894,8 @@ class SQLiteStore(SQLiteDatabase):
         if not rows:
             return 0
         ids = [row[0] for row in rows]
-        marks = ",".join("?" * len(ids))
-        conn.execute(f"DELETE FROM entries_fts WHERE rowid IN ({marks})", ids)
-        removed: int = conn.execute(f"DELETE FROM entries WHERE row_id IN ({marks})", ids).rowcount
+        delete_by_ids(conn, "DELETE FROM entries_fts WHERE rowid IN (?ids)", ids)
+        removed = delete_by_ids(conn, "DELETE FROM entries WHERE row_id IN (?ids)", ids)
         for entity_path, key in {(row[2], row[3]) for row in rows}:
             SQLiteStore._strip_lent_passages_sync(conn, entity_path, key)
         conn.execute("INSERT INTO entries_fts (entries_fts) VALUES ('optimize')")

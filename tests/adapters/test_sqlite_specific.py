@@ -193,3 +193,46 @@ async def test_a_small_scope_ranks_as_the_whole_store_search_filtered_to_it(tmp_
         assert all(len(found) == 6 for found in exact)
     finally:
         await store.close()
+
+
+async def test_statements_with_many_ids_fit_an_sqlite_that_takes_999_parameters(tmp_path: Path) -> None:
+    """SQLite builds before 3.32 take at most 999 parameters in one statement. A keyword search with over a
+    thousand tied candidates, a scoped scan reading over a thousand tied rows, a vector search widened past a
+    thousand and forgetting a key of over a thousand versions each name their rows by id in parts
+    (IDS_PER_STATEMENT)."""
+    actor = Actor("agent/test", "session-1")
+    now = utcnow()
+    same = [1.0] + [0.0] * 7
+
+    def entry(path: str, key: str, vector: list[float], memory_type: MemoryType = MemoryType.FACT,
+              text: str = "tied words", seconds: int = 0) -> NewEntry:
+        return NewEntry(entity_path=path, key=key, value=text, value_json=f'"{text}"', confidence=1.0,
+                        memory_type=memory_type, agent_id=actor.agent_id, session_id=actor.session_id,
+                        written_at=now - timedelta(seconds=seconds), ttl_at=None, importance_score=None,
+                        importance_dimensions=None, tier=Tier.HOT, priority_score=0.5, embedding=vector,
+                        search_text=text)
+
+    rng = np.random.default_rng(2)
+    store = SQLiteStore(tmp_path / "amfs.db")
+    await store.open()
+    try:
+        store._connection().setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+        await store.insert_versions([entry("chat/tie", f"t{n}", same, seconds=n) for n in range(1200)], actor)
+        others = rng.standard_normal((3800, 8))
+        await store.insert_versions([
+            entry(f"other/{n % 7}", f"o{n}", vector.tolist(), MemoryType.BELIEF if n < 3 else MemoryType.FACT, f"note {n}")
+            for n, vector in enumerate(others)
+        ], actor)
+        scope = EntryFilter(entity_path="chat/tie")  # 1,200 of 5,000: a small scope
+        found = await store.keyword_candidates(["tied"], scope, now, 10)
+        assert [e.key for e, _ in found] == [f"t{n}" for n in range(10)]  # all tie: newest first
+        found = await store.semantic_candidates(same, scope, now, 10)
+        assert [e.key for e, _ in found] == [f"t{n}" for n in range(10)]
+        # A filter without a path: the index's search widens past 1,000 before its 3 beliefs are all in.
+        assert len(await store.semantic_candidates(same, EntryFilter(memory_type=MemoryType.BELIEF), now, 5)) == 3
+        for version in range(1100):
+            await store.insert_versions([entry("chat/long", "k", same, text=f"version {version}")], actor)
+        assert await store.forget("chat/long", "k") == 1100
+        assert await store.history("chat/long", "k") == []
+    finally:
+        await store.close()
