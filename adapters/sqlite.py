@@ -698,12 +698,34 @@ class SQLiteStore(SQLiteDatabase):
 
         def count() -> set[str]:
             conn = self._connection()
-            # No word can match more entries than the scope (or the store) holds.
-            if (fts_row_count(conn) if entity_path is None else entries_in_scope(conn, entity_path)) <= max_matches:
-                return set()
+            size = fts_row_count(conn)
+            in_scope = size if entity_path is None else entries_in_scope(conn, entity_path)
+            if in_scope <= max_matches:
+                return set()  # no word can match more entries than the scope (or the store) holds
+            small_scope: list[tuple[set[int], int, int]] = []  # its ids and span, read for the first common word
+
+            def matches_in_scope(phrase: str) -> int:
+                """A word common in the store counted again within the scope (up to max_matches + 1), so entries
+                outside it can neither switch a scoped caller's word off nor tell it they exist."""
+                assert entity_path is not None
+                if in_scope > scoped_scan_cap(size):  # walks the word's doclist, joined to the rows
+                    return int(conn.execute(
+                        "SELECT count(*) FROM (SELECT 1 FROM entries_fts JOIN entries e ON e.row_id = entries_fts.rowid "
+                        f"WHERE entries_fts MATCH ? AND e.is_current = 1 AND {scope_sql} LIMIT ?)",
+                        (phrase, *scope_params, max_matches + 1),
+                    ).fetchone()[0])
+                if not small_scope:
+                    ids = scope_row_ids(conn, entity_path)  # empty only if a writer emptied the scope since
+                    small_scope.append((set(ids), min(ids, default=0), max(ids, default=-1)))
+                scope, lowest, highest = small_scope[0]
+                found = 0  # on the bare FTS rowids within the scope's span (see keyword_candidates)
+                for (row_id,) in conn.execute(_FTS_ROWIDS, (phrase, lowest, highest)):
+                    found += row_id in scope
+                    if found > max_matches:
+                        break
+                return found
+
             common = set()
-            scope: set[int] | None = None  # read once a word is common in the store; empty for a large scope
-            span = (0, -1)
             for term in terms:
                 phrase = '"' + term.replace('"', "") + '"'
                 # LIMIT lets FTS5 stop walking the term's doclist early: cost is bounded by max_matches.
@@ -711,26 +733,8 @@ class SQLiteStore(SQLiteDatabase):
                     "SELECT count(*) FROM (SELECT 1 FROM entries_fts WHERE entries_fts MATCH ? LIMIT ?)",
                     (phrase, max_matches + 1),
                 ).fetchone()[0]
-                if matches > max_matches and entity_path is not None and scope is None:
-                    ids = small_scope_ids(conn, entity_path, fts_row_count(conn)) or []
-                    scope, span = set(ids), ((min(ids), max(ids)) if ids else (0, -1))
-                if matches > max_matches and entity_path is not None and scope:
-                    # Common in the store; counted again within a small scope on the bare FTS rowids (see
-                    # keyword_candidates), stopping once past max_matches.
-                    matches = 0
-                    for (row_id,) in conn.execute(_FTS_ROWIDS, (phrase, *span)):
-                        matches += row_id in scope
-                        if matches > max_matches:
-                            break
-                elif matches > max_matches and entity_path is not None:
-                    # Common in the store; counted again within the scope, so entries outside it can neither
-                    # switch a scoped caller's word off nor tell it they exist. Walks the word's whole doclist
-                    # when the scope holds few of its matches.
-                    matches = conn.execute(
-                        "SELECT count(*) FROM (SELECT 1 FROM entries_fts JOIN entries e ON e.row_id = entries_fts.rowid "
-                        f"WHERE entries_fts MATCH ? AND e.is_current = 1 AND {scope_sql} LIMIT ?)",
-                        (phrase, *scope_params, max_matches + 1),
-                    ).fetchone()[0]
+                if matches > max_matches and entity_path is not None:
+                    matches = matches_in_scope(phrase)
                 if matches > max_matches:
                     common.add(term)
             return common

@@ -51,7 +51,6 @@ DEFAULT_EXPANSION_SEARCH = 128
 DEFAULT_EXACT_THRESHOLD = 10_000
 
 
-
 class VectorIndexError(Exception):
     """The on-disk index cannot be used (corrupt, wrong dimension or metric)."""
 

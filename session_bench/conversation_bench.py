@@ -132,12 +132,29 @@ async def bm25_ranker(service: Any, conversation: dict[str, Any], questions: lis
 # -- rankers through MemoryService ----------------------------------------------------------------------------
 
 
-async def write_conversation(service: MemoryService, conversation: dict[str, Any], with_dates: bool = False) -> None:
-    """Every turn as one memory, one write at a time in order, as a client calling amfs_write per turn would.
+WRITE_ORDERS = ("given", "runs-of-8", "shuffled")
+
+
+def write_order(turns: list[dict[str, Any]], order: str, seed: int = 7) -> list[dict[str, Any]]:
+    """The turns in the order a client writes them: as given, each run of 8 shuffled (8 writes in flight), or all
+    shuffled; the stress for the context passage, which pairs a turn with the one written just before it."""
+    rng = random.Random(seed)
+    if order == "runs-of-8":
+        runs = [turns[start:start + 8] for start in range(0, len(turns), 8)]
+        return [turn for run in runs for turn in rng.sample(run, len(run))]
+    if order == "shuffled":
+        return rng.sample(turns, len(turns))
+    return turns
+
+
+async def write_conversation(service: MemoryService, conversation: dict[str, Any], with_dates: bool = False,
+                             order: str = "given") -> None:
+    """Every turn as one memory, one write at a time, as a client calling amfs_write per turn would; in order
+    unless `order` says otherwise (`write_order`).
 
     `with_dates` passes each turn's session date as its `event_at` (the held-out protocol passes none)."""
     actor = Actor("bench/conversation", conversation["conversation_id"])
-    for turn in turns_of(conversation):
+    for turn in write_order(turns_of(conversation), order):
         await service.write(actor, WriteRequest(
             conversation["conversation_id"], turn["key"], turn_value(turn),
             event_at=turn["date"] if with_dates else None))
@@ -202,7 +219,8 @@ def score_conversation(conversation: dict[str, Any], ranked: list[list[str]]) ->
 
 async def run_in_process(conversations: list[dict[str, Any]], store_kind: str, embedder=None,
                          selected: dict[str, Ranker] | None = None,
-                         with_dates: bool = False, one_store: bool = False) -> dict[str, list[dict[str, Any]]]:
+                         with_dates: bool = False, one_store: bool = False,
+                         order: str = "given") -> dict[str, list[dict[str, Any]]]:
     """Per ranker, one scored row per question over all `conversations` (each on a fresh `store_kind` store, or
     with `one_store` all written into one store first, as one server would hold them; questions stay scoped)."""
     from ..adapters.embedders import load_embedder
@@ -221,7 +239,7 @@ async def run_in_process(conversations: list[dict[str, Any]], store_kind: str, e
                 service = MemoryService(store, ServiceConfig(), embedder=embedder)
                 await service.open()
                 for conversation in group:
-                    await write_conversation(service, conversation, with_dates)
+                    await write_conversation(service, conversation, with_dates, order)
                 for conversation in group:  # asked once every conversation of the store is in
                     for name, ranker in selected.items():
                         ranked = await ranker(service, conversation, conversation["questions"])
@@ -405,7 +423,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--one-store", action="store_true",
                         help="write every conversation into one store before asking, as one server holding them all "
                              "would (with --via-mcp: one server); each question stays scoped to its conversation")
+    parser.add_argument("--write-order", choices=WRITE_ORDERS, default="given",
+                        help="the order each conversation's turns are written in (in-process only; seed 7): as "
+                             "given, each run of 8 shuffled, or all shuffled (default: given)")
     args = parser.parse_args(argv)
+    if args.write_order != "given" and args.via_mcp:
+        parser.error("--write-order runs in process; drop --via-mcp")
     if not 0.0 <= args.reattribute_evidence <= 1.0:
         parser.error(f"--reattribute-evidence takes a share between 0 and 1, got {args.reattribute_evidence}")
     if args.with_dates and args.via_mcp:
@@ -422,7 +445,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.reattribute_evidence:
         moved = reattribute_evidence(conversations, args.reattribute_evidence)
         log(f"[conversations] {moved} evidence turns re-attributed to the other speaker")
-    report: dict[str, Any] = {"split": args.split, "with_dates": args.with_dates, "conversations": [c["conversation_id"] for c in conversations],
+    report: dict[str, Any] = {"split": args.split, "with_dates": args.with_dates, "write_order": args.write_order, "conversations": [c["conversation_id"] for c in conversations],
                               "questions": sum(len(c["questions"]) for c in conversations),
                               "query_encoder": args.query_encoder, "runs": {}}
     texts = []
@@ -440,10 +463,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["embedder"] = embedder.name if embedder is not None else DEFAULT_EMBEDDER
         for store in stores:
             rows = asyncio.run(run_in_process(conversations, store, embedder=embedder, with_dates=args.with_dates,
-                                              one_store=args.one_store))
+                                              one_store=args.one_store, order=args.write_order))
             report["runs"][store] = {"summary": summarise(rows), "questions": rows}
             texts.append(markdown(report["runs"][store]["summary"], store + (" with dates" if args.with_dates else "")
-                                  + (", every conversation in one store" if args.one_store else "")))
+                                  + (", every conversation in one store" if args.one_store else "")
+                                  + (f", turns written {args.write_order}" if args.write_order != "given" else "")))
     text = "\n".join(texts)
     print(text)
     if args.plot is not None:

@@ -216,6 +216,21 @@ def test_reattributing_evidence_hands_that_share_of_evidence_turns_to_the_other_
     assert bench.reattribute_evidence(data["conversations"], 0.0) == 0
 
 
+def test_write_orders_keep_every_turn_and_move_them_as_named():
+    """`--write-order`: the context passage's stress. Every turn is written once whatever the order; runs of 8 stay
+    within their run; a shuffle moves turns across the whole conversation; the same seed, the same order."""
+    turns = [{"key": f"D1:{n}"} for n in range(1, 42)]
+    assert bench.write_order(turns, "given") == turns
+    for order in ("runs-of-8", "shuffled"):
+        written = bench.write_order(turns, order)
+        assert sorted(t["key"] for t in written) == sorted(t["key"] for t in turns) and written != turns
+        assert bench.write_order(turns, order) == written
+    runs = bench.write_order(turns, "runs-of-8")
+    assert all({t["key"] for t in runs[i:i + 8]} == {t["key"] for t in turns[i:i + 8]} for i in range(0, 41, 8))
+    shuffled = bench.write_order(turns, "shuffled")
+    assert any({t["key"] for t in shuffled[i:i + 8]} != {t["key"] for t in turns[i:i + 8]} for i in range(0, 41, 8))
+
+
 def test_every_conversation_in_one_store_ranks_as_a_store_each():
     """`--one-store`: the held-out protocol may write every conversation through one server. Each question is
     scoped to its conversation, so the other conversations change nothing: the keyword IDF counts within the
