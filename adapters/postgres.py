@@ -581,10 +581,17 @@ class PostgresStore(PostgresDatabase):
         async def write(conn: Any) -> list[MemoryEntry]:
             nonlocal erased
             erased = 0  # a retried transaction starts over
-            await self._lock_keys(conn, ((d.entity_path, d.key) for d in drafts))
+            # The keys that lent context passages are locked too, so a forget of one waits for this write (and then
+            # strips the passage it finds) or goes first (and this write finds the lender gone).
+            await self._lock_keys(conn, [(d.entity_path, d.key) for d in drafts]
+                                  + [(d.entity_path, d.context_key) for d in drafts if d.context_key is not None])
             stored: list[MemoryEntry | None] = [None] * len(drafts)
             for index in order:
                 draft = drafts[index]
+                if draft.context_key is not None and await conn.fetchval(
+                    "SELECT 1 FROM entries WHERE entity_path = $1 AND key = $2 LIMIT 1", draft.entity_path, draft.context_key,
+                ) is None:
+                    draft = draft.without_context()  # its lender was erased after the passage was made
                 previous = await conn.fetchrow(
                     "UPDATE entries SET is_current = false WHERE entity_path = $1 AND key = $2 AND is_current "
                     "RETURNING version, ttl_at",

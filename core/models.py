@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-AMFS_VERSION = "0.7.8"
+AMFS_VERSION = "0.7.9"
 
 PRODUCTION_AGENT_PREFIXES = ("agent/", "prod/", "prod-")
 MANUAL_AGENT_PREFIXES = ("manual", "human/", "user/", "script/", "cli", "import")
@@ -236,6 +236,12 @@ class NewEntry:
     event_at: datetime | None = None
     passage_embeddings: list[list[float]] | None = None
     context_key: str | None = None
+
+    def without_context(self) -> NewEntry:
+        """This write without its context passage (the last passage row), as a forget of the lender strips it: the
+        stores call it when the lender was erased after the passage was made. A one-passage entry keeps none."""
+        rest = (self.passage_embeddings or [])[:-1]
+        return replace(self, context_key=None, passage_embeddings=rest if len(rest) > 1 else None)
 
 
 @dataclass(frozen=True)

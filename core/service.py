@@ -43,6 +43,7 @@ from .models import (
     OutcomeRecord,
     OutcomeType,
     SortBy,
+    Tier,
     TraceEvent,
     TraceKind,
     split_entry_key,
@@ -70,6 +71,9 @@ logger = logging.getLogger("amfs_server.core.service")
 
 MAX_QUERY_CHARS = 2000
 MAX_HISTORY_PAGE = 1000  # versions per amfs_history call: a long history is read in pages, never whole
+# With min_confidence or depth, how many candidates each search may look through for entries that pass: past it
+# a retrieve would cost a scan of the store, so an entry that about 12,800 failing ones outrank is not found.
+FILTERED_POOL_MAX = 12_800
 
 MULTIPLIERS_META = "outcome_multipliers"
 
@@ -733,23 +737,24 @@ class MemoryService:
         # One pool for every limit up to candidate_pool / 2, so a larger limit extends the ranking of a smaller one
         # instead of reshuffling it; past that, twice the limit leaves room for the confidence and tier filters.
         pool_size = max(self.config.candidate_pool, limit * 2)
+        # Confidence and tier depend on the time of asking, so the stores cannot apply them: each search is
+        # widened until it has pool_size entries that pass (`_passing`), and the pool is made of those only.
+        def passes(entry: MemoryEntry) -> bool:
+            return ((min_confidence is None or self.effective_confidence(entry, now) >= min_confidence)
+                    and int(self.with_current_tier(entry, now).tier) <= depth)
+
+        keep = None if min_confidence is None and depth == len(Tier) else passes
         # Both searches always run: together they form the pool that every strategy ranks.
         semantic, keyword = await asyncio.gather(
-            self._semantic_candidates(query, flt, now, pool_size),
-            self._keyword_candidates(query, flt, now, pool_size),
+            self._semantic_candidates(query, flt, now, pool_size, keep),
+            self._keyword_candidates(query, flt, now, pool_size, keep),
         )
         if keyword and fusion == "rrf":
             cutoff = keyword[0][1] * self.config.keyword_min_relative_score
             keyword = [(entry, score) for entry, score in keyword if score >= cutoff]
-        pool: dict[str, MemoryEntry] = {}
+        admitted: dict[str, MemoryEntry] = {}
         for entry, _ in [*semantic, *keyword]:
-            pool.setdefault(entry.entry_key, entry)
-        admitted = {
-            key: self.with_current_tier(entry, now)
-            for key, entry in pool.items()
-            if (min_confidence is None or self.effective_confidence(entry, now) >= min_confidence)
-        }
-        admitted = {key: entry for key, entry in admitted.items() if int(entry.tier) <= depth}
+            admitted.setdefault(entry.entry_key, self.with_current_tier(entry, now))
         # The speaker rule (off by default) is only worked out when it weighs something.
         speaker_query = query if active.get("speaker", 0.0) > 0 else None
         rankings = self._rankings(speaker_query, admitted, semantic, keyword, now, learned)
@@ -772,8 +777,27 @@ class MemoryService:
             await self._track(actor, "retrieve", returned, now, details)
         return results
 
+    @staticmethod
+    async def _passing(
+        search: Callable[[int], Awaitable[builtins.list[tuple[MemoryEntry, float]]]],
+        pool_size: int,
+        keep: Callable[[MemoryEntry], bool] | None,
+    ) -> builtins.list[tuple[MemoryEntry, float]]:
+        """The first `pool_size` of `search(n)`'s results that `keep` passes (all, without `keep`): the search is
+        widened fourfold until that many pass, it finds no more, or it has looked through FILTERED_POOL_MAX."""
+        size = pool_size
+        while True:
+            found = await search(size)
+            if keep is None:
+                return found
+            kept = [pair for pair in found if keep(pair[0])]
+            if len(kept) >= pool_size or len(found) < size or size >= FILTERED_POOL_MAX:
+                return kept[:pool_size]
+            size = min(size * 4, FILTERED_POOL_MAX)
+
     async def _keyword_candidates(
-        self, query: str, flt: EntryFilter, now: datetime, pool_size: int
+        self, query: str, flt: EntryFilter, now: datetime, pool_size: int,
+        keep: Callable[[MemoryEntry], bool] | None = None,
     ) -> builtins.list[tuple[MemoryEntry, float]]:
         terms = keyword_terms(query)
         if not terms:
@@ -782,19 +806,23 @@ class MemoryService:
         distinctive = [term for term in terms if term not in common]
         if not distinctive:
             return []
-        found = await self.store.keyword_candidates(distinctive, flt, now, pool_size)
+        found = await self._passing(lambda size: self.store.keyword_candidates(distinctive, flt, now, size),
+                                    pool_size, keep)
         scaled = [(entry, score * keyword_length_factor(embedding_text(entry.entity_path, entry.key, entry.value,
                                                                        entry.event_at)))
                   for entry, score in found]
         return sorted(scaled, key=lambda pair: -pair[1])  # stable: equal scores keep the store's order
 
     async def _semantic_candidates(
-        self, query: str, flt: EntryFilter, now: datetime, pool_size: int
+        self, query: str, flt: EntryFilter, now: datetime, pool_size: int,
+        keep: Callable[[MemoryEntry], bool] | None = None,
     ) -> builtins.list[tuple[MemoryEntry, float]]:
         if self.embedder is None:
             return []  # embedder explicitly configured off (AMFS_EMBEDDER=none): keyword and re-rankers only
         vector = (await asyncio.to_thread(embed_queries, self.embedder, [query]))[0]
-        nearest = await self.store.semantic_candidates(vector.tolist(), flt, now, pool_size)
+        as_list = vector.tolist()
+        nearest = await self._passing(lambda size: self.store.semantic_candidates(as_list, flt, now, size),
+                                      pool_size, keep)
         # Second look at the nearest entries: each scored by its best sentence as well as its mean vector
         # (`entry_similarity`); the sort is stable, so equal scores keep the store's order.
         share = self.config.passage_share

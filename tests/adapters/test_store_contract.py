@@ -1057,7 +1057,7 @@ async def test_latest_at_is_the_newest_current_live_entries_at_exactly_that_path
 
 async def test_forgetting_a_key_strips_the_context_passages_made_with_its_text(store: MemoryStore) -> None:
     own = [direction(0), direction(20)]
-    await write(store, draft("chat", "t1", embedding=direction(60)))
+    await write(store, draft("chat", "t1", embedding=direction(60)), draft("other", "t1", embedding=direction(60)))
     await write(store,
                 draft("chat", "t2", embedding=direction(10), passage_embeddings=[*own, direction(60)], context_key="t1",
                       written_at=at(1)),
@@ -1073,3 +1073,26 @@ async def test_forgetting_a_key_strips_the_context_passages_made_with_its_text(s
     assert t3.passage_embeddings is None and t3.context_key is None  # one own row left: none, as for one passage
     other = await store.get_current("other", "t2", at(2))
     assert other.context_key == "t1" and len(other.passage_embeddings) == 2  # another path's t1: untouched
+
+
+async def test_a_write_whose_context_lender_was_erased_meanwhile_stores_no_passage_from_it(store: MemoryStore) -> None:
+    # The service makes a turn's context passage from the turn before it, then writes: a forget of that turn in
+    # between (another call or process) finds nothing to strip, so the write itself must drop the passage.
+    own = [direction(0), direction(20)]
+    await write(store, draft("chat", "t1", embedding=direction(60)), draft("chat", "t4", embedding=direction(70)))
+    await store.forget("chat", "t1")
+    t2, t3, t5 = await write(
+        store,
+        draft("chat", "t2", embedding=direction(10), passage_embeddings=[*own, direction(60)], context_key="t1",
+              written_at=at(1)),
+        draft("chat", "t3", embedding=direction(30), passage_embeddings=[direction(30), direction(50)],
+              context_key="t1", written_at=at(1)),
+        draft("chat", "t5", embedding=direction(40), passage_embeddings=[direction(40), direction(70)],
+              context_key="t4", written_at=at(1)))
+    assert t2.passage_embeddings == [as_float32(row) for row in own] and t2.context_key is None  # its own rows stay
+    assert t3.passage_embeddings is None and t3.context_key is None  # one own row left: none, as for one passage
+    assert t5.context_key == "t4" and len(t5.passage_embeddings) == 2  # a lender still there keeps its passage
+    stored = await store.get_current("chat", "t2", at(2))
+    assert stored.context_key is None and len(stored.passage_embeddings) == 2
+    snapshot = await store.export_snapshot()
+    assert all(entry.context_key != "t1" for entry in snapshot.entries)

@@ -231,6 +231,28 @@ async def test_depth_one_searches_only_hot_entries(rsvc: MemoryService, actor: A
     assert all(int(r.entry.tier) == 1 for r in hot_only)
 
 
+async def test_min_confidence_and_depth_find_passing_entries_that_many_failing_ones_outrank(
+        rsvc: MemoryService, actor: Actor) -> None:
+    # 120 unverified guesses match the question better than the verified answers: the filters must look past
+    # the searches' first 50 candidates, not filter them (until 0.7.9 both calls returned nothing).
+    guesses = [WriteRequest("ops", f"guess-{i}", f"Unverified guess {i}: how long does the database failover take? "
+                            f"Maybe {i} seconds.", confidence=0.05, importance_score=0.0) for i in range(120)]
+    verified = [WriteRequest("ops", "answer", "Verified: switching the primary DB over to the replica completes in "
+                             "30 seconds.", confidence=0.95, importance_score=1.0),
+                WriteRequest("ops", "backups", "Verified: nightly backups go to cold storage.", confidence=0.95,
+                             importance_score=1.0),
+                WriteRequest("ops", "oncall", "Verified: the on-call rota changes on Mondays.", confidence=0.95,
+                             importance_score=1.0)]
+    await rsvc.write_many(actor, [*guesses, *verified])
+    question = "how long does the database failover take?"
+    unfiltered = await rsvc.retrieve(actor, question, entity_path="ops", limit=10, count_as_read=False)
+    assert all(r.entry.key.startswith("guess-") for r in unfiltered)  # the answers are outranked
+    for filters in ({"min_confidence": 0.9}, {"depth": 1}):
+        found = await rsvc.retrieve(actor, question, entity_path="ops", limit=10, count_as_read=False, **filters)
+        assert {r.entry.key for r in found} == {"answer", "backups", "oncall"}, filters
+        assert found[0].entry.key == "answer", filters
+
+
 async def test_retrieved_entries_are_tracked_but_only_returned_ones_are_recalled(rsvc: MemoryService, actor: Actor) -> None:
     await _seed(rsvc, actor)
     (top,) = await rsvc.retrieve(actor, "JWT signing", limit=1)
