@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -161,11 +161,15 @@ class AsyncAgentMemory:
         explain: bool = False,
         event_after: datetime | str | None = None,
         event_before: datetime | str | None = None,
+        fusion: str | None = None,
+        weights: Mapping[str, float] | None = None,
     ) -> list[RetrievedEntry]:
         """Hybrid search (semantic, keyword, temporal, confidence, learned), fused as configured. `event_after` /
-        `event_before` keep entries whose event time (event_at, else the write time) lies in that range."""
+        `event_before` keep entries whose event time (event_at, else the write time) lies in that range. `fusion`
+        ("hybrid" or "rrf", the seed's weighted RRF) and `weights` (per strategy, e.g. {"speaker": 0.1}) override
+        the configured fusion and weights for this call."""
         return await (await self._svc()).retrieve(
-            self.actor, query, entity_path, limit, min_confidence, memory_type, depth, explain,
+            self.actor, query, entity_path, limit, min_confidence, memory_type, depth, explain, weights, fusion,
             event_after=event_after, event_before=event_before,
         )
 

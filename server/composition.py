@@ -117,6 +117,7 @@ def _memory_service(settings: Settings, clock: Clock | None) -> MemoryService:
         decay_half_life_days=settings.decay_half_life_days,
         max_value_bytes=settings.max_value_bytes,
         multipliers=dict(DEFAULT_MULTIPLIERS),
+        fusion=settings.fusion,
     )
     memory = MemoryService(store, config, embedder=embedder, clock=clock)
     from ..ml.export import follow_erasures  # no heavy import: the exporter's file handling only

@@ -63,6 +63,7 @@ ENV_VARS: dict[str, tuple[str, ...]] = {
     "AMFS_EMBEDDER": ("embedder",),
     "AMFS_EMBED_THREADS": ("embed_threads",),
     "AMFS_QUERY_ENCODER": ("query_encoder",),
+    "AMFS_FUSION": ("fusion",),
     "AMFS_ML_MODEL_DIR": ("ml_model_dir",),
     "AMFS_API_KEYS": ("api_keys",),
     "AMFS_ALLOWED_ORIGINS": ("allowed_origins",),
@@ -217,6 +218,9 @@ class Settings(BaseModel):
     query_encoder: Literal["full", "fast"] = "full"
     """What embeds a retrieve's question: the embedder itself (full) or its distilled question side (fast; chat-mpnet
     only, `adapters.embedders.FAST_QUERY_SIDES`). Stored vectors are the embedder's either way."""
+    fusion: Literal["hybrid", "rrf"] = "hybrid"
+    """How `amfs_retrieve` fuses its strategies: the score-aware default, or the seed's weighted Reciprocal Rank Fusion
+    (0.4 semantic, 0.2 keyword, 0.2 temporal, 0.2 confidence; `core.retrieval.RRF_WEIGHTS`)."""
     ml_model_dir: Path | None = None
     """Where ML exports go (models themselves live in the store); None: `<data_dir>/ml`, see `ml_dir`."""
     api_keys: str | None = None

@@ -73,7 +73,7 @@ def _numbers(parser: argparse.ArgumentParser, text: str, option: str) -> tuple[f
 
 def main(argv: list[str] | None = None) -> dict[tuple[float, float], dict[str, float]]:
     parser = argparse.ArgumentParser(prog="python -m amfs_server.session_bench.tune_fusion",
-                                     description=__doc__.splitlines()[0])
+                                     description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--split", choices=SPLITS, default="tuning", help="tuning (default): choose; test: report once")
     parser.add_argument("--semantic-weights", default=",".join(map(str, SEMANTIC_WEIGHTS)),
                         help="comma-separated shares of the relevance weight for semantic; keyword gets the rest")

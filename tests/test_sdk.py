@@ -75,3 +75,26 @@ def test_misuse_gets_a_clear_error_and_changes_nothing(tmp_path) -> None:
     with AgentMemory(data_dir=a_file, embedder="none") as misplaced:
         with pytest.raises(AmfsError, match="is a file, not a folder"):
             misplaced.write("svc", "k", "v")
+
+
+def test_the_seeds_rrf_is_a_named_configuration_for_the_server_and_a_call(tmp_path, monkeypatch) -> None:
+    from amfs_server import WriteRequest
+    from amfs_server.core.errors import ValidationError
+    from amfs_server.server.settings import load_settings
+
+    assert load_settings({}).fusion == "hybrid" and load_settings({"AMFS_FUSION": "rrf"}).fusion == "rrf"
+    with pytest.raises(ValidationError, match="AMFS_FUSION"):
+        load_settings({"AMFS_FUSION": "borda"})
+    monkeypatch.setenv("AMFS_FUSION", "rrf")
+    with AgentMemory(agent_id="a", data_dir=tmp_path, embedder="none") as mem:
+        assert mem.service.config.fusion == "rrf"
+        mem.write_many([WriteRequest("svc", "retry", "retry failed charges with backoff"),
+                        WriteRequest("svc", "pool", "pool size is 50 connections")])
+        (configured,) = mem.retrieve("retry charges", explain=True)
+        (hybrid,) = mem.retrieve("retry charges", explain=True, fusion="hybrid", weights={"speaker": 0.1})
+        assert configured.entry.key == hybrid.entry.key == "retry"
+        # RRF scores are weight / (60 + rank); the hybrid fusion's keyword share is a 0..1 score times its weight
+        assert configured.score == pytest.approx(0.2 / 61 + 0.2 / 61 + 0.2 / 61)
+        assert hybrid.score != configured.score
+        with pytest.raises(ValidationError, match="Unknown fusion"):
+            mem.retrieve("retry", fusion="borda")
