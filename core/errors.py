@@ -33,3 +33,9 @@ class InsufficientDataError(AmfsError):
 
 class MissingExtraError(AmfsError):
     """A feature whose optional dependencies (a pip extra) are not installed; the message gives the install command."""
+
+
+def install_extra(extra: str) -> str:
+    """The command that installs one of amfs-server's optional extras. It installs from its source checkout
+    (`pip install .`, README), not from PyPI, where a package named `amfs-server` could be anyone's."""
+    return f"pip install '.[{extra}]' (in the amfs-server checkout)"

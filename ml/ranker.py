@@ -38,7 +38,7 @@ import numpy as np
 
 from ..core.ports import MemoryStore
 from ..core import validation as v
-from ..core.errors import InsufficientDataError, MissingExtraError
+from ..core.errors import InsufficientDataError, MissingExtraError, install_extra
 from ..core.models import MemoryEntry, OutcomeType, utcnow
 from ..core.service import MemoryService
 from ._common import Progress, no_progress, resolve_service
@@ -55,7 +55,7 @@ EARLY_STOPPING_ROUNDS = 20
 NEUTRAL_SCORE = 0.5
 """Score for a candidate no model covers (a per-entity model exists, but not for its entity, and no global one)."""
 MODEL_FORMAT = 2
-LIGHTGBM_INSTALL_HINT = "pip install 'amfs-server[ml]'  (or: pip install 'lightgbm>=4.3')"
+LIGHTGBM_INSTALL_HINT = f"{install_extra('ml')}, or: pip install 'lightgbm>=4.3'"
 
 
 def _import_lightgbm() -> Any:

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ..core.errors import AmfsError
+from ..core.errors import AmfsError, install_extra
 from ..core.learning import SECTIONS, LearningService, split_preference_name
 from ..core.models import AMFS_VERSION, Actor, MemoryEntry
 from .composition import Services, build_services
@@ -487,7 +487,7 @@ def _bench_command(name: str, module: str, summary: str) -> None:
             if extra is None:
                 raise
             raise click.ClickException(f"`amfs-server bench {name}` needs {error.name}, which is not installed: "
-                                       f"pip install 'amfs-server[{extra}]'") from None
+                                       f"{install_extra(extra)}") from None
 
 
 # Packages of the extras (pyproject.toml) a benchmark may import, and the extra that brings each.

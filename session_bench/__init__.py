@@ -10,6 +10,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import install_extra
+
 SINGLE_STRATEGIES = ("semantic", "keyword", "temporal", "confidence")
 
 
@@ -90,7 +92,7 @@ def pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise SystemExit("amfs-server bench: plots need matplotlib. Install it with: pip install 'amfs-server[bench]'") from None
+        raise SystemExit(f"amfs-server bench: plots need matplotlib. Install it with: {install_extra('bench')}") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

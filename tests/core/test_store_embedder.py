@@ -117,7 +117,7 @@ async def test_an_unrecorded_store_whose_vectors_match_the_embedder_gets_the_rec
 
 async def test_an_unrecorded_store_whose_vectors_do_not_match_is_taken_for_the_old_torch_default(make_store: StoreFactory) -> None:
     await store_written_by(make_store, MODEL_A, record=False)
-    with pytest.raises(StoreError, match=rf"made by the embedder '{TORCH_MINILM}'.*amfs-server\[lm\]"):
+    with pytest.raises(StoreError, match=rf"made by the embedder '{TORCH_MINILM}'.*pip install .\.\[lm\]. \(in the amfs-server checkout\)"):
         await open_service(make_store, MODEL_B)
 
 

@@ -93,7 +93,7 @@ async def test_retrain_without_lightgbm_is_a_tool_error_with_the_install_command
     result = await client.call_tool("amfs_retrain", {}, raise_on_error=False)
     assert result.is_error
     text = result.content[0].text
-    assert "needs LightGBM" in text and "pip install 'amfs-server[ml]'" in text
+    assert "needs LightGBM" in text and "pip install '.[ml]' (in the amfs-server checkout)" in text
     assert not (tmp_path / "models").exists()
 
 

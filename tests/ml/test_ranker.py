@@ -159,4 +159,4 @@ async def test_stored_models_without_lightgbm_are_not_served_and_the_log_says_ho
     monkeypatch.setitem(sys.modules, "lightgbm", None)
     ranker = await load_installed_models(sim_sqlite)
     assert not ranker.trained and sim_sqlite.learned_scorer is None
-    assert "pip install 'amfs-server[ml]'" in caplog.text
+    assert "pip install '.[ml]' (in the amfs-server checkout)" in caplog.text

@@ -164,7 +164,7 @@ async def test_a_backbone_without_torch_installed_is_a_domain_error_with_the_ins
     monkeypatch.setitem(sys.modules, "torch", None)  # what `import torch` meets without the [lm] extra
     worker = LMWorker("smollm2", device="cpu")
     try:
-        with pytest.raises(BackboneError, match=r"needs torch and transformers.*amfs-server\[lm\]"):
+        with pytest.raises(BackboneError, match=r"needs torch and transformers.*pip install .\.\[lm\]. \(in the amfs-server checkout\)"):
             await worker.answer(service, ACTOR, "What is the user's dog named?")
         assert not worker.loaded
     finally:
