@@ -15,6 +15,8 @@ best passage's cosine (`entry_similarity`, share 0.5). Only the vector and the l
     sentence-mean, whole in the look
     the chosen + context passage x0.5 / x1   the context passage's embedding also in the vector (tried after the
                                              choice, on tuning splits: no gain)
+    the chosen + next-turn passage           the turn with the turn after it as one more passage of the look
+                                             (tried after 0.7.8, on tuning splits: not built)
 
     python scripts/compare_entry_vectors.py --dataset session_bench/data/conversations_annotated.json --split tuning
 
@@ -36,17 +38,18 @@ from amfs_server.session_bench.conversation_bench import DATASET, load_conversat
 
 CANDIDATES = 50  # the semantic strategy's pool
 SCHEMES = ("sentence-mean", "whole", "whole, in the look", "whole + sentence-mean", "the same, in the look",
-           "sentence-mean, whole in the look", "the chosen + context passage x0.5", "the chosen + context passage x1")
+           "sentence-mean, whole in the look", "the chosen + context passage x0.5", "the chosen + context passage x1",
+           "the chosen + next-turn passage")
 
 
 def unit(vector: np.ndarray) -> np.ndarray:
     return vector / np.linalg.norm(vector)
 
 
-def vectors_and_looks(scheme: str, whole: np.ndarray, sentences: np.ndarray,
-                      context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def vectors_and_looks(scheme: str, whole: np.ndarray, sentences: np.ndarray, context: np.ndarray,
+                      following: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(entry vector, the look's passages) of one turn: `sentences` has one row per sentence (the whole turn's
-    embedding for a one-sentence turn), `context` zero or one row."""
+    embedding for a one-sentence turn), `context` and `following` (the turn with the next one) zero or one row."""
     mean = unit(sentences.mean(axis=0))
     if scheme.startswith("sentence-mean"):
         vector = mean
@@ -58,7 +61,7 @@ def vectors_and_looks(scheme: str, whole: np.ndarray, sentences: np.ndarray,
             vector = unit(whole + mean + (0.5 if scheme.endswith("x0.5") else 1.0) * context[0])
     in_look = scheme in ("whole, in the look", "the same, in the look", "sentence-mean, whole in the look")
     look = np.vstack([sentences, whole[None]]) if in_look else sentences
-    return vector, np.vstack([look, context])
+    return vector, np.vstack([look, context] + ([following] if scheme.endswith("next-turn passage") else []))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,19 +77,23 @@ def main(argv: list[str] | None = None) -> int:
         keys = [turn["key"] for turn in turns]
         values = [turn_value(turn) for turn in turns]
         texts: list[str] = []
-        spans = []  # per turn: (whole row, sentence rows, context rows)
+        spans = []  # per turn: (whole row, sentence rows, context rows, next-turn rows)
         for i, (key, value) in enumerate(zip(keys, values)):
             made = entry_texts(cid, key, value)
             context = context_passage(cid, key, values[i - 1], value) if i else None
+            # The next turn's context passage seen from this side: this turn, then the one after it, under this key.
+            following = context_passage(cid, key, value, values[i + 1]) if i + 1 < len(values) else None
             start = len(texts)
-            texts += [made.whole, *made.sentences] + ([context] if context else [])
+            texts += [made.whole, *made.sentences] + ([context] if context else []) + ([following] if following else [])
             sentence_rows = list(range(start + 1, start + 1 + len(made.sentences))) or [start]
-            spans.append((start, sentence_rows, [start + 1 + len(made.sentences)] if context else []))
+            context_rows = [start + 1 + len(made.sentences)] if context else []
+            following_rows = [len(texts) - 1] if following else []
+            spans.append((start, sentence_rows, context_rows, following_rows))
         embedded = embedder.embed(texts)
         questions = conversation["questions"]
         asked = embedder.embed([q["question"] for q in questions])
         for scheme in SCHEMES:
-            made = [vectors_and_looks(scheme, embedded[w], embedded[s], embedded[c]) for w, s, c in spans]
+            made = [vectors_and_looks(scheme, embedded[w], embedded[s], embedded[c], embedded[f]) for w, s, c, f in spans]
             vectors = np.array([v for v, _ in made])
             for question, query in zip(questions, asked):
                 cosines = vectors @ query
