@@ -47,7 +47,7 @@ def unit(vector: np.ndarray) -> np.ndarray:
 
 
 def vectors_and_looks(scheme: str, whole: np.ndarray, sentences: np.ndarray, context: np.ndarray,
-                      following: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                      following: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(entry vector, the look's passages) of one turn: `sentences` has one row per sentence (the whole turn's
     embedding for a one-sentence turn), `context` and `following` (the turn with the next one) zero or one row."""
     mean = unit(sentences.mean(axis=0))
@@ -61,7 +61,8 @@ def vectors_and_looks(scheme: str, whole: np.ndarray, sentences: np.ndarray, con
             vector = unit(whole + mean + (0.5 if scheme.endswith("x0.5") else 1.0) * context[0])
     in_look = scheme in ("whole, in the look", "the same, in the look", "sentence-mean, whole in the look")
     look = np.vstack([sentences, whole[None]]) if in_look else sentences
-    return vector, np.vstack([look, context] + ([following] if scheme.endswith("next-turn passage") else []))
+    with_next = scheme.endswith("next-turn passage") and following is not None
+    return vector, np.vstack([look, context] + ([following] if with_next else []))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,11 @@ def test_the_comparisons_chosen_row_is_the_vector_the_server_writes() -> None:
     vector, look = compare.vectors_and_looks("whole + sentence-mean", rows[0], rows[1:], np.zeros((0, rows.shape[1])))
     assert np.allclose(vector, served.vectors[0], atol=1e-5)
     assert np.allclose(look, served.passages[0], atol=1e-5)
+    # The next-turn scheme (tried after 0.7.8) is the chosen one with one more row in the look.
+    following = rows[:1]
+    vector_next, look_next = compare.vectors_and_looks("the chosen + next-turn passage", rows[0], rows[1:],
+                                                       np.zeros((0, rows.shape[1])), following)
+    assert np.allclose(vector_next, vector) and np.allclose(look_next, np.vstack([look, following]))
     # 0.4.0's row: the sentences' mean alone, which is not the served vector any more.
     old, _ = compare.vectors_and_looks("sentence-mean", rows[0], rows[1:], np.zeros((0, rows.shape[1])))
     mean = rows[1:].mean(axis=0)
