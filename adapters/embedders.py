@@ -135,6 +135,11 @@ _cache: dict[tuple[str, int | None, str], Embedder] = {}
 _cache_lock = threading.Lock()
 
 
+EMBEDDER_CHOICES = ("use chat-mpnet (the default), chat-minilm, embeddinggemma, all-mpnet-base-v2, all-MiniLM-L6-v2 "
+                    "or none (README, Embedders; each also by its full name: " + ", ".join(sorted(KNOWN_EMBEDDERS)) + ")")
+"""What an unknown embedder name is told: the names the README uses, which `_ALIASES` accepts."""
+
+
 def canonical_embedder(name: str) -> str | None:
     """The embedder `name` (or one of its aliases, any case) stands for; None for a name this server does not know."""
     return _ALIASES.get(name.strip().lower())
@@ -152,7 +157,7 @@ def load_embedder(name: str = DEFAULT_EMBEDDER, threads: int | None = None, quer
     canonical = canonical_embedder(name) if isinstance(name, str) else None
     if canonical is None:
         raise ValueError(
-            f"Unknown embedder {name!r}; known embedders: {', '.join(sorted(KNOWN_EMBEDDERS))}"
+            f"Unknown embedder {name!r}; {EMBEDDER_CHOICES}"
         )
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"The embedder's thread count must be a whole number >= 1, got {threads!r}")

@@ -252,10 +252,10 @@ class Settings(BaseModel):
     def _embedder_none(cls, name: str | None) -> str | None:
         if name is None or name.strip().lower() in {"", "none", "off"}:
             return None
-        from ..adapters.embedders import KNOWN_EMBEDDERS, canonical_embedder
+        from ..adapters.embedders import EMBEDDER_CHOICES, canonical_embedder
 
         if canonical_embedder(name) is None:  # a typo fails here, in one line, not as a traceback at the first write
-            raise ValueError(f"not an embedder this server knows; use one of {', '.join(sorted(KNOWN_EMBEDDERS))}, or none")
+            raise ValueError(f"not an embedder this server knows; {EMBEDDER_CHOICES}")
         return name
 
     @model_validator(mode="after")

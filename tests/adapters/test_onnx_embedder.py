@@ -320,3 +320,13 @@ def test_an_unconfigured_embedder_computes_on_two_threads_where_two_cores_are_fr
         assert OnnxEmbedder(variant="chat-int8", num_threads=3).num_threads == 3
     with pytest.raises(ValueError, match="num_threads must be >= 1"):
         OnnxEmbedder(variant="chat-int8", num_threads=0)
+
+
+def test_an_unknown_embedder_name_is_told_the_names_the_readme_uses() -> None:
+    from amfs_server.core.errors import ValidationError as SettingsError
+    from amfs_server.server.settings import load_settings
+
+    with pytest.raises(ValueError, match=r"'chat-mpnett'; use chat-mpnet \(the default\), chat-minilm, embeddinggemma"):
+        load_embedder("chat-mpnett")
+    with pytest.raises(SettingsError, match=r"AMFS_EMBEDDER.*use chat-mpnet \(the default\).*or none"):
+        load_settings({"AMFS_EMBEDDER": "chat-mpnett"})
