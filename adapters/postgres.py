@@ -589,9 +589,10 @@ class PostgresStore(PostgresDatabase):
             for index in order:
                 draft = drafts[index]
                 if draft.context_key is not None and await conn.fetchval(
-                    "SELECT 1 FROM entries WHERE entity_path = $1 AND key = $2 LIMIT 1", draft.entity_path, draft.context_key,
+                    "SELECT 1 FROM entries WHERE entity_path = $1 AND key = $2 AND written_at <= $3 LIMIT 1",
+                    draft.entity_path, draft.context_key, draft.written_at,
                 ) is None:
-                    draft = draft.without_context()  # its lender was erased after the passage was made
+                    draft = draft.without_context()  # its lender was erased (and maybe written anew) since
                 previous = await conn.fetchrow(
                     "UPDATE entries SET is_current = false WHERE entity_path = $1 AND key = $2 AND is_current "
                     "RETURNING version, ttl_at",

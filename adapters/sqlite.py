@@ -328,10 +328,11 @@ class SQLiteStore(SQLiteDatabase):
                     gone, vectors = self._erase_keys_sync(conn, [(draft.entity_path, draft.key)])
                     removed, erased, previous = removed + gone, erased + vectors, None
                 if draft.context_key is not None and conn.execute(
-                    "SELECT 1 FROM entries WHERE entity_path = ? AND key = ? LIMIT 1", (draft.entity_path, draft.context_key),
+                    "SELECT 1 FROM entries WHERE entity_path = ? AND key = ? AND written_at <= ? LIMIT 1",
+                    (draft.entity_path, draft.context_key, _ts(draft.written_at)),
                 ).fetchone() is None:
                     # The turn that lent the context passage was erased after the passage was made (a forget racing
-                    # this write): its text must not stay behind in this one.
+                    # this write; written again since, it is another text): its text must not stay behind in this one.
                     draft = draft.without_context()
                 version = 1
                 if previous is not None:

@@ -1096,3 +1096,10 @@ async def test_a_write_whose_context_lender_was_erased_meanwhile_stores_no_passa
     assert stored.context_key is None and len(stored.passage_embeddings) == 2
     snapshot = await store.export_snapshot()
     assert all(entry.context_key != "t1" for entry in snapshot.entries)
+    # Forgotten and written anew before the write landed: the key is back, but with another text, written after
+    # this write began (a passage is made from a version written before its write).
+    await store.forget("chat", "t4")
+    await write(store, draft("chat", "t4", embedding=direction(80), written_at=at(3)))
+    (t6,) = await write(store, draft("chat", "t6", embedding=direction(50), passage_embeddings=[direction(50), direction(70)],
+                                     context_key="t4", written_at=at(2)))
+    assert t6.context_key is None and t6.passage_embeddings is None
