@@ -138,6 +138,13 @@ class TrainingDataExporter:
                 raise self._missing(fmt, history, entity_path)
             name, partial = relative.name, relative.name + ".partial"
             sources, sources_partial = name + SOURCES_SUFFIX, name + SOURCES_SUFFIX + ".partial"
+            if name == EXPORTS_LOCK or name.endswith((SOURCES_SUFFIX, ".partial", ".scrub")):
+                # These names are the exports' own bookkeeping: taking one over would hide an export from the scrub
+                # (its sources file replaced) or unlock it.
+                raise ValidationError(
+                    f"output_path: {name!r} is a name the exports keep for their own files (ending in "
+                    f"{SOURCES_SUFFIX}, .partial or .scrub, or {EXPORTS_LOCK}); pick another, e.g. train.jsonl. "
+                    "Nothing was written.")
             try:
                 folder = _open_beneath(root, relative.parts[:-1])
                 try:
@@ -145,19 +152,27 @@ class TrainingDataExporter:
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(leftover, dir_fd=folder)  # a leftover (or planted link) goes; its target is untouched
                     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                    fd = os.open(partial, flags, 0o644, dir_fd=folder)
-                    sources_fd = os.open(sources_partial, flags, 0o644, dir_fd=folder)
-                    with os.fdopen(fd, "w", encoding="utf-8") as handle, \
-                            os.fdopen(sources_fd, "w", encoding="utf-8") as sources_handle:
-                        for example in islice(_chain(first, examples), limit):
-                            made_from = example.pop(SOURCES)
-                            handle.write(json.dumps(example, ensure_ascii=False) + "\n")
-                            sources_handle.write(json.dumps(made_from, ensure_ascii=False) + "\n")
-                            count += 1
-                    # rename(2) replaces a link at `name` itself, never what it points to. The examples first: a
-                    # crash in between leaves an old or missing sources file, which a scrub leaves alone.
-                    os.replace(partial, name, src_dir_fd=folder, dst_dir_fd=folder)
-                    os.replace(sources_partial, sources, src_dir_fd=folder, dst_dir_fd=folder)
+                    try:
+                        fd = os.open(partial, flags, 0o644, dir_fd=folder)
+                        sources_fd = os.open(sources_partial, flags, 0o644, dir_fd=folder)
+                        with os.fdopen(fd, "w", encoding="utf-8") as handle, \
+                                os.fdopen(sources_fd, "w", encoding="utf-8") as sources_handle:
+                            for example in islice(_chain(first, examples), limit):
+                                made_from = example.pop(SOURCES)
+                                handle.write(json.dumps(example, ensure_ascii=False) + "\n")
+                                sources_handle.write(json.dumps(made_from, ensure_ascii=False) + "\n")
+                                count += 1
+                        # rename(2) replaces a link at `name` itself, never what it points to. The examples first: a
+                        # crash in between leaves an old or missing sources file, which a scrub leaves alone.
+                        os.replace(partial, name, src_dir_fd=folder, dst_dir_fd=folder)
+                        os.replace(sources_partial, sources, src_dir_fd=folder, dst_dir_fd=folder)
+                    except BaseException:
+                        # A failed write (the name is a folder, the disk is full) leaves no half export behind: the
+                        # scrub does not read .partial files, so a memory forgotten later would stay in one.
+                        for leftover in (partial, sources_partial):
+                            with contextlib.suppress(FileNotFoundError):
+                                os.unlink(leftover, dir_fd=folder)
+                        raise
                 finally:
                     os.close(folder)
             except OSError as error:

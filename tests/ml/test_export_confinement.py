@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from amfs_server.core.errors import ValidationError
+from amfs_server.core.errors import StoreError, ValidationError
 from amfs_server.core.models import Actor
 from amfs_server.core.service import MemoryService, WriteRequest
 from amfs_server.ml import MLService, TrainingDataExporter
@@ -102,3 +102,20 @@ async def test_each_namespace_gets_its_own_export_folder(ml: MLService) -> None:
     assert second.output_path == str(ml.export_dir / "key-bbbb" / "train.jsonl")
     assert [len(Path(r.output_path).read_text().splitlines()) for r in (first, second)] == [1, 2]
     assert json.loads(Path(first.output_path).read_text())["outcome_count"] >= 1
+
+
+@pytest.mark.parametrize("name", ["train.jsonl.amfs-sources", "x.partial", ".amfs-exports.lock", "y.scrub"])
+async def test_an_export_may_not_take_the_name_of_the_exports_own_files(ml: MLService, name: str) -> None:
+    await ml.export_training_data("reward_model", limit=3, output_path="train.jsonl")
+    before = {p.name: p.read_bytes() for p in ml.export_dir.iterdir()}
+    with pytest.raises(ValidationError, match="keep for their own files"):
+        await ml.export_training_data("reward_model", limit=3, output_path=name)
+    # nothing written or replaced: the scrub still finds the first export by its own sources file
+    assert {p.name: p.read_bytes() for p in ml.export_dir.iterdir()} == before
+
+
+async def test_a_failed_export_leaves_no_partial_file(ml: MLService) -> None:
+    (ml.export_dir / "folder").mkdir(parents=True)
+    with pytest.raises(StoreError, match="Cannot write the export"):
+        await ml.export_training_data("reward_model", limit=3, output_path="folder")
+    assert sorted(p.name for p in ml.export_dir.iterdir() if "partial" in p.name) == []
