@@ -886,6 +886,12 @@ class PostgresStore(PostgresDatabase):
         from ..core.confidence import apply_outcome
 
         async def write(conn: Any) -> tuple[OutcomeRecord, list[MemoryEntry]]:
+            # A ref already committed answers first: a retry (a lost reply, a new session that has read nothing, a
+            # target forgotten since) gets the stored record, never a refusal. A concurrent first commit is caught
+            # by the claim below.
+            existing = await run_postgres(conn, outcome_records(POSTGRES, "WHERE o.outcome_ref = $1", (outcome_ref,)))
+            if existing:
+                return already_applied(existing[0]), []
             reads = await self._session_reads(conn, actor.session_id)
             if targets is None:
                 candidates = reads

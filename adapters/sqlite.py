@@ -557,6 +557,11 @@ class SQLiteStore(SQLiteDatabase):
         from ..core.confidence import apply_outcome
 
         with self._transaction() as conn:
+            # A ref already committed answers first: a retry (a lost reply, a new session that has read nothing, a
+            # target forgotten since) gets the stored record, never a refusal.
+            existing = run_sqlite(conn, outcome_records(SQLITE, "WHERE o.outcome_ref = ?", (outcome_ref,)))
+            if existing:
+                return already_applied(existing[0]), []
             reads = self._session_reads_sync(conn, actor.session_id)
             # Existence is settled for every target before the first write, so a refusal changes nothing.
             rows: list[tuple[OutcomeTarget, sqlite3.Row]] = []
@@ -578,9 +583,6 @@ class SQLiteStore(SQLiteDatabase):
                     rows.append((target, row))
             if not rows:
                 raise nothing_read(actor.session_id)
-            existing = run_sqlite(conn, outcome_records(SQLITE, "WHERE o.outcome_ref = ?", (outcome_ref,)))
-            if existing:
-                return already_applied(existing[0]), []
             conn.execute(
                 SQLITE.insert("outcomes", OUTCOME_COLUMNS),
                 outcome_params(outcome_ref, outcome_type, multiplier, now, actor.agent_id, actor.session_id, SQLITE),

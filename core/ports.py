@@ -178,7 +178,8 @@ class MemoryStore(Protocol):
         `missing_causal_entry`; a session with nothing left to link raises `nothing_read`; both before anything
         changes. `retier(entry)` gets each updated version and returns it with the tier and priority_score to
         store (the formula stays in core). A ref already committed returns the stored record with
-        `already_applied=True`, no entries, and changes nothing.
+        `already_applied=True`, no entries, and changes nothing, before any target is checked (a retry from a new
+        session, or naming an entry forgotten since, is not refused).
         """
         ...
 

@@ -436,6 +436,15 @@ async def test_an_outcome_ref_applies_once_and_a_repeat_returns_the_stored_recor
     second = await outcome(store, "INC-8", OutcomeType.FAILURE, 1.1, ACTOR, at(3), [OutcomeTarget("svc/a", "k", None)])
     assert second.effects[0].confidence_before == pytest.approx(0.55)  # another ref compounds
     assert (await current(store, "svc/a", "k")).outcome_count == 2
+    # A retry is answered by the stored record before anything is checked: from a new session that has read
+    # nothing (a reconnect after a lost reply), or naming an entry forgotten since.
+    reconnected = Actor("agent/contract", "session-after-reconnect")
+    retried = await outcome(store, "INC-8", OutcomeType.FAILURE, 1.1, reconnected, at(4), None)
+    assert retried.already_applied and retried.effects == second.effects
+    await store.forget("svc/b", "k")
+    named = await outcome(store, "INC-7", OutcomeType.FAILURE, 1.1, ACTOR, at(5), [OutcomeTarget("svc/b", "k", None)])
+    assert named.already_applied and named.effects == first.effects
+    assert (await current(store, "svc/a", "k")).outcome_count == 2
 
 
 async def test_an_outcome_naming_a_missing_entry_among_several_changes_nothing_and_keeps_the_ref_free(
