@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
 from .errors import NotFoundError, ValidationError
+from .validation import has_hidden_characters
 from .models import Actor, utcnow
 from .patterns import (
     PATTERN_TYPES,
@@ -78,7 +79,6 @@ SECTIONS = ("interactions", "preferences", "patterns")
 """The sections of an export's `extra` that learning owns."""
 
 _TOOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]*")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def preference_confidence(support: int) -> float:
@@ -320,19 +320,22 @@ def validate_tool_name(name: Any) -> str:
 
 def validate_category(category: Any) -> str:
     if not isinstance(category, str) or not category.strip() or len(category) > MAX_NAME_CHARS \
-            or _CONTROL.search(category) or "/" in category:
+            or has_hidden_characters(category) or "/" in category:
         raise ValidationError(
-            f"category must be 1-{MAX_NAME_CHARS} characters without '/' or control characters, e.g. "
+            f"category must be 1-{MAX_NAME_CHARS} characters without '/' or control or invisible formatting "
+            f"characters, e.g. "
             f"'code_formatting' or a tool name; got {category!r}."
         )
     return category
 
 
 def validate_preference_key(key: Any) -> str:
-    if not isinstance(key, str) or not key.strip() or len(key) > MAX_NAME_CHARS or _CONTROL.search(key) \
+    if not isinstance(key, str) or not key.strip() or len(key) > MAX_NAME_CHARS or has_hidden_characters(key) \
             or "." in key or "/" in key:
+        # Invisible formatting characters too: `line_length\u200b` would look like `line_length` beside it.
         raise ValidationError(
-            f"key must be 1-{MAX_NAME_CHARS} characters without '.', '/' or control characters, e.g. "
+            f"key must be 1-{MAX_NAME_CHARS} characters without '.', '/' or control or invisible formatting "
+            f"characters, e.g. "
             f"'line_length'; got {key!r}."
         )
     return key

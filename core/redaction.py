@@ -26,6 +26,7 @@ import base64
 import hashlib
 import math
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -109,8 +110,9 @@ def name_words(name: str) -> list[str]:
 
 
 def is_secret_name(name: str) -> bool:
-    """Whether a parameter or field name says its value is a credential."""
-    words = name_words(name)
+    """Whether a parameter or field name says its value is a credential. Invisible formatting characters (a
+    zero-width space in `p\u200bin`) are dropped first: they would otherwise split the name into harmless words."""
+    words = name_words("".join(char for char in name if unicodedata.category(char) != "Cf"))
     if any(word in _SECRET_WORDS for word in words):
         return True
     if any(pair in _SECRET_PAIRS for pair in zip(words, words[1:])):

@@ -400,6 +400,16 @@ async def test_a_preference_named_like_a_credential_is_refused_and_nothing_is_st
     assert await learning.get_preferences(actor.agent_id, "db") == []
 
 
+@pytest.mark.parametrize(("category", "key"), [("db", "line_length\u200b"), ("db", "p\u200bin"), ("d\u200bb", "port")])
+async def test_a_preference_name_with_an_invisible_character_is_refused(learning, actor, category, key) -> None:
+    # It would look like another preference beside it, or hide a credential name (`p\u200bin`) from the check.
+    from amfs_server.core.errors import ValidationError
+
+    with pytest.raises(ValidationError, match="invisible formatting"):
+        await learning.set_preference(actor.agent_id, category, key, "4711")
+    assert await learning.get_preferences(actor.agent_id) == []
+
+
 @pytest.mark.parametrize("tool_name", ["ghp_a1b2c3d4e5f6", "sk-abc123"])
 async def test_a_credential_sent_as_tool_name_is_refused(learning, actor, tool_name) -> None:
     from amfs_server.core.errors import ValidationError

@@ -41,6 +41,7 @@ CAUGHT = [
     ("random key", "Zx9Qm2Lp7Rt4Vw8Ky3Nb6Hc1Jd5Fg0SaUe", REDACTED),
     ("name passcode", {"passcode": "1234"}, {"passcode": REDACTED}),
     ("name pin", {"pin": 4321}, {"pin": REDACTED}),
+    ("name pin with a zero-width space", {"p\u200bin": 4321}, {"p\u200bin": REDACTED}),
     ("name db_pw", {"db_pw": "x"}, {"db_pw": REDACTED}),
     ("name otp", {"otp_code": "123456"}, {"otp_code": REDACTED}),
     ("name password, nested", {"config": {"password": "x"}}, {"config": {"password": REDACTED}}),
