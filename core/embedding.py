@@ -70,7 +70,7 @@ __all__ = [
     "event_date_words",
 ]
 
-INSTALL_HINT = f"pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && {install_extra('lm')}"
+INSTALL_HINT = install_extra("lm", torch=True)
 
 # all-MiniLM-L6-v2 fine-tuned to find the turn of a conversation that answers a question
 # (scripts/finetune_embedder.py, on authored conversations only), int8 on onnxruntime, bundled, no torch.

@@ -35,7 +35,13 @@ class MissingExtraError(AmfsError):
     """A feature whose optional dependencies (a pip extra) are not installed; the message gives the install command."""
 
 
-def install_extra(extra: str) -> str:
-    """The command that installs one of amfs-server's optional extras. It installs from its source checkout
-    (`pip install .`, README), not from PyPI, where a package named `amfs-server` could be anyone's."""
-    return f"pip install '.[{extra}]' (in the amfs-server checkout)"
+CPU_TORCH = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+"""CPU-only torch, to install before an extra that needs torch (else pip pulls the CUDA build, gigabytes)."""
+
+
+def install_extra(extra: str, torch: bool = False) -> str:
+    """The command that installs one of amfs-server's optional extras (with `torch`, CPU torch first). It installs
+    from its source checkout (`pip install .`, README), not from PyPI, where a package named `amfs-server` could be
+    anyone's."""
+    command = f"pip install '.[{extra}]' (in the amfs-server checkout)"
+    return f"{CPU_TORCH} && {command}" if torch else command

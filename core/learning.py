@@ -323,8 +323,7 @@ def validate_category(category: Any) -> str:
             or has_hidden_characters(category) or "/" in category:
         raise ValidationError(
             f"category must be 1-{MAX_NAME_CHARS} characters without '/' or control or invisible formatting "
-            f"characters, e.g. "
-            f"'code_formatting' or a tool name; got {category!r}."
+            f"characters, e.g. 'code_formatting' or a tool name; got {category!r}."
         )
     return category
 
@@ -335,8 +334,7 @@ def validate_preference_key(key: Any) -> str:
         # Invisible formatting characters too: `line_length\u200b` would look like `line_length` beside it.
         raise ValidationError(
             f"key must be 1-{MAX_NAME_CHARS} characters without '.', '/' or control or invisible formatting "
-            f"characters, e.g. "
-            f"'line_length'; got {key!r}."
+            f"characters, e.g. 'line_length'; got {key!r}."
         )
     return key
 

@@ -147,10 +147,14 @@ class TrainingDataExporter:
                     "Nothing was written.")
             try:
                 folder = _open_beneath(root, relative.parts[:-1])
-                try:
+
+                def drop_partials() -> None:
                     for leftover in (partial, sources_partial):
                         with contextlib.suppress(FileNotFoundError):
-                            os.unlink(leftover, dir_fd=folder)  # a leftover (or planted link) goes; its target is untouched
+                            os.unlink(leftover, dir_fd=folder)  # a file, or a planted link: its target is untouched
+
+                try:
+                    drop_partials()  # a leftover of an earlier export
                     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                     try:
                         fd = os.open(partial, flags, 0o644, dir_fd=folder)
@@ -169,9 +173,7 @@ class TrainingDataExporter:
                     except BaseException:
                         # A failed write (the name is a folder, the disk is full) leaves no half export behind: the
                         # scrub does not read .partial files, so a memory forgotten later would stay in one.
-                        for leftover in (partial, sources_partial):
-                            with contextlib.suppress(FileNotFoundError):
-                                os.unlink(leftover, dir_fd=folder)
+                        drop_partials()
                         raise
                 finally:
                     os.close(folder)

@@ -1064,14 +1064,21 @@ async def test_latest_at_is_the_newest_current_live_entries_at_exactly_that_path
     assert await store.latest_at("nowhere", at(5), 5) == [] and await store.latest_at("chat", at(5), 0) == []
 
 
+OWN_PASSAGES = [direction(0), direction(20)]
+
+
+def turns_lent_by_t1() -> list[NewEntry]:
+    """chat/t2 (two passages of its own, then t1's context passage) and chat/t3 (one of its own, then t1's)."""
+    return [draft("chat", "t2", embedding=direction(10), passage_embeddings=[*OWN_PASSAGES, direction(60)],
+                  context_key="t1", written_at=at(1)),
+            draft("chat", "t3", embedding=direction(30), passage_embeddings=[direction(30), direction(50)],
+                  context_key="t1", written_at=at(1))]
+
+
 async def test_forgetting_a_key_strips_the_context_passages_made_with_its_text(store: MemoryStore) -> None:
-    own = [direction(0), direction(20)]
+    own = OWN_PASSAGES
     await write(store, draft("chat", "t1", embedding=direction(60)), draft("other", "t1", embedding=direction(60)))
-    await write(store,
-                draft("chat", "t2", embedding=direction(10), passage_embeddings=[*own, direction(60)], context_key="t1",
-                      written_at=at(1)),
-                draft("chat", "t3", embedding=direction(30), passage_embeddings=[direction(30), direction(50)],
-                      context_key="t1", written_at=at(1)),
+    await write(store, *turns_lent_by_t1(),
                 draft("other", "t2", embedding=direction(5), passage_embeddings=[direction(5), direction(60)],
                       context_key="t1", written_at=at(1)))
     assert (await store.get_current("chat", "t2", at(2))).context_key == "t1"
@@ -1087,15 +1094,11 @@ async def test_forgetting_a_key_strips_the_context_passages_made_with_its_text(s
 async def test_a_write_whose_context_lender_was_erased_meanwhile_stores_no_passage_from_it(store: MemoryStore) -> None:
     # The service makes a turn's context passage from the turn before it, then writes: a forget of that turn in
     # between (another call or process) finds nothing to strip, so the write itself must drop the passage.
-    own = [direction(0), direction(20)]
+    own = OWN_PASSAGES
     await write(store, draft("chat", "t1", embedding=direction(60)), draft("chat", "t4", embedding=direction(70)))
     await store.forget("chat", "t1")
     t2, t3, t5 = await write(
-        store,
-        draft("chat", "t2", embedding=direction(10), passage_embeddings=[*own, direction(60)], context_key="t1",
-              written_at=at(1)),
-        draft("chat", "t3", embedding=direction(30), passage_embeddings=[direction(30), direction(50)],
-              context_key="t1", written_at=at(1)),
+        store, *turns_lent_by_t1(),
         draft("chat", "t5", embedding=direction(40), passage_embeddings=[direction(40), direction(70)],
               context_key="t4", written_at=at(1)))
     assert t2.passage_embeddings == [as_float32(row) for row in own] and t2.context_key is None  # its own rows stay
