@@ -442,6 +442,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.conversations is not None and args.conversations < 1:
         parser.error("--conversations must be at least 1")
     conversations = load_conversations(args.dataset, args.split)[: args.conversations]
+    if not conversations:
+        held = sorted({c["split"] for c in load_conversations(args.dataset)}, key=SPLITS.index)
+        parser.error(f"{args.dataset} has no conversations in the {args.split} split; its splits: {', '.join(held)}"
+                     " (--split all takes every conversation)")
     if args.reattribute_evidence:
         moved = reattribute_evidence(conversations, args.reattribute_evidence)
         log(f"[conversations] {moved} evidence turns re-attributed to the other speaker")

@@ -14,13 +14,14 @@ def conversations(name):
     return json.loads((DATA / name).read_text())["conversations"]
 
 
-@pytest.mark.parametrize("name, splits", [("conversations_authored.json", {"tuning", "test"}),
-                                          ("conversations_authored_train.json", {"train"}),
-                                          ("conversations_annotated.json", {"tuning", "test"}),
-                                          ("conversations_annotated_train.json", {"train"})])
-def test_every_question_points_at_turns_that_exist(name, splits):
+@pytest.mark.parametrize("name, count, splits", [("conversations_authored.json", 8, {"tuning", "test"}),
+                                                 ("conversations_authored_train.json", 8, {"train"}),
+                                                 ("conversations_annotated.json", 8, {"tuning", "test"}),
+                                                 ("conversations_annotated_train.json", 8, {"train"}),
+                                                 ("conversations_fresh.json", 4, {"test"})])
+def test_every_question_points_at_turns_that_exist(name, count, splits):
     found = conversations(name)
-    assert len(found) == 8 and {c["split"] for c in found} == splits
+    assert len(found) == count and {c["split"] for c in found} == splits
     for conversation in found:
         speakers = conversation["speakers"]
         sessions = conversation["sessions"]
@@ -46,6 +47,15 @@ def test_the_annotated_set_is_split_by_conversation_and_shares_no_turn_with_the_
                                      "conversations_annotated_train.json")
               for c in conversations(name) for s in c["sessions"] for t in s["turns"]}
     assert not others & {t["text"] for c in annotated for s in c["sessions"] for t in s["turns"] if len(t["text"]) > 40}
+
+
+def test_the_fresh_set_is_test_only_and_shares_no_turn_with_the_others():
+    fresh = conversations("conversations_fresh.json")
+    assert [c["conversation_id"] for c in fresh] == ["fresh-01", "fresh-02", "fresh-03", "fresh-04"]
+    others = {t["text"] for name in ("conversations_authored.json", "conversations_authored_train.json",
+                                     "conversations_annotated.json", "conversations_annotated_train.json")
+              for c in conversations(name) for s in c["sessions"] for t in s["turns"]}
+    assert not others & {t["text"] for c in fresh for s in c["sessions"] for t in s["turns"] if len(t["text"]) > 40}
 
 
 def test_the_training_conversations_are_not_the_benchmarks():

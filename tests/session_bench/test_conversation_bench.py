@@ -71,6 +71,16 @@ def test_unknown_split_is_rejected_with_the_choices():
         bench.load_conversations(split="train")
 
 
+def test_a_split_the_dataset_lacks_is_refused_naming_the_splits_it_has(tmp_path, capsys):
+    test_only = gen.build_dataset(seed=7, conversations=2, sessions=3)
+    test_only["conversations"] = [c for c in test_only["conversations"] if c["split"] == "test"]
+    path = tmp_path / "test_only.json"
+    path.write_text(json.dumps(test_only))
+    with pytest.raises(SystemExit):
+        bench.main(["--dataset", str(path), "--split", "tuning"])
+    assert "has no conversations in the tuning split; its splits: test" in capsys.readouterr().err
+
+
 def test_recall_counts_the_fraction_of_evidence_in_the_top_ten():
     ranked = ["a", "b", "x", "c", "d", "e", "f", "g", "h", "i", "y"]
     assert bench.score_question(ranked, ["x", "y"]) == {"recall@10": 0.5, "mrr@10": pytest.approx(1 / 3)}
