@@ -89,12 +89,14 @@ from .sql_common import (
     TRACE_COLUMNS,
     TRACE_INSERT_COLUMNS,
     already_applied,
+    count_outcomes,
     draft_params,
     effect_params,
     entry_from_row,
     export_store,
     import_store,
     latest_versions,
+    outcome_filter,
     outcome_params,
     outcome_records,
     run_postgres,
@@ -952,14 +954,17 @@ class PostgresStore(PostgresDatabase):
 
         return await self._tx(write)
 
-    async def outcome_records(self, entity_path: str | None = None) -> list[OutcomeRecord]:
-        if entity_path is None:
-            return await self._read(lambda conn: run_postgres(conn, outcome_records(POSTGRES)))
-        where = (
-            "WHERE o.outcome_ref IN (SELECT e.outcome_ref FROM outcome_effects e "
-            "WHERE e.entity_path = $1 OR starts_with(e.entity_path, $1 || '/'))"
-        )
-        return await self._read(lambda conn: run_postgres(conn, outcome_records(POSTGRES, where, (entity_path,))))
+    async def outcome_records(
+        self, entity_path: str | None = None, *, key: str | None = None, newest_first: bool = False, offset: int = 0,
+        limit: int | None = None,
+    ) -> list[OutcomeRecord]:
+        where, params = outcome_filter(POSTGRES, entity_path, key)
+        return await self._read(lambda conn: run_postgres(conn, outcome_records(
+            POSTGRES, where, params, newest_first=newest_first, offset=offset, limit=limit)))
+
+    async def count_outcomes(self, entity_path: str | None = None, *, key: str | None = None) -> int:
+        where, params = outcome_filter(POSTGRES, entity_path, key)
+        return await self._read(lambda conn: run_postgres(conn, count_outcomes(where, params)))
 
     # -- maintenance --------------------------------------------------------------------------
 

@@ -101,6 +101,10 @@ class Dialect:
         return np.frombuffer(bytes(value) if isinstance(value, memoryview) else value, dtype=np.float32).reshape(
             -1, dimension)
 
+    def under(self, column: str, entity_path: str) -> tuple[str, tuple[Any, ...]]:
+        """SQL for `column` being `entity_path` or a path below it, with its parameters (numbered from 1)."""
+        raise NotImplementedError
+
     def insert(self, table: str, columns: Sequence[str], suffix: str = "") -> str:
         return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({self.marks(len(columns))}){suffix}"
 
@@ -116,6 +120,12 @@ class SQLiteDialect(Dialect):
 
     def mark(self, position: int) -> str:
         return "?"
+
+    def under(self, column: str, entity_path: str) -> tuple[str, tuple[Any, ...]]:
+        # Without LIKE (paths contain `_`): a path starts with `p/` exactly when it sorts from `p/` up to, not
+        # including, `p0` ('0' follows '/'), a range the (entity_path, key) index answers.
+        return (f"({column} = ? OR ({column} >= ? AND {column} < ?))",
+                (entity_path, entity_path + "/", entity_path + "0"))
 
     def ts(self, moment: datetime | None) -> float | None:
         return None if moment is None else moment.timestamp()
@@ -149,6 +159,9 @@ class PostgresDialect(Dialect):
 
     def mark(self, position: int) -> str:
         return f"${position}"
+
+    def under(self, column: str, entity_path: str) -> tuple[str, tuple[Any, ...]]:
+        return f"({column} = $1 OR starts_with({column}, $1 || '/'))", (entity_path,)
 
     def embedding_value(self, value: Any) -> list[float] | None:
         if value is None:
@@ -403,18 +416,35 @@ async def run_postgres(conn: Any, steps: Steps[T]) -> T:
 # -- the entry store's import and export --------------------------------------------------------
 
 
-def outcome_records(d: Dialect, where: str = "", params: tuple[Any, ...] = ()) -> Steps[list[OutcomeRecord]]:
-    """The outcomes `where` (on `outcomes o`) selects, oldest first, each with its effects in order."""
+def outcome_records(
+    d: Dialect, where: str = "", params: tuple[Any, ...] = (), *, newest_first: bool = False, offset: int = 0,
+    limit: int | None = None,
+) -> Steps[list[OutcomeRecord]]:
+    """The outcomes `where` (on `outcomes o`) selects, oldest first (or newest first), each with its effects in
+    order; `offset` and `limit` page them in the query, so a page costs its own rows, not the store's."""
+    order = " DESC" if newest_first else ""
+    page = "" if limit is None else f" LIMIT {int(limit)} OFFSET {int(offset)}"
+    if limit is None and offset:
+        raise ValueError("an offset needs a limit")
     outcome_rows = yield Fetch(
-        f"SELECT o.{', o.'.join(OUTCOME_COLUMNS)} FROM outcomes o {where} ORDER BY o.committed_at, o.{d.seq}", params
+        f"SELECT o.{', o.'.join(OUTCOME_COLUMNS)} FROM outcomes o {where} "
+        f"ORDER BY o.committed_at{order}, o.{d.seq}{order}{page}", params
     )
     if not outcome_rows:
         return []
-    effect_rows = yield Fetch(
-        f"SELECT {', '.join(EFFECT_COLUMNS)} FROM outcome_effects "
-        f"WHERE outcome_ref IN (SELECT o.outcome_ref FROM outcomes o {where}) ORDER BY outcome_ref, position",
-        params,
-    )
+    if limit is None:
+        effect_rows = yield Fetch(
+            f"SELECT {', '.join(EFFECT_COLUMNS)} FROM outcome_effects "
+            f"WHERE outcome_ref IN (SELECT o.outcome_ref FROM outcomes o {where}) ORDER BY outcome_ref, position",
+            params,
+        )
+    else:
+        refs = tuple(row["outcome_ref"] for row in outcome_rows)
+        effect_rows = yield Fetch(
+            f"SELECT {', '.join(EFFECT_COLUMNS)} FROM outcome_effects "
+            f"WHERE outcome_ref IN ({d.marks(len(refs))}) ORDER BY outcome_ref, position",
+            refs,
+        )
     effects: dict[str, list[OutcomeEffect]] = {}
     for e in effect_rows:
         effects.setdefault(e["outcome_ref"], []).append(
@@ -431,6 +461,26 @@ def outcome_records(d: Dialect, where: str = "", params: tuple[Any, ...] = ()) -
         )
         for row in outcome_rows
     ]
+
+
+def outcome_filter(d: Dialect, entity_path: str | None, key: str | None) -> tuple[str, tuple[Any, ...]]:
+    """The WHERE clause (on `outcomes o`) for the outcomes with an effect on `entity_path` or below it, or with `key`
+    on that one entry; none for every outcome."""
+    if entity_path is None:
+        if key is not None:
+            raise ValueError("an outcome filter by key needs its entity path")
+        return "", ()
+    if key is not None:
+        clause, params = f"e.entity_path = {d.mark(1)} AND e.key = {d.mark(2)}", (entity_path, key)
+    else:
+        clause, params = d.under("e.entity_path", entity_path)
+    return f"WHERE o.outcome_ref IN (SELECT e.outcome_ref FROM outcome_effects e WHERE {clause})", params
+
+
+def count_outcomes(where: str = "", params: tuple[Any, ...] = ()) -> Steps[int]:
+    """How many outcomes `where` (on `outcomes o`) selects."""
+    rows = yield Fetch(f"SELECT COUNT(*) AS n FROM outcomes o {where}", params)
+    return int(rows[0]["n"])
 
 
 def export_store(d: Dialect, hidden_meta: Sequence[str] = ()) -> Steps[StoreSnapshot]:

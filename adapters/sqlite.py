@@ -51,11 +51,13 @@ from .sql_common import (
     TRACE_COLUMNS,
     TRACE_INSERT_COLUMNS,
     already_applied,
+    count_outcomes,
     draft_params,
     effect_params,
     entry_from_row,
     export_store,
     import_store,
+    outcome_filter,
     outcome_params,
     outcome_records,
     run_sqlite,
@@ -210,10 +212,9 @@ def fts_row_count(conn: sqlite3.Connection) -> int:
 
 
 def prefix_clause(column: str, entity_path: str) -> tuple[str, list[Any]]:
-    """`entity_path` and everything below it, without LIKE (paths contain `_`, a LIKE wildcard): a path starts
-    with `p/` exactly when it sorts from `p/` up to, not including, `p0` ('0' follows '/'), a range the
-    (entity_path, key) index answers."""
-    return f"({column} = ? OR ({column} >= ? AND {column} < ?))", [entity_path, entity_path + "/", entity_path + "0"]
+    """`entity_path` and everything below it, as a key range (`SQLiteDialect.under`)."""
+    clause, params = SQLITE.under(column, entity_path)
+    return clause, list(params)
 
 
 # A search scoped to an entity path (one conversation among many) works from the scope's own entries when it holds
@@ -614,16 +615,17 @@ class SQLiteStore(SQLiteDatabase):
         ).fetchone()
         return row
 
-    async def outcome_records(self, entity_path: str | None = None) -> list[OutcomeRecord]:
-        def fetch() -> list[OutcomeRecord]:
-            conn = self._connection()
-            if entity_path is None:
-                return run_sqlite(conn, outcome_records(SQLITE))
-            clause, params = prefix_clause("e.entity_path", entity_path)
-            where = f"WHERE o.outcome_ref IN (SELECT e.outcome_ref FROM outcome_effects e WHERE {clause})"
-            return run_sqlite(conn, outcome_records(SQLITE, where, tuple(params)))
+    async def outcome_records(
+        self, entity_path: str | None = None, *, key: str | None = None, newest_first: bool = False, offset: int = 0,
+        limit: int | None = None,
+    ) -> list[OutcomeRecord]:
+        where, params = outcome_filter(SQLITE, entity_path, key)
+        return await self._run(lambda: run_sqlite(self._connection(), outcome_records(
+            SQLITE, where, params, newest_first=newest_first, offset=offset, limit=limit)))
 
-        return await self._run(fetch)
+    async def count_outcomes(self, entity_path: str | None = None, *, key: str | None = None) -> int:
+        where, params = outcome_filter(SQLITE, entity_path, key)
+        return await self._run(lambda: run_sqlite(self._connection(), count_outcomes(where, params)))
 
     # -- retrieval candidates -----------------------------------------------------------------
 

@@ -219,7 +219,17 @@ class MemoryStore(Protocol):
         hits get (see `MemoryService._semantic_candidates`)."""
         ...
 
-    async def outcome_records(self, entity_path: str | None = None) -> list[OutcomeRecord]: ...
+    async def outcome_records(
+        self, entity_path: str | None = None, *, key: str | None = None, newest_first: bool = False, offset: int = 0,
+        limit: int | None = None,
+    ) -> list[OutcomeRecord]:
+        """Outcomes with an effect on `entity_path` or below it (with `key`: on that entry), each with all its
+        effects, in commit order (`newest_first` reverses it); `offset` / `limit` page them in the store."""
+        ...
+
+    async def count_outcomes(self, entity_path: str | None = None, *, key: str | None = None) -> int:
+        """How many outcomes `outcome_records` with the same filter lists."""
+        ...
 
     async def trace_events(self, session_id: str | None = None) -> list[TraceEvent]: ...
 

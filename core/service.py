@@ -900,8 +900,25 @@ class MemoryService:
         effects = tuple(e for e in record.effects if under(e.entity_path, actor.scope))
         return replace(record, outcome_ref=outcome_ref, effects=effects)
 
-    async def outcome_records(self, entity_path: str | None = None) -> builtins.list[OutcomeRecord]:
-        return await self.store.outcome_records(v.validate_entity_prefix(entity_path))
+    async def outcome_records(
+        self, entity_path: str | None = None, *, key: str | None = None, newest_first: bool = False, offset: int = 0,
+        limit: int | None = None,
+    ) -> builtins.list[OutcomeRecord]:
+        """See `MemoryStore.outcome_records`; a page (`limit`) is read as a page, not as the whole list."""
+        path, key = self._outcome_filter(entity_path, key)
+        return await self.store.outcome_records(path, key=key, newest_first=newest_first, offset=offset, limit=limit)
+
+    async def count_outcomes(self, entity_path: str | None = None, *, key: str | None = None) -> int:
+        path, key = self._outcome_filter(entity_path, key)
+        return await self.store.count_outcomes(path, key=key)
+
+    @staticmethod
+    def _outcome_filter(entity_path: str | None, key: str | None) -> tuple[str | None, str | None]:
+        if key is None:
+            return v.validate_entity_prefix(entity_path), None
+        if entity_path is None:
+            raise ValidationError("Name the entry's entity_path along with its key.")
+        return v.validate_entity_path(entity_path), v.validate_key(key)
 
     # -- maintenance --------------------------------------------------------------------------
 

@@ -133,10 +133,12 @@ def http_options(host: str, allowed_origins: Sequence[str] = (), limits: ServerL
     checks (duplicate keys, ids reused in flight) and the per-key session limits. FastMCP puts its
     authentication before these and its 401 after them (at the route), so JsonRpcGuard leaves a request
     without a valid key unread (server/json_guard.py)."""
+    from .ui import UI_PATH
+
     return {
         "middleware": [
             Middleware(OriginGuard, allowed_origins=allowed_origins, loopback_bind=is_loopback(host)),
-            Middleware(JsonRpcGuard),
+            Middleware(JsonRpcGuard, not_json_rpc=UI_PATH + "/"),  # the browser's API answers its own errors
             Middleware(SessionGuard, limits=limits or ServerLimits()),
         ],
         "host_origin_protection": False,  # OriginGuard does this, with AMFS_ALLOWED_ORIGINS

@@ -292,13 +292,16 @@ class OriginGuard:
             origin = headers.get("origin")
             if origin is not None and not self._origin_allowed(origin):
                 response = PlainTextResponse(
-                    f"Forbidden: Origin {origin!r} is not allowed. Add it to AMFS_ALLOWED_ORIGINS to permit it.", 403
+                    f"Forbidden: Origin {origin!r} is not allowed. Add it to AMFS_ALLOWED_ORIGINS to permit it.", 403,
+                    headers={"X-Content-Type-Options": "nosniff"},
                 )
                 await response(scope, receive, send)
                 return
             host = headers.get("host", "")
-            if self.loopback_bind and not is_loopback(urlsplit(f"//{host}").hostname or ""):
-                response = PlainTextResponse(f"Misdirected request: Host {host!r} is not this server.", 421)
+            # A Host holds no user part: "evil.example@127.0.0.1" would otherwise parse as loopback.
+            if self.loopback_bind and ("@" in host or not is_loopback(urlsplit(f"//{host}").hostname or "")):
+                response = PlainTextResponse(f"Misdirected request: Host {host!r} is not this server.", 421,
+                                             headers={"X-Content-Type-Options": "nosniff"})
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -27,12 +27,14 @@ class JsonRpcGuard:
     so it leaves the body of a request without a valid key unread: reading it first let a keyless client hold
     a connection by sending a body slowly, and the route refuses that request anyway."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, not_json_rpc: str | None = None) -> None:
         self.app = app
+        self._not_json_rpc = not_json_rpc  # a path prefix whose POSTs are not MCP's (the memory browser's API)
         self._in_progress: set[tuple[str, str]] = set()  # (session, the id's JSON text) of requests being answered
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or _refused_by_auth(scope):
+        if (scope["type"] != "http" or scope["method"] != "POST" or _refused_by_auth(scope)
+                or (self._not_json_rpc is not None and scope["path"].startswith(self._not_json_rpc))):
             await self.app(scope, receive, send)
             return
         messages: list[Message] = []

@@ -11,9 +11,12 @@ and in the top 10, for each N. The tables of "Long and stuffed memories" in docs
     python -m amfs_server.session_bench.stuffing_attack --conversation 1 --words 40,80,1500 --pivot none
     python -m amfs_server.session_bench.stuffing_attack --dataset session_bench/data/conversations_annotated.json \
         --conversation 1 --words "" --statements 4,8,16,32
+    python -m amfs_server.session_bench.stuffing_attack --conversation 1 --words 300 --joiner "$(printf '\u19b0')"
 
 `--pivot` replaces `core.retrieval.KEYWORD_LENGTH_PIVOT` in this process only ("none": no length factor), to
-compare the shipped value with others.
+compare the shipped value with others. `--joiner` joins the stuffed words with that text instead of a space: a
+character the keyword index splits words at but Python's `\\w` does not (U+19B0 on SQLite, U+00B2 on PostgreSQL)
+once made the length factor count them as one word.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="comma-separated sizes of the keyword-stuffed memory, in words ('' for none)")
     parser.add_argument("--statements", default="",
                         help="comma-separated sizes of the topic-stuffed memory, in sentences (default: none)")
+    parser.add_argument("--joiner", default=" ", help="what joins the stuffed words (default: a space)")
     parser.add_argument("--pivot", default=None,
                         help=f"the keyword length pivot to use (default {retrieval.KEYWORD_LENGTH_PIVOT}; 'none': off)")
     args = parser.parse_args(argv)
@@ -96,8 +100,9 @@ def main(argv: list[str] | None = None) -> None:
     print("| stuffed memory | questions | ranked first | in the top 10 |")
     print("| --- | --- | --- | --- |")
     for count in (int(n) for n in args.words.split(",") if n):
-        questions, first, top10 = attack(target, " ".join(common_question_words(others, count)))
-        print(f"| {count} words | {questions} | {first} | {top10} |")
+        questions, first, top10 = attack(target, args.joiner.join(common_question_words(others, count)))
+        joined = "" if args.joiner == " " else f", joined by {args.joiner!r}"
+        print(f"| {count} words{joined} | {questions} | {first} | {top10} |")
     for count in (int(n) for n in args.statements.split(",") if n):
         questions, first, top10 = attack(target, " ".join(common_statements(others, count)))
         print(f"| {count} statements | {questions} | {first} | {top10} |")

@@ -4,7 +4,8 @@ Every API call needs the bearer key when the server has keys (the page keeps it 
 sends `Authorization: Bearer`); the page and its assets carry no data, so they load without one (a
 browser cannot send a header on navigation). A read-only key reads; only a read-write key may forget.
 A prefix key (`rw@team-a`) sees entries, counts, outcome effects and search results under its prefix
-only, and none of the store-wide views (learning, ML), as over MCP.
+only, and none of the store-wide views (learning, ML), as over MCP. With keys the learning view shows the
+key's own user's preferences and patterns (as `amfs_get_preferences` does); without keys, every user's.
 
 Reads here are a person looking, not an agent reading: they use `MemoryService.peek`, `entries_at`,
 `entity_counts`, `history`, `outcome_records` and `retrieve(count_as_read=False)`, so no recall count,
@@ -14,9 +15,11 @@ the services' public methods.
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import json
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -45,6 +48,8 @@ MAX_PAGE = 200
 # so a key with many large versions cannot make one response as large as all of them together.
 VERSION_VALUE_CHARS = 2000
 ENTRY_PAGE_VERSIONS = 200  # the newest versions an entry page shows; it says how many older ones it leaves out
+ENTRY_PAGE_OUTCOMES = 200  # likewise the newest outcomes on the entry
+MAX_FORGET_BODY = 64 * 1024  # a forget names one entry: a few hundred bytes
 MAX_TREE_CHILDREN = 500
 
 # No inline script or style, no eval, nothing from another origin; the SVG chart is built with DOM calls.
@@ -76,6 +81,8 @@ class Viewer:
     access: Access
     entity_prefix: str | None
     keyed: bool
+    agent_id: str | None = None
+    """The user the key acts as (whose preferences and patterns it sees); None on a server without keys."""
 
     def allows(self, entity_path: str) -> bool:
         return ApiKey("", self.access, self.entity_prefix).allows(entity_path)
@@ -105,7 +112,7 @@ class _Auth:
         if access is None:
             raise _Refused(401, "This server needs an API key: send it as 'Authorization: Bearer <key>'.")
         key = self._by_id[access.client_id]
-        return Viewer(key.access, key.entity_prefix, keyed=True)
+        return Viewer(key.access, key.entity_prefix, keyed=True, agent_id=key.agent_id)
 
 
 Handler = Callable[[Request, Viewer], Awaitable[Any]]
@@ -125,6 +132,8 @@ def _endpoint(auth: _Auth, handler: Handler) -> Callable[[Request], Awaitable[Re
             return _json({"error": str(error), "insufficient_data": True}, 409)
         except (AmfsError, ValueError) as error:
             return _json({"error": str(error)}, 400)
+        except RecursionError:  # json.loads of a body nested thousands deep
+            return _json({"error": "The body is nested too deeply; send a flat JSON object."}, 400)
 
     return endpoint
 
@@ -136,10 +145,9 @@ def _int_param(request: Request, name: str, default: int, maximum: int) -> int:
     text = request.query_params.get(name)
     if text is None or text == "":
         return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValidationError(f"{name} must be an integer, got {text!r}.") from None
+    if not (text.isascii() and text.isdigit()):  # int() would also take " 1", "1_0" and other scripts' digits
+        raise ValidationError(f"{name} must be a whole number written with the digits 0-9, got {text!r}.")
+    value = int(text)
     if not 0 <= value <= maximum:
         raise ValidationError(f"{name} must be between 0 and {maximum}, got {value}.")
     return value
@@ -220,15 +228,37 @@ def _scoped_record(record: OutcomeRecord, viewer: Viewer) -> dict[str, Any] | No
 
 
 def _diff(old: Any, new: Any) -> list[dict[str, str]]:
+    """Whole lines kept, removed and added. Not `ndiff`: its character-level pass over changed lines is quadratic
+    (two 2,000-line versions that share little took 18 s, and it ran on the event loop, stalling every client)."""
     def lines(value: Any) -> list[str]:
         return json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True, default=str).splitlines()
 
+    a, b = lines(old), lines(new)
     out = []
-    for line in difflib.ndiff(lines(old), lines(new)):
-        if line.startswith("? "):
-            continue  # ndiff's intra-line hints: the page marks whole lines
-        out.append({"op": {"+": "add", "-": "remove"}.get(line[0], "same"), "text": line[2:]})
+    for op, a0, a1, b0, b1 in difflib.SequenceMatcher(None, a, b).get_opcodes():
+        if op == "equal":
+            out += [{"op": "same", "text": line} for line in a[a0:a1]]
+            continue
+        out += [{"op": "remove", "text": line} for line in a[a0:a1]]
+        out += [{"op": "add", "text": line} for line in b[b0:b1]]
     return out
+
+
+async def _json_body(request: Request, limit: int) -> Any:
+    """The request's JSON body, read no further than `limit` bytes (413 beyond); a key given twice is refused."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _Refused(413, f"The body is larger than {limit} bytes; nothing was done.")
+
+    def no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        repeated = sorted(name for name, n in Counter(name for name, _ in pairs).items() if n > 1)
+        if repeated:
+            raise ValidationError(f"The body names {', '.join(map(repr, repeated))} more than once; nothing was done.")
+        return dict(pairs)
+
+    return json.loads(body, object_pairs_hook=no_repeats)
 
 
 def _handlers(ui: UiServices) -> dict[str, Handler]:
@@ -292,7 +322,8 @@ def _handlers(ui: UiServices) -> dict[str, Handler]:
         current = await service.peek(path, key)
         page, older = await service.history_page(path, key, ENTRY_PAGE_VERSIONS)
         versions = [_version_row(version, service, now) async for version in page]
-        records = await service.outcome_records(path)
+        records = await service.outcome_records(path, key=key, newest_first=True, limit=ENTRY_PAGE_OUTCOMES)
+        older_outcomes = max(0, await service.count_outcomes(path, key=key) - len(records))
         outcomes = []
         for record in records:
             for effect in record.effects:
@@ -310,6 +341,7 @@ def _handlers(ui: UiServices) -> dict[str, Handler]:
             "versions": versions[::-1],
             "older_versions": older,
             "outcomes": outcomes,
+            "older_outcomes": older_outcomes,
             "decay_half_life_days": service.config.decay_half_life_days,
             "now": to_iso(now),
         }
@@ -320,15 +352,16 @@ def _handlers(ui: UiServices) -> dict[str, Handler]:
         key = v.validate_key(_required(request, "key"))
         a, b = _int_param(request, "from", 0, 10**9), _int_param(request, "to", 0, 10**9)
         old, new = await service.peek_version(path, key, a), await service.peek_version(path, key, b)  # two, not all
-        return {"from": a, "to": b, "lines": _diff(old.value, new.value)}
+        return {"from": a, "to": b, "lines": await asyncio.to_thread(_diff, old.value, new.value)}
 
     async def outcomes(request: Request, viewer: Viewer) -> Any:
         offset = _int_param(request, "offset", 0, 10**9)
         limit = _int_param(request, "limit", 50, MAX_PAGE)
         path = _scoped_path(viewer, request.query_params.get("path"))
-        records = [r for r in (_scoped_record(r, viewer) for r in await service.outcome_records(path)) if r]
-        records.reverse()  # newest first
-        return {"total": len(records), "offset": offset, "limit": limit, "outcomes": records[offset: offset + limit]}
+        # Every record listed has an effect under `path`, which lies in the viewer's scope: none is dropped below.
+        page = await service.outcome_records(path, newest_first=True, offset=offset, limit=limit)
+        records = [r for r in (_scoped_record(r, viewer) for r in page) if r]
+        return {"total": await service.count_outcomes(path), "offset": offset, "limit": limit, "outcomes": records}
 
     async def search(request: Request, viewer: Viewer) -> Any:
         query = request.query_params.get("q", "")
@@ -357,8 +390,9 @@ def _handlers(ui: UiServices) -> dict[str, Handler]:
         if ui.learning is None:
             return {"enabled": False, "preferences": [], "patterns": []}
         config = ui.learning.config
-        preferences = await ui.learning.get_preferences(None) if config.preference_learning else []
-        patterns = await ui.learning.patterns(None) if config.pattern_detection else []
+        user = viewer.agent_id  # with keys, a key sees its own user's, as over MCP; without keys, every user's
+        preferences = await ui.learning.get_preferences(user) if config.preference_learning else []
+        patterns = await ui.learning.patterns(user) if config.pattern_detection else []
         return {
             "enabled": True,
             "thresholds": {"suggest": config.thresholds.suggest, "confirm": config.thresholds.confirm,
@@ -397,7 +431,9 @@ def _handlers(ui: UiServices) -> dict[str, Handler]:
         if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
             raise ValidationError("Send the forget request as JSON (Content-Type: application/json).")
         try:
-            body = json.loads(await request.body())
+            body = await _json_body(request, MAX_FORGET_BODY)
+        except ValidationError:
+            raise
         except ValueError:
             raise ValidationError('The body must be JSON: {"entity_path": "...", "key": "..."}.') from None
         if not isinstance(body, dict):

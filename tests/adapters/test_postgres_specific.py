@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -697,3 +698,25 @@ async def test_scoped_keyword_scores_ignore_the_planners_row_count_of_the_whole_
     assert [(e.key, score) for e, score in after] == [(e.key, score) for e, score in before]
     unscoped = await pg_store.keyword_candidates(words, EntryFilter(), now, 10)
     assert unscoped[0][1] != after[0][1]  # unscoped, the whole store's row count is N (and this test can fail)
+
+
+@pytestmark_pg
+async def test_every_character_the_english_parser_splits_words_at_breaks_them_for_the_length_factor(
+    pg_dsn: str,
+) -> None:
+    """A red-team finding: '\u00b2' (and 894 more of category No) joined words that PostgreSQL's parser indexes one by
+    one, and the length factor counted one word. Probed here against the server's own `english` configuration,
+    as the store's generated search column uses it."""
+    from amfs_server.core.retrieval import KEYWORD_LENGTH_PIVOT, keyword_length_factor
+
+    split = await _fetch(pg_dsn, """
+        SELECT cp FROM generate_series(128, 196607) AS cp
+        WHERE cp NOT BETWEEN 55296 AND 57343
+          AND to_tsvector('english'::regconfig, 'alpha' || chr(cp) || 'beta') @@ to_tsquery('english'::regconfig, 'alpha')
+    """)
+    joiners = [chr(row["cp"]) for row in split if re.fullmatch(r"[^\W_]", chr(row["cp"]))]
+    assert len(joiners) > 800  # the other numbers (category No) at least: the probe really ran
+    words = [f"word{n}x" for n in range(2 * KEYWORD_LENGTH_PIVOT)]
+    counted_as_one = [hex(ord(c)) for c in joiners if keyword_length_factor(c.join(words)) != pytest.approx(0.25)]
+    assert counted_as_one == []
+

@@ -236,3 +236,30 @@ async def test_statements_with_many_ids_fit_an_sqlite_that_takes_999_parameters(
         assert await store.history("chat/long", "k") == []
     finally:
         await store.close()
+
+
+async def test_every_character_fts5_splits_words_at_breaks_them_for_the_length_factor(tmp_path: Path) -> None:
+    """A red-team finding: New Tai Lue vowel signs and two Vedic signs (letters to Python, separators to FTS5's
+    Unicode 6.1 tables) joined words FTS5 indexes one by one, and the length factor counted one word. Probed with
+    the tokenizer of the store's own keyword index."""
+    import re
+
+    from amfs_server.core.retrieval import KEYWORD_LENGTH_PIVOT, keyword_length_factor
+
+    store = SQLiteStore(tmp_path / "amfs.db")
+    await store.open()
+    await store.close()
+    with closing(sqlite3.connect(tmp_path / "amfs.db")) as conn:
+        (schema,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'entries_fts'").fetchone()
+        probe = sqlite3.connect(":memory:")
+        probe.execute(schema.replace("entries_fts", "probe", 1))
+    candidates = [cp for cp in range(0x80, 0x30000)
+                  if not 0xD800 <= cp < 0xE000 and re.fullmatch(r"[^\W_]", chr(cp))]
+    probe.executemany("INSERT INTO probe (rowid, search_text) VALUES (?, ?)",
+                      ((cp, f"alpha{chr(cp)}beta") for cp in candidates))
+    joiners = [chr(cp) for (cp,) in probe.execute("SELECT rowid FROM probe WHERE probe MATCH 'alpha'")]
+    assert len(joiners) >= 21  # the probe really ran: FTS5 split at these when this was written
+    words = [f"word{n}x" for n in range(2 * KEYWORD_LENGTH_PIVOT)]
+    counted_as_one = [hex(ord(c)) for c in joiners if keyword_length_factor(c.join(words)) != pytest.approx(0.25)]
+    assert counted_as_one == []
+

@@ -533,6 +533,25 @@ async def test_outcome_records_come_in_commit_order_and_filter_by_entity_path_pr
     assert await store.outcome_records("svc/a") == [one]
     assert await store.outcome_records("svc-other") == [three]
     assert await store.outcome_records("sv") == []
+    assert [await store.count_outcomes(p) for p in (None, "svc", "svc/a", "sv")] == [3, 2, 1, 0]
+
+
+async def test_outcome_records_page_newest_first_and_filter_by_one_entry_in_the_store(store: MemoryStore) -> None:
+    await write(store, draft("svc", "k"), draft("svc", "k2"), draft("svc/k", "x"))
+    records = [
+        await outcome(store, f"R{n}", OutcomeType.SUCCESS, 0.9, ACTOR, at(n),
+                      [OutcomeTarget("svc", "k" if n % 2 else "k2", None), OutcomeTarget("svc/k", "x", None)])
+        for n in range(1, 8)
+    ]
+    assert await store.outcome_records(newest_first=True) == records[::-1]
+    assert await store.outcome_records(newest_first=True, offset=2, limit=3) == records[::-1][2:5]
+    assert await store.outcome_records(offset=5, limit=10) == records[5:]
+    assert await store.outcome_records(limit=0) == []
+    on_k = [r for r in records if any(e.key == "k" and e.entity_path == "svc" for e in r.effects)]
+    assert await store.outcome_records("svc", key="k") == on_k  # each with all its effects
+    assert await store.outcome_records("svc", key="k", newest_first=True, limit=2) == on_k[::-1][:2]
+    assert await store.count_outcomes("svc", key="k") == len(on_k) == 4
+    assert await store.count_outcomes("svc/k", key="x") == 7 and await store.count_outcomes("sv", key="k") == 0
 
 
 # -- keyword_candidates, common_terms ---------------------------------------------------------------

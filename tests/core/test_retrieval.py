@@ -120,6 +120,13 @@ def test_unknown_strategy_weight_is_refused() -> None:
         resolve_weights({"vibes": 1.0}, learned_available=False)
 
 
+@pytest.mark.parametrize("weight", [float("nan"), float("inf"), True, -0.1, "0.5"])
+def test_a_weight_that_is_not_a_finite_number_is_refused(weight: object) -> None:
+    """A red-team finding: NaN made every score NaN in an arbitrary order, inf gave inf and NaN, True was 1.0."""
+    with pytest.raises(ValidationError, match="Weight for semantic must be a finite number >= 0"):
+        resolve_weights({"semantic": weight}, learned_available=False)
+
+
 async def test_semantic_strategy_finds_a_paraphrase_with_no_shared_words(rsvc: MemoryService, actor: Actor) -> None:
     await _seed(rsvc, actor)
     results = await rsvc.retrieve(actor, "how do we handle declined payments?", weights={"semantic": 1.0, "keyword": 0.0,
@@ -460,6 +467,13 @@ def test_the_keyword_length_factor_leaves_ordinary_entries_alone_and_shrinks_lon
     assert keyword_length_factor("") == 1.0
     # words joined by underscores count one by one, as PostgreSQL's parser splits them
     assert keyword_length_factor("_".join(words[:2 * KEYWORD_LENGTH_PIVOT])) == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("joiner", ["\u00b2", "\u00bd", "\u0f2a", "\u2460", "\u19b0", "\u1cf2"])
+def test_words_joined_by_a_character_an_index_splits_at_count_one_by_one(joiner: str) -> None:
+    """A red-team finding: a store's index split 'what\u00b2did' into two words, the length factor counted one."""
+    words = [f"word{n}x" for n in range(2 * KEYWORD_LENGTH_PIVOT)]
+    assert keyword_length_factor(joiner.join(words)) == pytest.approx(0.25)
 
 
 async def test_a_memory_stuffed_with_many_words_does_not_outrank_the_one_that_answers(

@@ -19,7 +19,7 @@ from amfs_server.core.service import MemoryService, WriteRequest
 from amfs_server.ml.service import MLService
 from amfs_server.server.app import create_app, http_options
 from amfs_server.server.auth import parse_api_keys
-from amfs_server.server.composition import build_service
+from amfs_server.server.composition import build_learning_service, build_service
 from amfs_server.server.settings import Settings, load_settings
 from amfs_server.server.ui import UiServices, create_ui_app
 from amfs_server.server.ui import api as api_module
@@ -196,6 +196,43 @@ async def test_an_entry_page_shows_the_newest_versions_and_counts_the_older_ones
         assert [r["version"] for r in data["versions"]] == [5, 4, 3] and data["older_versions"] == 2
 
 
+async def test_a_diff_of_versions_that_share_few_lines_marks_whole_lines(settings: Settings) -> None:
+    """A red-team finding: ndiff compared changed lines character by character, quadratic in their number (two
+    2,000-line versions took 18 s) and on the event loop, so one read-only key's diff stalled every client."""
+    old = {f"line-{n:05d}": f"old text {n}" for n in range(3000)}
+    new = {**{f"line-{n:05d}": f"new text {n}" for n in range(3000)}, "line-01500": "old text 1500"}
+    async with mcp_http(settings) as (http, service):
+        await service.write(WRITER, WriteRequest("team-a/big", "config", old))
+        await service.write(WRITER, WriteRequest("team-a/big", "config", new))
+        diff = (await get(http, "diff", READER, path="team-a/big", key="config", **{"from": 1, "to": 2})).json()
+        ops = [line["op"] for line in diff["lines"]]
+        assert ops.count("remove") == ops.count("add") == 2999 and ops.count("same") == 3  # braces and line 1500
+        removed = {line["text"].strip() for line in diff["lines"] if line["op"] == "remove"}
+        assert '"line-00007": "old text 7",' in removed and '"line-01500": "old text 1500",' not in removed
+
+
+async def test_outcomes_are_paged_in_the_store_and_an_entry_page_counts_the_older_ones(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A red-team finding: the outcome views read every outcome under the path (20,000: 3.5 s for one row, and an
+    entry page of 5.6 MB with every outcome of the entry)."""
+    monkeypatch.setattr(api_module, "ENTRY_PAGE_OUTCOMES", 1)
+    async with mcp_http(settings) as (http, _):
+        page = (await get(http, "outcomes", READER, offset=1, limit=1)).json()
+        assert (page["total"], [o["outcome_ref"] for o in page["outcomes"]]) == (2, ["deploy-1"])
+        entry = (await get(http, "entry", READER, path="team-b/search", key="index")).json()
+        assert [o["outcome_ref"] for o in entry["outcomes"]] == ["incident-2"] and entry["older_outcomes"] == 1
+        only_in_scope = (await get(http, "outcomes", TEAM_A)).json()
+        assert only_in_scope["total"] == 1 and [o["outcome_ref"] for o in only_in_scope["outcomes"]] == ["deploy-1"]
+
+
+@pytest.mark.parametrize("value", [" 1", "1_0", "\uff11", "\u0661", "+1", "1.0"])
+async def test_a_page_number_is_plain_ascii_digits(settings: Settings, value: str) -> None:
+    async with mcp_http(settings) as (http, _):
+        refused = await get(http, "outcomes", READER, offset=value)
+        assert refused.status_code == 400 and "digits 0-9" in refused.json()["error"]
+
+
 async def test_search_runs_retrieval_with_explain_and_outcomes_list_newest_first(settings: Settings) -> None:
     async with mcp_http(settings) as (http, _):
         found = (await get(http, "search", q="search index rebuild")).json()
@@ -248,6 +285,50 @@ async def test_a_read_write_key_forgets_an_entry_and_bad_requests_change_nothing
         assert (await forget(http, ADMIN, "team-a/payments", "timeout")).status_code == 404
 
 
+@pytest.mark.parametrize("transport", ["http", "sse"])
+async def test_a_forget_body_is_small_flat_json_naming_each_field_once(settings: Settings, transport: str) -> None:
+    """A red-team finding: a 200 MB body was read whole (+600 MB), a deeply nested one answered 500 with a
+    traceback, and on `serve` the MCP endpoint's JSON-RPC checks answered the page's requests in JSON-RPC."""
+    headers = {**bearer(ADMIN), "Content-Type": "application/json"}
+    async with mcp_http(settings, transport=transport) as (http, service):
+        big = json.dumps({"entity_path": "team-a/payments", "key": "timeout", "pad": "x" * 100_000})
+        assert (await http.post("/ui/api/forget", content=big, headers=headers)).status_code == 413
+        deep = await http.post("/ui/api/forget", content="[" * 30_000 + "]" * 30_000, headers=headers)
+        assert deep.status_code == 400 and "nested too deeply" in deep.json()["error"]
+        twice = await http.post(
+            "/ui/api/forget", headers=headers,
+            content='{"entity_path": "team-a/payments", "key": "retry-policy", "key": "timeout"}',
+        )
+        assert twice.status_code == 400 and "'key' more than once" in twice.json()["error"]
+        batch = await http.post("/ui/api/forget", content="[]", headers=headers)
+        assert batch.status_code == 400 and "JSON object" in batch.json()["error"]
+        for key in ("timeout", "retry-policy"):
+            assert (await service.peek("team-a/payments", key)).key == key
+
+
+async def test_with_keys_the_learning_view_shows_the_keys_own_preferences_only(settings: Settings) -> None:
+    """A red-team finding: any unscoped key, read-only too, read every user's preferences in the learning view,
+    though `amfs_get_preferences` gives each key its own."""
+    keys = parse_api_keys(KEYS)
+    admin, reader = (next(k for k in keys if k.secret == secret) for secret in (ADMIN, READER))
+    service = build_service(settings)
+    learning = build_learning_service(settings)
+    app = create_ui_app(UiServices(service, learning, None), keys)
+    async with app.router.lifespan_context(app):
+        await learning.set_preference(admin.agent_id, "deploy", "target_account", "acct-A-private")
+        await learning.set_preference(reader.agent_id, "style", "indent", 4)
+        async with httpx2.AsyncClient(transport=StreamingASGITransport(app), base_url=BASE) as http:
+            mine = (await get(http, "learning", READER)).json()["preferences"]
+            assert [(p["category"], p["key"]) for p in mine] == [("style", "indent")]
+            assert "acct-A-private" not in (await get(http, "learning", READER)).text
+            assert [p["key"] for p in (await get(http, "learning", ADMIN)).json()["preferences"]] == ["target_account"]
+    local = create_ui_app(UiServices(build_service(settings), build_learning_service(settings), None))
+    async with local.router.lifespan_context(local):
+        async with httpx2.AsyncClient(transport=StreamingASGITransport(local), base_url=BASE) as http:
+            every = (await http.get("/ui/api/learning")).json()["preferences"]
+            assert sorted(p["key"] for p in every) == ["indent", "target_account"]  # no keys: the local user sees all
+
+
 async def test_a_prefix_key_sees_and_touches_only_its_prefix(settings: Settings) -> None:
     async with mcp_http(settings) as (http, service):
         me = (await get(http, "whoami", TEAM_A)).json()
@@ -280,7 +361,8 @@ async def test_the_ui_shares_the_mcp_endpoint_origin_and_host_checks(settings: S
         evil = await http.get("/ui/api/whoami", headers={**bearer(ADMIN), "Origin": "https://evil.example"})
         assert evil.status_code == 403
         rebound = await http.get("/ui/", headers={"Host": "evil.example"})
-        assert rebound.status_code == 421
+        assert rebound.status_code == 421 and rebound.headers["x-content-type-options"] == "nosniff"
+        assert (await http.get("/ui/", headers={"Host": "evil.example@127.0.0.1"})).status_code == 421
         same_origin = await http.get("/ui/api/whoami", headers={**bearer(ADMIN), "Origin": "http://127.0.0.1:8000"})
         assert same_origin.status_code == 200
 

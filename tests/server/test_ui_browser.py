@@ -142,7 +142,8 @@ def test_a_read_write_key_logs_in_browses_opens_an_entry_and_its_chart_searches_
     assert "incident-3" in detail.text and "failure" in detail.text
     wait_for(browser, "#diff .add")
     changed = [line.text.strip() for line in by_css(browser, "#diff .add, #diff .remove")]
-    assert changed == ['-   "backoff": "linear",', '+   "backoff": "exponential",', '-   "retries": 3', '+   "retries": 5']
+    # A changed block as a unified diff shows it: the lines removed, then the lines added.
+    assert changed == ['-   "backoff": "linear",', '-   "retries": 3', '+   "backoff": "exponential",', '+   "retries": 5']
     assert [row.text for row in by_css(browser, "#entry-outcomes tbody tr td:first-child")] == [
         "deploy-1", "deploy-2", "incident-3",
     ]

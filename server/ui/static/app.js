@@ -268,7 +268,9 @@
     chartPanel.append(confidenceChart(data, detail), detail);
     box.appendChild(chartPanel);
 
-    box.appendChild(el("div", { class: "panel" }, el("h3", { text: "Outcomes on this entry" }), outcomeTable(data.outcomes)));
+    const outcomesPanel = el("div", { class: "panel" }, el("h3", { text: "Outcomes on this entry" }), outcomeTable(data.outcomes));
+    if (data.older_outcomes) outcomesPanel.appendChild(el("p", { class: "muted", id: "older-outcomes" }, "The newest " + data.outcomes.length + " are shown; " + data.older_outcomes + " older ones are not."));
+    box.appendChild(outcomesPanel);
     box.appendChild(versionsPanel(e, data.versions, data.older_versions || 0));
   }
 
