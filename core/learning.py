@@ -26,6 +26,7 @@ an optional `InteractionAnalyzer` (an LLM, say) is a hook that is off unless one
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -591,7 +592,8 @@ class LearningService:
 
     async def _detect(self, user: str, stats: tuple[int, datetime | None]) -> list[Pattern]:
         interactions = await self.store.interactions(user, self.config.max_scan)
-        drafts = detect_patterns(interactions, self.config.patterns)
+        # Off the event loop: up to max_scan calls to look through, while other clients wait on the loop.
+        drafts = await asyncio.to_thread(detect_patterns, interactions, self.config.patterns)
         if self.analyzer is not None and interactions:
             drafts += [self._checked_draft(d) for d in await self.analyzer.analyze(user, interactions)]
         existing = {p.pattern_id: p for p in await self.store.patterns(user)}
@@ -716,14 +718,17 @@ class LearningService:
 
 
 def _without_redundant_workflows(patterns: list[Pattern]) -> list[Pattern]:
-    workflows = [p for p in patterns if p.pattern_type == "workflow"]
+    """Leave out each workflow that is the tail of a longer one of the same user seen at least as often. Linear:
+    comparing every pair of workflows took 5.5 s for a user with 833 of them (red-team finding, 0.7.10)."""
+    most_seen_tail: dict[tuple[str, tuple[str, ...]], int] = {}
+    for other in patterns:
+        if other.pattern_type == "workflow":
+            for length in range(1, len(other.tools)):  # every proper tail
+                tail = (other.user_id, tuple(other.tools[-length:]))
+                most_seen_tail[tail] = max(most_seen_tail.get(tail, 0), other.occurrences)
 
     def redundant(p: Pattern) -> bool:
-        return any(
-            other is not p and other.user_id == p.user_id and len(other.tools) > len(p.tools)
-            and other.tools[-len(p.tools):] == p.tools and other.occurrences >= p.occurrences
-            for other in workflows
-        )
+        return most_seen_tail.get((p.user_id, tuple(p.tools)), -1) >= p.occurrences
 
     return [p for p in patterns if p.pattern_type != "workflow" or not redundant(p)]
 

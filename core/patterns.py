@@ -134,9 +134,13 @@ def tool_runs(interactions: Sequence[Interaction], gap: timedelta) -> list[list[
     return runs
 
 
-def workflow_chain(runs: Sequence[Sequence[str]], anchor: str, options: PatternOptions) -> PatternDraft | None:
-    """The dominant tool sequence that follows `anchor` in `runs`, if it is a workflow (see module doc)."""
-    starts = [(r, i) for r, run in enumerate(runs) for i, tool in enumerate(run) if tool == anchor]
+def workflow_chain(
+    runs: Sequence[Sequence[str]], anchor: str, options: PatternOptions, starts: list[tuple[int, int]] | None = None
+) -> PatternDraft | None:
+    """The dominant tool sequence that follows `anchor` in `runs`, if it is a workflow (see module doc). `starts`:
+    where `anchor` occurs in `runs` as (run, position), when the caller has them."""
+    if starts is None:
+        starts = [(r, i) for r, run in enumerate(runs) for i, tool in enumerate(run) if tool == anchor]
     uses = len(starts)
     chain = [anchor]
     steps: list[dict[str, Any]] = []
@@ -163,8 +167,14 @@ def workflow_chain(runs: Sequence[Sequence[str]], anchor: str, options: PatternO
 
 def workflows(interactions: Sequence[Interaction], options: PatternOptions) -> list[PatternDraft]:
     runs = tool_runs(interactions, options.workflow_gap)
-    anchors = sorted({tool for run in runs for tool in run})
-    chains = [chain for anchor in anchors if (chain := workflow_chain(runs, anchor, options)) is not None]
+    # Where each tool occurs, in one pass: scanning every run for each distinct tool was quadratic (833 tools in
+    # 10,000 calls: 1.6 s, red-team finding, 0.7.10).
+    positions: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for r, run in enumerate(runs):
+        for i, tool in enumerate(run):
+            positions[tool].append((r, i))
+    chains = [chain for anchor in sorted(positions)
+              if (chain := workflow_chain(runs, anchor, options, positions[anchor])) is not None]
     return sorted(chains, key=lambda p: (-p.confidence, p.signature))
 
 

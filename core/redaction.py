@@ -34,6 +34,7 @@ from typing import Any
 REDACTED = "[REDACTED]"
 EMAIL_MASK = "[EMAIL]"
 MAX_STRING_CHARS = 1000
+SECRET_MARGIN = 4096  # past a string's cut, how far a credential starting before it is still looked for (a PEM key)
 """Longer strings are cut to this and marked; the redaction check has already seen all of it."""
 MAX_DEPTH = 8
 """Deeper structures are replaced by a marker: nothing below is stored unchecked."""
@@ -164,13 +165,16 @@ def _redact(value: Any, anonymize: bool, max_string: int, depth: int) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
     if isinstance(value, str):
-        if looks_secret(value):
+        # Only what can be kept is looked at, with a margin for a credential or address that starts in the kept part
+        # and runs past the cut: matching a 3.9 MB string took 2.7 s on the event loop (red-team finding, 0.7.10).
+        seen = value[:max_string + SECRET_MARGIN]
+        if looks_secret(seen):
             return REDACTED
         if anonymize:
-            value = _EMAIL.sub(EMAIL_MASK, value)
+            seen = _EMAIL.sub(EMAIL_MASK, seen)
         if len(value) > max_string:
-            return f"{value[:max_string]}…[TRUNCATED: {len(value)} chars]"
-        return value
+            return f"{seen[:max_string]}…[TRUNCATED: {len(value)} chars]"
+        return seen
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
         for index, (key, item) in enumerate(value.items()):

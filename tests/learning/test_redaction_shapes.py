@@ -177,3 +177,16 @@ async def test_the_record_tool_names_every_redacted_parameter_and_stores_none_of
     assert interaction.parameters["plain"] == '{"limit": 10}'
     stored = b"".join(path.read_bytes() for path in tmp_path.iterdir() if path.name.startswith("learning"))
     assert b"hunter2" not in stored
+
+
+def test_a_long_string_is_searched_only_where_it_can_be_kept_and_a_credential_across_the_cut_is_still_caught() -> None:
+    """A red-team finding: the credential patterns ran over all 3.9 MB of one parameter (2.7 s on the event loop)
+    though only its first 1,000 characters are kept."""
+    from amfs_server.core.redaction import MAX_STRING_CHARS, REDACTED, redact
+
+    crossing = "x" * (MAX_STRING_CHARS - 4) + " password=hunter2-very-secret"  # starts before the cut, ends after
+    assert redact(crossing) == REDACTED
+    long = "word " * 300 + "k=v " * 1_000_000 + "password=hunter2-very-secret"  # the credential is cut away
+    kept = redact(long)
+    assert kept.startswith("word word") and kept.endswith(f"[TRUNCATED: {len(long)} chars]")
+    assert "hunter2" not in kept and len(kept) < MAX_STRING_CHARS + 40
