@@ -11,6 +11,7 @@ import asyncio
 import builtins  # MemoryService.list shadows `list` in annotations inside the class body
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -169,6 +170,7 @@ class MemoryService:
         self._erase_listeners: builtins.list[Callable[[], Awaitable[Any]]] = []
         self.learned_scorer: LearnedScorer | None = None
         self._learned_covers: Callable[[str | None], bool] | None = None
+        self._write_order: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # per entity path: its lock, its users
         if self.config.fusion not in FUSIONS:
             raise ValidationError(f"Unknown fusion {self.config.fusion!r}; use one of {list(FUSIONS)}.")
         resolve_weights(self.config.retrieval_weights, learned_available=False)  # fail fast on bad weights
@@ -435,8 +437,35 @@ class MemoryService:
         """Validate every request first, embed them in one batch, then store them in one transaction."""
         now = self.now()
         drafts = [self._draft(actor, request, now) for request in requests]
-        drafts = await self._with_embeddings(drafts)
-        return await self.store.insert_versions(drafts, actor)
+        # A transcript turn borrows the turn written before it in its path (its context passage). Writes of turns to
+        # one path therefore run one at a time, in the order they reached this process: a client with eight writes
+        # in flight had its turns borrow the wrong ones, -0.015 recall@10 on the fresh set (an outside harness).
+        turn_paths = {d.entity_path for d in drafts if speaker_label(d.value) is not None} if self.embedder else set()
+        async with self._in_write_order(turn_paths):
+            drafts = await self._with_embeddings(drafts)
+            return await self.store.insert_versions(drafts, actor)
+
+    @asynccontextmanager
+    async def _in_write_order(self, paths: set[str]) -> AsyncIterator[None]:
+        """Hold each path's lock (asyncio's are first come, first served), taken in sorted order so that two batches
+        cannot wait on each other; a path's lock is dropped once no write holds or awaits it."""
+        counted: builtins.list[tuple[asyncio.Lock, builtins.list[int], str]] = []
+        taken: builtins.list[asyncio.Lock] = []
+        try:
+            for path in sorted(paths):
+                lock, users = self._write_order.setdefault(path, (asyncio.Lock(), [0]))
+                users[0] += 1
+                counted.append((lock, users, path))
+                await lock.acquire()
+                taken.append(lock)
+            yield
+        finally:
+            for lock, users, path in counted:
+                if lock in taken:
+                    lock.release()
+                users[0] -= 1
+                if not users[0]:
+                    del self._write_order[path]
 
     def _draft(self, actor: Actor, request: WriteRequest, now: datetime) -> NewEntry:
         entity_path = v.validate_entity_path(request.entity_path)

@@ -40,7 +40,9 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
         event_at: EventTime = None,
     ) -> WriteResult:
         """Store a memory for later sessions and other agents. Writing an existing key adds a new
-        version (history is kept). Returns the entry key, version and confidence."""
+        version (history is kept). For a conversation, write each message as one memory, in the order
+        it was said, as "Speaker: text" with event_at its date: a message is also matched together with
+        the one written before it. Returns the entry key, version and confidence."""
         entry = await service.write(
             tools.actor(ctx),
             WriteRequest(
