@@ -909,9 +909,9 @@ class PostgresStore(PostgresDatabase):
             rows: dict[int, Any] = {}
             for position in sorted(range(len(candidates)), key=lambda i: (candidates[i].entity_path, candidates[i].key)):
                 target = candidates[position]
-                row = await conn.fetchrow(
-                    f"SELECT {_BASE_COLUMNS} FROM entries WHERE entity_path = $1 AND key = $2 AND is_current "
-                    "AND (ttl_at IS NULL OR ttl_at > $3) FOR UPDATE",
+                row = await conn.fetchrow(  # without the value: an outcome changes confidence and tier only
+                    f"SELECT {ENTRY_COLUMNS_WITHOUT_VALUES} FROM entries WHERE entity_path = $1 AND key = $2 "
+                    "AND is_current AND (ttl_at IS NULL OR ttl_at > $3) FOR UPDATE",
                     target.entity_path, target.key, now,
                 )
                 if row is not None:

@@ -170,7 +170,7 @@ class MemoryStore(Protocol):
         retier: Callable[[MemoryEntry], MemoryEntry],
     ) -> tuple[OutcomeRecord, list[MemoryEntry]]:
         """Multiply the confidence of each target's current version and re-tier it, in one transaction, once
-        per outcome_ref; returns the record and the updated entries (in effect order, without embeddings).
+        per outcome_ref; returns the record and the updated entries (in effect order, without values or embeddings).
 
         Targets are the named ones (each once, in order; a None version_read becomes the newest version the actor's
         session read, if any), or with None every entry the session read that still exists (live), each with the

@@ -837,9 +837,14 @@ class MemoryService:
             return []
         found = await self._passing(lambda size: self.store.keyword_candidates(distinctive, flt, now, size),
                                     pool_size, keep)
-        scaled = [(entry, score * keyword_length_factor(embedding_text(entry.entity_path, entry.key, entry.value,
-                                                                       entry.event_at)))
-                  for entry, score in found]
+        def scale() -> builtins.list[tuple[MemoryEntry, float]]:
+            return [(entry, score * keyword_length_factor(embedding_text(entry.entity_path, entry.key, entry.value,
+                                                                         entry.event_at)))
+                    for entry, score in found]
+
+        # In a worker thread: each candidate's text is serialised whole (34 ms for a 1 MiB value), which on the
+        # event loop stalled every other client (red-team finding, 0.7.10).
+        scaled = await asyncio.to_thread(scale)
         return sorted(scaled, key=lambda pair: -pair[1])  # stable: equal scores keep the store's order
 
     async def _semantic_candidates(

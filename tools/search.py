@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Literal
 
 from fastmcp import Context
@@ -59,7 +60,7 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
                 memory_type=memory_type, depth=depth, explain=explain, event_after=event_after,
                 event_before=event_before,
             )
-            return RetrieveResult.of(results, verbose=verbose)
+            return await asyncio.to_thread(RetrieveResult.of, results, verbose=verbose)
 
     @tools.tool(read_only("Search memories"))
     async def amfs_search(
@@ -84,7 +85,7 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
             entity_path=entity_path, memory_type=memory_type, min_confidence=min_confidence, agent_id=agent_id,
             since=since, sort_by=sort_by, limit=limit, event_after=event_after, event_before=event_before,
         )
-        return EntryList(count=len(entries), entries=entry_views(entries, verbose))
+        return EntryList(count=len(entries), entries=await asyncio.to_thread(entry_views, entries, verbose))
 
     @tools.tool(read_only("List memories"))
     async def amfs_list(
@@ -96,5 +97,5 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
         entries = await service.list(entity_path, limit=limit + 1)
         return Listing(
             count=min(len(entries), limit), more=len(entries) > limit,
-            entries=entry_views(entries[:limit], verbose, LIST_VALUE_CHARS),
+            entries=await asyncio.to_thread(entry_views, entries[:limit], verbose, LIST_VALUE_CHARS),
         )
