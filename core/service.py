@@ -413,10 +413,11 @@ class MemoryService:
             return []
         return [version for version in versions if not version.is_expired(now)]
 
-    async def current_entries(self, entity_path: str | None = None) -> list[MemoryEntry]:
-        """Every current entry under `entity_path` (all when None), unsorted and without a limit."""
+    async def current_entries(self, entity_path: str | None = None, *, values: bool = True) -> list[MemoryEntry]:
+        """Every current entry under `entity_path` (all when None), unsorted and without a limit (`values=False`:
+        without their values)."""
         return await self.store.find_current(
-            EntryFilter(entity_path=v.validate_entity_prefix(entity_path)), self.now(), "recency", None
+            EntryFilter(entity_path=v.validate_entity_prefix(entity_path)), self.now(), "recency", None, values=values
         )
 
     async def get_shared_state(self, name: str) -> Any | None:

@@ -164,7 +164,7 @@ class ConfidenceCalibrator:
         if apply and not self._owns_service:
             raise ValidationError("apply=True needs a MemoryService: this calibrator was built on a bare store.")
         report(0, 4, "reading the outcome history")
-        history = await OutcomeHistory.load(self.service)
+        history = await OutcomeHistory.load(self.service, values=False)  # rates of outcomes: no value is read
         records = history.outcomes
         report(1, 4, "measuring per-type signal")
         measured = _measure(records, None)

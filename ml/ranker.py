@@ -248,8 +248,8 @@ class LearnedRanker:
         total = 3 + 2 * self.num_boost_round
         async with self._train_lock:
             report(0, total, "reading the outcome history")
-            history = await OutcomeHistory.load(self.service, entity_path)
-            current = await self.service.current_entries(entity_path)
+            history = await OutcomeHistory.load(self.service, entity_path, values=False)  # features read no value
+            current = await self.service.current_entries(entity_path, values=False)
             report(1, total, "building samples")
             samples = await asyncio.to_thread(self._samples, history, current, entity_path)
             self._check_enough(samples, entity_path)
@@ -263,8 +263,8 @@ class LearnedRanker:
 
     async def training_samples(self, entity_path: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The feature rows and labels `train` would fit on (benchmarks pick baseline rules on them)."""
-        history = await OutcomeHistory.load(self.service, entity_path)
-        current = await self.service.current_entries(entity_path)
+        history = await OutcomeHistory.load(self.service, entity_path, values=False)
+        current = await self.service.current_entries(entity_path, values=False)
         samples = await asyncio.to_thread(self._samples, history, current, entity_path)
         x = np.asarray(samples.rows, dtype=np.float64).reshape(len(samples.rows), len(FEATURE_NAMES))
         return x, np.asarray(samples.labels, dtype=np.float64)

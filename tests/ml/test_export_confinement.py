@@ -119,3 +119,26 @@ async def test_a_failed_export_leaves_no_partial_file(ml: MLService) -> None:
     with pytest.raises(StoreError, match="Cannot write the export"):
         await ml.export_training_data("reward_model", limit=3, output_path="folder")
     assert sorted(p.name for p in ml.export_dir.iterdir() if "partial" in p.name) == []
+
+
+async def test_the_ranker_and_calibrator_read_the_history_without_values(mixed_history: MemoryService) -> None:
+    """A red-team finding: amfs_retrain and amfs_calibrate read every named version with its value (+1.9 GB for 100
+    values of 1 MiB) though they use only confidence, tiers and times."""
+    from amfs_server.ml.traces import OutcomeHistory
+
+    with_values = await OutcomeHistory.load(mixed_history)
+    bare = await OutcomeHistory.load(mixed_history, values=False)
+    assert bare.versions.keys() == with_values.versions.keys() and bare.versions
+    assert {v.value for v in bare.versions.values()} == {None}
+    assert SECRET in {v.value for v in with_values.versions.values()}  # an export still gets the values
+    assert all(e.value is None for e in await mixed_history.current_entries(values=False))
+
+
+async def test_a_history_without_outcomes_reads_no_version(service: MemoryService) -> None:
+    from amfs_server.ml.traces import OutcomeHistory
+
+    actor = Actor("agent", "s1")
+    await service.write(actor, WriteRequest("team-a", "x", "a fact"))
+    await service.read(actor, "team-a", "x")
+    history = await OutcomeHistory.load(service)
+    assert history.events and not history.outcomes and history.versions == {}
