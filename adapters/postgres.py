@@ -693,7 +693,7 @@ class PostgresStore(PostgresDatabase):
         return [_row_to_entry(row, with_embedding=False) for row in rows]
 
     async def keyword_candidates(
-        self, terms: list[str], flt: EntryFilter, now: datetime, limit: int
+        self, terms: list[str], flt: EntryFilter, now: datetime, limit: int, *, values: bool = True
     ) -> list[tuple[MemoryEntry, float]]:
         """Current live entries matching ANY term (an OR tsquery), best first by the summed IDF of the terms
         they match, `ln(1 + (N - df + 0.5) / (df + 0.5))` as in BM25: an entry matching a rare word outranks
@@ -711,7 +711,8 @@ class PostgresStore(PostgresDatabase):
         # of the store), else the planner's row count.
         scope_size = _ROW_ESTIMATE_SQL if flt.entity_path is None else _scope_size_sql(params.add(flt.entity_path))
         sql = _KEYWORD_SQL.format(
-            query=q, pieces=pieces, filters=" AND ".join(clauses), columns=_BASE_COLUMNS, limit=params.add(int(limit)),
+            query=q, pieces=pieces, filters=" AND ".join(clauses),
+            columns=_BASE_COLUMNS if values else ENTRY_COLUMNS_WITHOUT_VALUES, limit=params.add(int(limit)),
             scope_size=f"({scope_size})",
         )
 
@@ -759,7 +760,7 @@ class PostgresStore(PostgresDatabase):
         return await self._tx(count, readonly=True)
 
     async def semantic_candidates(
-        self, vector: list[float], flt: EntryFilter, now: datetime, limit: int
+        self, vector: list[float], flt: EntryFilter, now: datetime, limit: int, *, values: bool = True
     ) -> list[tuple[MemoryEntry, float]]:
         """Current live entries nearest to `vector` (HNSW, cosine), best first; score = cosine similarity."""
         if limit <= 0:
@@ -773,7 +774,8 @@ class PostgresStore(PostgresDatabase):
         clauses = _filter_sql(flt, now, params)
         # Inner query: the index order (approximate, possibly relaxed); outer: exact order by distance.
         sql = (
-            f"SELECT * FROM (SELECT {_BASE_COLUMNS}, embedding <=> {q} AS distance FROM entries "
+            f"SELECT * FROM (SELECT {_BASE_COLUMNS if values else ENTRY_COLUMNS_WITHOUT_VALUES}, "
+            f"embedding <=> {q} AS distance FROM entries "
             f"WHERE embedding IS NOT NULL AND {' AND '.join(clauses)} "
             f"ORDER BY embedding <=> {q} LIMIT {params.add(int(limit))}) AS nearest "
             "ORDER BY distance, written_at DESC, row_id DESC"
@@ -802,18 +804,27 @@ class PostgresStore(PostgresDatabase):
                 results.append((_row_to_entry(row, with_embedding=False), score))
         return results
 
+    async def entry_values(self, entries: Sequence[MemoryEntry]) -> dict[tuple[str, str, int], Any]:
+        rows = await self._versions_of(entries, "e.version, e.value_json")
+        return {(row["entity_path"], row["key"], row["version"]): json.loads(row["value_json"]) for row in rows}
+
     async def passage_vectors(self, entries: Sequence[MemoryEntry]) -> dict[str, Any]:
-        if not entries:
-            return {}
-        rows = await self._read(lambda conn: conn.fetch(
-            "SELECT e.entity_path, e.key, e.passage_embeddings FROM entries e "
-            "JOIN unnest($1::text[], $2::text[], $3::int[]) AS wanted (entity_path, key, version) "
-            "USING (entity_path, key, version) WHERE e.passage_embeddings IS NOT NULL",
-            [e.entity_path for e in entries], [e.key for e in entries], [e.version for e in entries],
-        ))
+        rows = await self._versions_of(entries, "e.passage_embeddings", "WHERE e.passage_embeddings IS NOT NULL")
         return {entry_key(row["entity_path"], row["key"]): POSTGRES.passages_array(row["passage_embeddings"],
                                                                                    self.embedding_dimension)
                 for row in rows}
+
+    async def _versions_of(self, entries: Sequence[MemoryEntry], columns: str, where: str = "") -> list[Any]:
+        """entity_path, key and `columns` of these exact versions (those still stored)."""
+        if not entries:
+            return []
+        rows: list[Any] = await self._read(lambda conn: conn.fetch(
+            f"SELECT e.entity_path, e.key, {columns} FROM entries e "
+            "JOIN unnest($1::text[], $2::text[], $3::int[]) AS wanted (entity_path, key, version) "
+            f"USING (entity_path, key, version) {where}",
+            [e.entity_path for e in entries], [e.key for e in entries], [e.version for e in entries],
+        ))
+        return rows
 
     # -- reads and traces ---------------------------------------------------------------------
 

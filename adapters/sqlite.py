@@ -632,7 +632,7 @@ class SQLiteStore(SQLiteDatabase):
     # -- retrieval candidates -----------------------------------------------------------------
 
     async def keyword_candidates(
-        self, terms: list[str], flt: EntryFilter, now: datetime, limit: int
+        self, terms: list[str], flt: EntryFilter, now: datetime, limit: int, *, values: bool = True
     ) -> list[tuple[MemoryEntry, float]]:
         """Entries matching ANY word (OR), ranked as PostgreSQL's adapter ranks them: the summed IDF of the words an
         entry holds, `ln(1 + (N - df + 0.5) / (df + 0.5))`, df counted within the filter's scope, N the index's
@@ -700,8 +700,9 @@ class SQLiteStore(SQLiteDatabase):
                     conn, "SELECT row_id, written_at FROM entries WHERE row_id IN (?ids)", contenders))
             best = sorted(contenders, key=lambda row_id: (scores[row_id], written[row_id], row_id), reverse=True)[:limit]
             reference = sum(weights)
+            columns = _BASE_COLUMNS if values else ENTRY_COLUMNS_WITHOUT_VALUES
             found = {row["row_id"]: row
-                     for row in select_by_ids(conn, f"SELECT {_BASE_COLUMNS} FROM entries WHERE row_id IN (?ids)", best)}
+                     for row in select_by_ids(conn, f"SELECT {columns} FROM entries WHERE row_id IN (?ids)", best)}
             return [(_row_to_entry(found[row_id], with_embedding=False), scores[row_id] / reference) for row_id in best]
 
         return await self._run(fetch)
@@ -755,7 +756,7 @@ class SQLiteStore(SQLiteDatabase):
         return await self._run(count)
 
     async def semantic_candidates(
-        self, vector: list[float], flt: EntryFilter, now: datetime, limit: int
+        self, vector: list[float], flt: EntryFilter, now: datetime, limit: int, *, values: bool = True
     ) -> list[tuple[MemoryEntry, float]]:
         import numpy as np
 
@@ -763,7 +764,8 @@ class SQLiteStore(SQLiteDatabase):
         if limit <= 0 or not np.all(np.isfinite(query)) or not np.any(query):
             return []  # no cosine similarity to a zero / non-finite vector
         clauses, params = self._filter_sql(flt, now)
-        rows_sql = f"SELECT {_BASE_COLUMNS} FROM entries WHERE row_id IN (?ids) AND {' AND '.join(clauses)}"
+        columns = _BASE_COLUMNS if values else ENTRY_COLUMNS_WITHOUT_VALUES
+        rows_sql = f"SELECT {columns} FROM entries WHERE row_id IN (?ids) AND {' AND '.join(clauses)}"
 
         def fetch() -> list[tuple[MemoryEntry, float]]:
             conn = self._connection()
@@ -819,6 +821,22 @@ class SQLiteStore(SQLiteDatabase):
                 rows, key=lambda row: (similarity[row["row_id"]], row["written_at"], row["row_id"]), reverse=True
             )[:limit]
             return [(_row_to_entry(row, with_embedding=False), similarity[row["row_id"]]) for row in best]
+
+        return await self._run(fetch)
+
+    async def entry_values(self, entries: Sequence[MemoryEntry]) -> dict[tuple[str, str, int], Any]:
+        versions = [(e.entity_path, e.key, e.version) for e in entries]
+        if not versions:
+            return {}
+
+        def fetch() -> dict[tuple[str, str, int], Any]:
+            rows = self._connection().execute(  # one lookup per version, as in passage_vectors
+                f"WITH wanted (entity_path, key, version) AS (VALUES {', '.join(['(?, ?, ?)'] * len(versions))}) "
+                "SELECT e.entity_path, e.key, e.version, e.value_json FROM wanted CROSS JOIN entries e "
+                "ON e.entity_path = wanted.entity_path AND e.key = wanted.key AND e.version = wanted.version",
+                [part for version in versions for part in version],
+            ).fetchall()
+            return {(row[0], row[1], row[2]): json.loads(row[3]) for row in rows}
 
         return await self._run(fetch)
 

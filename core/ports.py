@@ -184,7 +184,7 @@ class MemoryStore(Protocol):
         ...
 
     async def keyword_candidates(
-        self, terms: list[str], flt: EntryFilter, now: datetime, limit: int
+        self, terms: list[str], flt: EntryFilter, now: datetime, limit: int, *, values: bool = True
     ) -> list[tuple[MemoryEntry, float]]:
         """Current live entries matching ANY word of the terms, best full-text rank first; ties go to the newer write.
 
@@ -204,13 +204,18 @@ class MemoryStore(Protocol):
         ...
 
     async def semantic_candidates(
-        self, vector: list[float], flt: EntryFilter, now: datetime, limit: int
+        self, vector: list[float], flt: EntryFilter, now: datetime, limit: int, *, values: bool = True
     ) -> list[tuple[MemoryEntry, float]]:
         """Current live entries nearest to `vector` by cosine similarity, best first (approximate index allowed);
         equally near entries in the result, newer write first. A zero vector has no neighbours.
 
         Entries come back without embeddings.
         """
+        ...
+
+    async def entry_values(self, entries: Sequence[MemoryEntry]) -> dict[tuple[str, str, int], Any]:
+        """The values of these exact versions, keyed by (entity_path, key, version); versions gone are not listed.
+        What candidates searched with `values=False` (many, to filter) get once the few kept are chosen."""
         ...
 
     async def passage_vectors(self, entries: Sequence[MemoryEntry]) -> dict[str, np.ndarray]:

@@ -685,6 +685,34 @@ async def test_semantic_candidates_are_nearest_first_by_cosine(store: MemoryStor
     assert await store.semantic_candidates(direction(0), EntryFilter(), NOW, -1) == []
 
 
+@pytest.mark.parametrize("scope", [None, "svc"])  # SQLite scans a small scope's own vectors: both paths
+async def test_candidates_without_values_are_the_same_hits_and_entry_values_fills_them_in(
+    store: MemoryStore, scope: str | None
+) -> None:
+    """The widened searches of a filtered retrieve read no values; the few kept get theirs by `entry_values`."""
+    await write(store, *[draft("svc", key, value={"text": f"payments retry {key}"}, embedding=direction(degrees))
+                         for key, degrees in {"a": 0, "b": 40, "c": 80}.items()])
+    await write(store, draft("svc", "a", value={"text": "payments retry a, again"}, embedding=direction(0),
+                             written_at=at(1)))
+    flt = EntryFilter(entity_path=scope)
+    for with_values, without in [
+        (await store.semantic_candidates(direction(0), flt, at(2), 10),
+         await store.semantic_candidates(direction(0), flt, at(2), 10, values=False)),
+        (await store.keyword_candidates(["payments", "retry"], flt, at(2), 10),
+         await store.keyword_candidates(["payments", "retry"], flt, at(2), 10, values=False)),
+    ]:
+        assert [(e.key, e.version, s) for e, s in without] == [(e.key, e.version, s) for e, s in with_values]
+        assert {e.value for e, _ in without} == {None}
+        assert [e.with_changes(value=None) for e, _ in with_values] == [e for e, _ in without]
+    stored = await store.entry_values([e for e, _ in without])
+    assert stored == {("svc", e.key, e.version): e.value for e, _ in with_values}
+    old = (await store.get_version("svc", "a", 1))
+    assert old is not None and await store.entry_values([old]) == {("svc", "a", 1): {"text": "payments retry a"}}
+    await store.forget("svc", "b")
+    assert ("svc", "b", 1) not in await store.entry_values([e for e, _ in without])  # gone: not listed
+    assert await store.entry_values([]) == {}
+
+
 async def test_semantic_candidates_use_only_current_live_versions(store: MemoryStore) -> None:
     await write(store, draft("svc", "moved", embedding=direction(0)), draft("svc", "temp", embedding=direction(10), ttl_at=at(60)))
     await write(store, draft("svc", "moved", embedding=direction(90), written_at=at(1)))
