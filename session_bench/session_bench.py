@@ -64,7 +64,7 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -72,12 +72,14 @@ from typing import Any, Literal
 import numpy as np
 
 from ..core.embedding import DEFAULT_EMBEDDER
+from ..core.errors import ValidationError
 from ..core.ports import Embedder
 from . import pyplot
 from .served import ServedApp
 from .session_data import (REPORTING_SEEDS, TUNING_SEEDS, Fact, Session, SessionFileError, check_seeds,
                            generated_session, load_session_file, report_session)
-from ..ml.answer.worker import AnswerMode, Generated, MemoryText, answer_from_memories, memory_text
+from ..ml.answer.worker import (MAX_FULL_ENTRIES, AnswerMode, Generated, MemoryText, answer_from_memories,
+                                memory_text)
 
 # A mode name is a base mode, or a prefix mode at another key scale: "A_ams_prefix@ks1.0".
 ModeName = str
@@ -290,8 +292,11 @@ class _InProcess:
             retrieved = await self.memory.retrieve(question, limit=top_k)
             retrieve_ms = (time.perf_counter() - started) * 1000
             given = [MemoryText.of(hit.entry) for hit in retrieved][:GIVEN.get(base, top_k)]
-        gen = answer_from_memories(self.backbone, self.compiler, question, GENERATION_MODE[base], given,
-                                   max_new_tokens, key_scale=mode_key_scale(mode))
+        try:
+            gen = answer_from_memories(self.backbone, self.compiler, question, GENERATION_MODE[base], given,
+                                       max_new_tokens, key_scale=mode_key_scale(mode))
+        except ValidationError as error:  # a prompt past the model's context, as amfs_answer refuses it
+            raise SystemExit(f"session bench: mode {mode}, question {question[:80]!r}: {error}") from None
         return _answered(gen, [_entry_path(g.memory_id) for g in given], retrieve_ms)
 
 
@@ -336,6 +341,13 @@ class _ViaServer:
         return _Answered(result["answer"], [u["entry_key"] for u in result["memories"]], m["input_tokens"],
                          m["prefix_tokens"], m["new_tokens"], m["retrieve_ms"] if mode != "D_full_history" else 0.0,
                          m["compile_ms"], m["ttft_ms"], m["generate_ms"])
+
+
+def _answer_or_stop(session: Session, number: int, mode: ModeName, answer: Callable[[], Generated]) -> Generated:
+    try:
+        return answer()
+    except ValidationError as error:  # a prompt past the model's context, as amfs_answer refuses it
+        raise SystemExit(f"session bench: {session.name}, question {number}, mode {mode}: {error}") from None
 
 
 def _entry_path(memory_id: str) -> str:
@@ -393,8 +405,8 @@ async def run_session(session: Session, backbone: Any, compiler: Any, embedder: 
                         else:
                             given = [by_path[query.fact_path]]
                         retrieve_ms = (time.perf_counter() - started) * 1000 if kind == "flat_cos" else 0.0
-                        gen = answer_from_memories(backbone, compiler, query.question, GENERATION_MODE[mode], given,
-                                                   max_new_tokens)
+                        gen = _answer_or_stop(session, qi, mode, lambda: answer_from_memories(
+                            backbone, compiler, query.question, GENERATION_MODE[mode], given, max_new_tokens))
                         got = _answered(gen, [_entry_path(g.memory_id) for g in given], retrieve_ms)
                     total_ms = (time.perf_counter() - started) * 1000
                     hit = query.hit(got.answer)
@@ -784,12 +796,28 @@ def _warm_up(backbone: Any, compiler: Any) -> None:
         answer_from_memories(backbone, compiler, "What colour is the sky?", mode, memories, 4)
 
 
+def _session_file(args: argparse.Namespace) -> Session | None:
+    """The --session-file session, checked whole (SystemExit naming the file and the place otherwise)."""
+    if args.large or args.session_file is None:
+        return None
+    try:
+        session = load_session_file(args.session_file)
+    except SessionFileError as error:
+        raise SystemExit(f"session bench: {error}") from None
+    if args.via_server and len(session.facts) > MAX_FULL_ENTRIES:
+        raise SystemExit(f"session bench: {args.session_file}: {len(session.facts)} facts; through the server, mode D "
+                         f"(amfs_answer mode='full') reads at most {MAX_FULL_ENTRIES}. Run it in process, or with fewer "
+                         "facts.")
+    return session
+
+
 def run_benchmark(args: argparse.Namespace, *, embedder: Embedder | None = None, loaded: Any = None) -> dict[str, Any]:
     """Run the configured sessions and write the reports; ``loaded`` = (backbone, compiler, embedder) to reuse."""
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    file_session = _session_file(args)  # checked before any model loads: a bad file costs no load
     backbone, compiler, loaded_embedder = loaded if loaded is not None else _load(args)
     embedder = embedder or loaded_embedder
     if args.large:
@@ -804,11 +832,8 @@ def run_benchmark(args: argparse.Namespace, *, embedder: Embedder | None = None,
             f"{REPORTING_SEEDS.stop - 1}, tuning seeds {TUNING_SEEDS.start}-{TUNING_SEEDS.stop - 1}; knobs are "
             f"chosen on tuning seeds only)")
         default_out = f"{_slug(args.backbone)}-large" + ("-tuning" if args.split == "tuning" else "")
-    elif args.session_file is not None:
-        try:
-            sessions = [load_session_file(args.session_file)]
-        except SessionFileError as error:
-            raise SystemExit(f"session bench: {error}") from None
+    elif file_session is not None:
+        sessions = [file_session]
         title = f"session file {sessions[0].name} ({len(sessions[0].facts)} facts, {len(sessions[0].queries)} queries)"
         sessions_description = f"external session file {args.session_file}"
         default_out = f"{_slug(args.backbone)}-file-{_slug(sessions[0].name)}"

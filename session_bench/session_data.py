@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import ValidationError
-from ..core.validation import validate_entity_path, validate_key
+from ..core.service import MAX_QUERY_CHARS
+from ..core.validation import serialize_value, validate_entity_path, validate_key
 
 # Generated sessions' seeds are split once: knobs (key scale, top-k, templates) are chosen on tuning seeds,
 # and a report is run on reporting seeds only, so no number a report states was looked at while tuning.
@@ -305,9 +306,21 @@ def _field(obj: dict[str, Any], name: str, kind: type, where: str, *, required: 
     value = obj[name]
     if not isinstance(value, kind) or isinstance(value, bool):
         raise SessionFileError(f"{where}: {name!r} must be a {kind.__name__}, got {type(value).__name__}")
-    if kind is str and not value.strip():
-        raise SessionFileError(f"{where}: {name!r} must not be empty")
+    if kind is str:
+        if not value.strip():
+            raise SessionFileError(f"{where}: {name!r} must not be empty")
+        _check_text(value, f"{where}: {name!r}")
     return value
+
+
+def _check_text(text: str, where: str) -> None:
+    """Text the tokenizer and the store can take: a lone surrogate (JSON's "\\ud800") passed the file's checks and
+    failed deep in a run (red-team finding, 0.7.10)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SessionFileError(f"{where} holds a lone surrogate (an unpaired \\ud800-\\udfff escape); "
+                               "write the character itself or a paired escape") from None
 
 
 def parse_session(data: Any, source: str = "session") -> Session:
@@ -342,18 +355,29 @@ def parse_session(data: Any, source: str = "session") -> Session:
             validate_key(fact.key)
         except ValidationError as error:
             raise SessionFileError(f"{where}: {error}") from None
+        try:  # the value limit the write applies (AMFS_MAX_VALUE_BYTES' default)
+            serialize_value(fact.text)
+        except ValidationError as error:
+            raise SessionFileError(f"{where}: 'text': {error}") from None
         if fact.path in seen:
             raise SessionFileError(f"{where}: duplicate key {fact.path!r} (also facts[{seen[fact.path]}]); "
                                    "each fact needs its own entity_path/key")
         seen[fact.path] = i
         facts.append(fact)
     queries: list[Query] = []
+    asked: dict[str, int] = {}
     for i, raw in enumerate(queries_raw):
         where = f"{source}: queries[{i}]"
         if not isinstance(raw, dict):
             raise SessionFileError(f"{where} must be an object with question, expected and fact_path, "
                                    f"got {type(raw).__name__}")
         question = _field(raw, "question", str, where)
+        if len(question) > MAX_QUERY_CHARS:  # what amfs_answer and amfs_retrieve take, so both paths run alike
+            raise SessionFileError(f"{where}: 'question' is {len(question)} characters; at most {MAX_QUERY_CHARS}")
+        if question.strip() in asked:  # the report pairs the modes' answers question by question
+            raise SessionFileError(f"{where}: the same question as queries[{asked[question.strip()]}]; "
+                                   "each question must be asked once")
+        asked[question.strip()] = i
         expected = _field(raw, "expected", str, where).strip()
         fact_path = _field(raw, "fact_path", str, where).strip().strip("/")
         if fact_path not in seen:
@@ -363,6 +387,7 @@ def parse_session(data: Any, source: str = "session") -> Session:
         for j, d in enumerate(distractors):
             if not isinstance(d, str) or not d.strip():
                 raise SessionFileError(f"{where}: distractors[{j}] must be a non-empty string, got {d!r}")
+            _check_text(d, f"{where}: distractors[{j}]")
             if mentions(d, expected) or mentions(expected, d):
                 raise SessionFileError(f"{where}: distractor {d!r} names the expected answer {expected!r}; "
                                        "no answer could ever be a hit")
@@ -377,6 +402,8 @@ def load_session_file(path: str | Path) -> Session:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise SessionFileError(f"{path}: cannot read the session file ({error.strerror or error})") from None
+    except UnicodeDecodeError as error:
+        raise SessionFileError(f"{path}: not UTF-8 text (byte {error.start}); save the session file as UTF-8") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
@@ -384,4 +411,6 @@ def load_session_file(path: str | Path) -> Session:
                                f"column {error.colno})") from None
     except RecursionError:
         raise SessionFileError(f"{path}: JSON nested too deeply to read; a session file is a few levels deep") from None
+    except ValueError as error:  # e.g. an integer of more than 4,300 digits
+        raise SessionFileError(f"{path}: cannot read the JSON ({error})") from None
     return parse_session(data, str(path))

@@ -297,7 +297,7 @@ def _load_pretrained(spec: str, device: torch.device, dtype: torch.dtype, starte
                 f"backbone '{spec}' is neither a local directory nor in the local Hugging Face cache "
                 f"({model_id}); nothing is downloaded at run time. Fetch it on a machine with network "
                 f"access (huggingface-cli download {model_id}) and pass the directory, "
-                f"or use --lm-backbone smollm2") from exc
+                f"or use smollm2 (--lm-backbone smollm2 for the server, --backbone smollm2 for bench session)") from exc
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True)
     name = f"{directory.name if path.is_dir() else model_id}@{_dir_fingerprint(directory)}"

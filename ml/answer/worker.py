@@ -75,6 +75,33 @@ class Generated:
     compiled_now: int = 0  # memories that needed a forward pass (not in the compiler's memory or disk cache)
 
 
+def check_prompt_fits(backbone: Backbone, compiler: MemoryCompiler, mode: AnswerMode, memories: Sequence[MemoryText],
+                      question: str, max_new_tokens: int) -> None:
+    """Refuse a prompt that, with the tokens it may generate, is longer than the backbone's context, with the next
+    step. `answer_from_memories` checks every prompt, so the tool and the session benchmark refuse alike (the
+    benchmark's own path ran an 8,554-token prompt on an 8,192-position model, silently; red-team finding, 0.7.10)."""
+    from .prefix_cache import encode
+
+    limit = getattr(backbone.config, "max_position_embeddings", None)
+    if limit is None:
+        return
+    prompt = compiler.layout.render([m.text for m in memories], question)
+    # A token covers at least one byte (a SentencePiece word-start marker at most one more): a prompt with fewer
+    # bytes than positions fits without tokenizing, the usual case, and this runs before every answer.
+    if len(prompt.encode("utf-8")) + max_new_tokens < limit:
+        return
+    n = len(encode(backbone, prompt))
+    if n + max_new_tokens > limit:
+        raise ValidationError(
+            f"mode={mode!r} needs {n} prompt tokens and up to {max_new_tokens} new ones; {backbone.name} "
+            f"reads at most {limit}. "
+            + ("Narrow entity_path, shorten the question or lower max_new_tokens, or use mode='prefix' or 'text' "
+               "(top memories only)." if mode == "full"
+               else f"Ask for fewer memories (this call gave {len(memories)}), shorten the question or lower "
+                    "max_new_tokens.")
+        )
+
+
 def answer_from_memories(backbone: Backbone, compiler: MemoryCompiler, question: str, mode: AnswerMode,
                          memories: Sequence[MemoryText], max_new_tokens: int, *,
                          key_scale: float | None = None, cancel: threading.Event | None = None) -> Generated:
@@ -84,6 +111,7 @@ def answer_from_memories(backbone: Backbone, compiler: MemoryCompiler, question:
     """
     from .prefix_cache import generate_text, generate_with_prefix
 
+    check_prompt_fits(backbone, compiler, mode, memories, question, max_new_tokens)  # compiled memories: same positions
     texts = [m.text for m in memories]
     if mode in ("full", "text"):
         answer, metrics = generate_text(backbone, compiler.layout.messages(texts, question), max_new_tokens, cancel)
@@ -199,35 +227,9 @@ class LMWorker:
         load_ms = self._ensure_loaded()
         assert self._backbone is not None and self._compiler is not None
         # Compiled memories take the same positions as their text.
-        self._check_prompt_fits(mode, memories, question, max_new_tokens)
         generated = answer_from_memories(self._backbone, self._compiler, question, mode, memories, max_new_tokens,
                                          cancel=cancel)
         return generated, load_ms, queue_ms, self._backbone.name, len(self._compiler)
-
-    def _check_prompt_fits(self, mode: AnswerMode, memories: list[MemoryText], question: str, max_new_tokens: int) -> None:
-        """Refuse a prompt that, with the tokens it may generate, is longer than the backbone's context, with the
-        next step (runs in the worker thread)."""
-        from .prefix_cache import encode
-
-        assert self._backbone is not None and self._compiler is not None
-        limit = getattr(self._backbone.config, "max_position_embeddings", None)
-        if limit is None:
-            return
-        prompt = self._compiler.layout.render([m.text for m in memories], question)
-        # A token covers at least one byte (a SentencePiece word-start marker at most one more): a prompt with fewer
-        # bytes than positions fits without tokenizing, the usual case, and this runs before every answer.
-        if len(prompt.encode("utf-8")) + max_new_tokens < limit:
-            return
-        n = len(encode(self._backbone, prompt))
-        if n + max_new_tokens > limit:
-            raise ValidationError(
-                f"mode={mode!r} needs {n} prompt tokens and up to {max_new_tokens} new ones; {self._backbone.name} "
-                f"reads at most {limit}. "
-                + ("Narrow entity_path, shorten the question or lower max_new_tokens, or use mode='prefix' or 'text' "
-                   "(top memories only)." if mode == "full"
-                   else f"Ask for fewer memories (this call gave {len(memories)}), shorten the question or lower "
-                        "max_new_tokens.")
-            )
 
     # -- on the event loop --------------------------------------------------------------------
 

@@ -46,7 +46,10 @@ async def service(tmp_path):
 
 
 @pytest.fixture
-def worker():
+def worker(tmp_path, monkeypatch):
+    # An empty LM cache: tiny-random-qwen2 takes SmolLM2's tokenizer when a converted SmolLM2 is cached, and the
+    # context tests below count this byte tokenizer's tokens.
+    monkeypatch.setenv("AMFS_LM_CACHE_DIR", str(tmp_path / "lm-cache"))
     w = LMWorker("tiny-random-qwen2", device="cpu")
     yield w
     w.close()
@@ -85,6 +88,12 @@ async def test_memories_that_do_not_fit_the_context_are_refused_in_every_mode_be
         await worker.answer(service, ACTOR, long_question, "text", "user/notes", 2, memories=2)
     with pytest.raises(ValidationError, match=r"up to 1000 new ones"):
         await worker.answer(service, ACTOR, "What do the notes say?", "text", "user/notes", 1000, memories=2)
+    # The function the session benchmark calls in process refuses the same (it ran past the context, silently).
+    from amfs_server.ml.answer.worker import MemoryText, answer_from_memories
+
+    notes = [MemoryText(f"user/notes/n{i}@v1", request.value) for i, request in enumerate(long_notes)]
+    with pytest.raises(ValidationError, match=r"reads at most 4096"):
+        answer_from_memories(worker._backbone, worker.compiler, "What do the notes say?", "text", notes, 2)
 
 
 async def test_answer_runs_in_one_worker_thread_while_the_event_loop_keeps_ticking(service, worker):

@@ -68,6 +68,17 @@ MALFORMED = {
                                 "distractors[0] must be a non-empty string"),
     "distractor is the answer": (_broken(lambda d: d["queries"][0].update(distractors=["porto"])),
                                  "names the expected answer"),
+    # Found by a red-team pass (0.7.10): each passed the checks and failed after the model had loaded.
+    "lone surrogate in a fact": (_broken(lambda d: d["facts"][1].update(text="caf\ud800")),
+                                 "facts[1]: 'text' holds a lone surrogate"),
+    "lone surrogate in a question": (_broken(lambda d: d["queries"][1].update(question="where\udc00?")),
+                                     "queries[1]: 'question' holds a lone surrogate"),
+    "fact over the value limit": (_broken(lambda d: d["facts"][1].update(text="x" * 1_100_000)),
+                                  "facts[1]: 'text': value is"),
+    "question over 2,000 characters": (_broken(lambda d: d["queries"][1].update(question="why " * 600)),
+                                       "queries[1]: 'question' is 2400 characters; at most 2000"),
+    "the same question twice": (_broken(lambda d: d["queries"].append(dict(d["queries"][0], expected="x"))),
+                                "the same question as queries[0]"),
 }
 
 
@@ -92,6 +103,14 @@ def test_unreadable_and_invalid_json_files_are_clear_errors(tmp_path):
     deep.write_text("[" * 100_000 + "]" * 100_000)  # valid JSON; json.loads used to die with a RecursionError
     with pytest.raises(SessionFileError, match="nested too deeply"):
         load_session_file(deep)
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes('{"name": "caf\u00e9"}'.encode("latin-1"))
+    with pytest.raises(SessionFileError, match="not UTF-8 text"):
+        load_session_file(latin1)
+    huge = tmp_path / "huge.json"
+    huge.write_text('{"name": ' + "9" * 5000 + "}")
+    with pytest.raises(SessionFileError, match="cannot read the JSON"):
+        load_session_file(huge)
     assert isinstance(SessionFileError("x"), ValueError)
     with pytest.raises(SessionFileError):
         parse_session({"name": "x", "facts": [], "queries": []})
@@ -118,6 +137,24 @@ def test_a_malformed_session_file_stops_the_bench_with_the_loader_message(tmp_pa
                           "--embedder", "none", "--out", str(tmp_path / "r")])
     with pytest.raises(SystemExit, match="'facts' is empty"):
         sb.run_benchmark(args, loaded=(None, None, None))
+
+
+def test_the_session_file_is_checked_before_any_model_loads(tmp_path):
+    """A red-team finding: the backbone and embedder loaded first (25 s), and only then was the file refused; with a
+    backbone that does not exist the file's own error was never seen."""
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"name": "x", "facts": [], "queries": []}))
+    args = sb.parse_args(["--backbone", str(tmp_path / "no-such-model"), "--device", "cpu", "--session-file",
+                          str(path), "--embedder", "none", "--out", str(tmp_path / "r")])
+    with pytest.raises(SystemExit, match="'facts' is empty"):
+        sb.run_benchmark(args)  # no `loaded`: the load would fail on the missing backbone first
+    many = _good()
+    many["facts"] += [{"entity_path": "bulk", "key": f"k{n}", "text": f"note {n}"} for n in range(520)]
+    path.write_text(json.dumps(many))
+    through_server = sb.parse_args(["--backbone", str(tmp_path / "no-such-model"), "--device", "cpu", "--via-server",
+                                    "--session-file", str(path), "--embedder", "none", "--out", str(tmp_path / "r")])
+    with pytest.raises(SystemExit, match="526 facts; through the server, mode D"):
+        sb.run_benchmark(through_server)
 
 
 def test_seed_ranges_are_disjoint_and_each_split_refuses_the_others_seeds():
