@@ -34,8 +34,8 @@ from typing import Any
 REDACTED = "[REDACTED]"
 EMAIL_MASK = "[EMAIL]"
 MAX_STRING_CHARS = 1000
+"""Longer strings are cut to this and marked; the redaction check sees what is kept and SECRET_MARGIN more."""
 SECRET_MARGIN = 4096  # past a string's cut, how far a credential starting before it is still looked for (a PEM key)
-"""Longer strings are cut to this and marked; the redaction check has already seen all of it."""
 MAX_DEPTH = 8
 """Deeper structures are replaced by a marker: nothing below is stored unchecked."""
 MAX_ITEMS = 100

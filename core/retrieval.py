@@ -104,8 +104,8 @@ def _index_word_breaks() -> dict[int, str]:
     space: other numbers (category No: '²', '½'), where PostgreSQL's parser splits, and the letters FTS5 does not
     know. Joined by '²', 300 common question words counted as one word, escaped the length factor and reached the
     top 10 for 45 of a conversation's 168 questions (red-team finding, 0.7.10). Built once, on first use (30 ms);
-    no character above U+2FFFF is of category No. `tests/adapters/test_store_contract.py` checks the list against
-    both stores' own tokenisers."""
+    no character above U+2FFFF is of category No. `test_every_character_*_splits_words_at_breaks_them_for_the_length_factor`
+    (tests/adapters, per store) checks the list against both stores' own tokenisers."""
     breaks = {cp: " " for cp in range(0x80, 0x30000) if unicodedata.category(chr(cp)) == "No"}
     breaks.update({cp: " " for cp in _FTS5_SEPARATING_LETTERS})
     return breaks

@@ -292,11 +292,9 @@ class _InProcess:
             retrieved = await self.memory.retrieve(question, limit=top_k)
             retrieve_ms = (time.perf_counter() - started) * 1000
             given = [MemoryText.of(hit.entry) for hit in retrieved][:GIVEN.get(base, top_k)]
-        try:
-            gen = answer_from_memories(self.backbone, self.compiler, question, GENERATION_MODE[base], given,
-                                       max_new_tokens, key_scale=mode_key_scale(mode))
-        except ValidationError as error:  # a prompt past the model's context, as amfs_answer refuses it
-            raise SystemExit(f"session bench: mode {mode}, question {question[:80]!r}: {error}") from None
+        gen = _answer_or_stop(f"mode {mode}, question {question[:80]!r}", lambda: answer_from_memories(
+            self.backbone, self.compiler, question, GENERATION_MODE[base], given, max_new_tokens,
+            key_scale=mode_key_scale(mode)))
         return _answered(gen, [_entry_path(g.memory_id) for g in given], retrieve_ms)
 
 
@@ -343,11 +341,13 @@ class _ViaServer:
                          m["compile_ms"], m["ttft_ms"], m["generate_ms"])
 
 
-def _answer_or_stop(session: Session, number: int, mode: ModeName, answer: Callable[[], Generated]) -> Generated:
+def _answer_or_stop(where: str, answer: Callable[[], Generated]) -> Generated:
+    """`answer()`, or the benchmark stopped naming `where` when it refuses (a prompt past the model's context, as
+    amfs_answer refuses it)."""
     try:
         return answer()
-    except ValidationError as error:  # a prompt past the model's context, as amfs_answer refuses it
-        raise SystemExit(f"session bench: {session.name}, question {number}, mode {mode}: {error}") from None
+    except ValidationError as error:
+        raise SystemExit(f"session bench: {where}: {error}") from None
 
 
 def _entry_path(memory_id: str) -> str:
@@ -405,7 +405,7 @@ async def run_session(session: Session, backbone: Any, compiler: Any, embedder: 
                         else:
                             given = [by_path[query.fact_path]]
                         retrieve_ms = (time.perf_counter() - started) * 1000 if kind == "flat_cos" else 0.0
-                        gen = _answer_or_stop(session, qi, mode, lambda: answer_from_memories(
+                        gen = _answer_or_stop(f"{session.name}, question {qi}, mode {mode}", lambda: answer_from_memories(
                             backbone, compiler, query.question, GENERATION_MODE[mode], given, max_new_tokens))
                         got = _answered(gen, [_entry_path(g.memory_id) for g in given], retrieve_ms)
                     total_ms = (time.perf_counter() - started) * 1000

@@ -226,7 +226,6 @@ class LMWorker:
         queue_ms = (time.perf_counter() - submitted) * 1000
         load_ms = self._ensure_loaded()
         assert self._backbone is not None and self._compiler is not None
-        # Compiled memories take the same positions as their text.
         generated = answer_from_memories(self._backbone, self._compiler, question, mode, memories, max_new_tokens,
                                          cancel=cancel)
         return generated, load_ms, queue_ms, self._backbone.name, len(self._compiler)

@@ -121,9 +121,10 @@ async def test_a_failed_export_leaves_no_partial_file(ml: MLService) -> None:
     assert sorted(p.name for p in ml.export_dir.iterdir() if "partial" in p.name) == []
 
 
-async def test_the_ranker_and_calibrator_read_the_history_without_values(mixed_history: MemoryService) -> None:
-    """A red-team finding: amfs_retrain and amfs_calibrate read every named version with its value (+1.9 GB for 100
-    values of 1 MiB) though they use only confidence, tiers and times."""
+async def test_a_history_loaded_without_values_holds_the_same_versions_with_none(mixed_history: MemoryService) -> None:
+    """What the ranker and the calibrator load since 0.7.10 (a red-team finding: amfs_retrain and amfs_calibrate
+    read every named version with its value, +1.9 GB for 100 values of 1 MiB, though they use only confidence,
+    tiers and times)."""
     from amfs_server.ml.traces import OutcomeHistory
 
     with_values = await OutcomeHistory.load(mixed_history)
