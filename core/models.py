@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-AMFS_VERSION = "0.7.10"
+AMFS_VERSION = "0.7.11"
 
 PRODUCTION_AGENT_PREFIXES = ("agent/", "prod/", "prod-")
 MANUAL_AGENT_PREFIXES = ("manual", "human/", "user/", "script/", "cli", "import")

@@ -10,7 +10,8 @@ This module owns two things:
 * ``LMWorker``: loads the backbone lazily, on first use, inside its single worker thread (a
   one-thread executor, so every forward pass and every compiled cache belongs to that thread and no
   model work ever runs on the event loop). Memories are compiled under ``entity_path/key@vN``, so a
-  memory is compiled once per version and reused by every later call.
+  memory is compiled once per version and reused by every later call. Waiting calls take turns by
+  caller (``FairQueue``), so one caller's many calls cannot keep everyone else's waiting.
 
 torch and transformers are imported only inside the worker thread: a server without a configured
 backbone never imports them for this.
@@ -22,8 +23,9 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -149,12 +151,71 @@ class WorkerAnswer:
     cached_memories: int = field(default=0)  # compiled caches held by the worker after this call
 
 
+LOAD_CALLER = "(load)"
+"""The caller a bare ``LMWorker.load`` waits as."""
+
+_Job = tuple["Future[Any]", "Callable[..., Any]", tuple[Any, ...]]
+
+
+class FairQueue:
+    """Jobs waiting for the worker thread, taken by caller: the caller served least recently goes first.
+
+    With one queue, first come first served, a caller with four long answers in flight (a key's four calls in
+    progress) kept every other caller waiting for all four: a red-team pass saw a read-only key's 38.6 s answer
+    hold another key's 6-token question for 35.5 s, and several such calls multiply that. Here a caller that has
+    not been served yet goes before one that has, so its question waits for the job in progress only (and for
+    callers in the same position that came first); callers with many jobs take turns. A running job is not
+    interrupted. Each caller's own jobs run in the order they came.
+    """
+
+    REMEMBERED_CALLERS = 4096
+    """Callers whose last turn is remembered; one forgotten counts as never served (the front of the queue)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[str, deque[tuple[int, _Job]]] = {}
+        self._served: OrderedDict[str, int] = OrderedDict()  # caller -> the turn it was last served on
+        self._count = 0  # numbers both arrivals and turns, so every sort key below is distinct
+
+    def put(self, caller: str, job: _Job) -> None:
+        with self._lock:
+            self._count += 1
+            self._waiting.setdefault(caller, deque()).append((self._count, job))
+
+    def take(self) -> _Job:
+        """The oldest job of the waiting caller served least recently (never served first; ties: who came first)."""
+        with self._lock:
+            caller = min(self._waiting, key=lambda c: (self._served.get(c, 0), self._waiting[c][0][0]))
+            jobs = self._waiting[caller]
+            _, job = jobs.popleft()
+            if not jobs:
+                del self._waiting[caller]
+            self._count += 1
+            self._served[caller] = self._count
+            self._served.move_to_end(caller)
+            if len(self._served) > self.REMEMBERED_CALLERS:
+                self._served.popitem(last=False)
+            return job
+
+    def drain(self) -> list[_Job]:
+        with self._lock:
+            jobs = [job for queue in self._waiting.values() for _, job in queue]
+            self._waiting.clear()
+            return jobs
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(queue) for queue in self._waiting.values())
+
+
 class LMWorker:
     """Answers questions from a MemoryService's memories with one local backbone.
 
     Off unless configured: the server creates one only when ``AMFS_LM_BACKBONE`` / ``--lm-backbone``
     is set, and nothing is loaded (no thread, no torch import) until the first ``answer``. One thread
-    owns the model: every forward pass runs in it, one at a time; concurrent calls queue.
+    owns the model: every forward pass runs in it, one at a time; concurrent calls wait by caller (the
+    actor's agent: with API keys, the key's agent or id), the caller served least recently first
+    (``FairQueue``), so one caller's many calls cannot keep another's waiting behind all of them.
     """
 
     def __init__(self, backbone_spec: str, *, device: str | None = None, max_compiled_in_memory: int = 512) -> None:
@@ -165,6 +226,7 @@ class LMWorker:
         self.max_compiled_in_memory = max_compiled_in_memory
         self._executor: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
+        self._waiting = FairQueue()
         self._backbone: Backbone | None = None
         self._compiler: MemoryCompiler | None = None
         self._thread_id: int | None = None
@@ -232,16 +294,30 @@ class LMWorker:
 
     # -- on the event loop --------------------------------------------------------------------
 
-    async def _run(self, fn: Any, *args: Any) -> Any:
+    async def _run(self, caller: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` in the worker thread when ``caller``'s turn comes (see ``FairQueue``)."""
+        job: Future[Any] = Future()
         with self._executor_lock:
             if self._executor is None:  # first call, or the first after close()
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="amfs-lm")
-            executor = self._executor
-        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+            self._waiting.put(caller, (job, fn, args))
+            # One slot per job: each slot runs whichever job's turn it is then, not necessarily this one.
+            self._executor.submit(self._run_next)
+        # A cancel while the job waits cancels it here (wrap_future passes it on); a running one ends via its Event.
+        return await asyncio.wrap_future(job)
+
+    def _run_next(self) -> None:
+        job, fn, args = self._waiting.take()
+        if not job.set_running_or_notify_cancel():  # its caller gave up while it waited
+            return
+        try:
+            job.set_result(fn(*args))
+        except BaseException as error:  # noqa: BLE001 - handed to the caller, whatever it is
+            job.set_exception(error)
 
     async def load(self) -> float:
         """Load the backbone now (in the worker thread); returns the ms it took, 0 when already loaded."""
-        return await self._run(self._ensure_loaded)
+        return await self._run(LOAD_CALLER, self._ensure_loaded)
 
     async def answer(self, service: MemoryService, actor: Actor, query: str, mode: AnswerMode = "prefix",
                      entity_path: str | None = None, max_new_tokens: int = 64,
@@ -282,7 +358,7 @@ class LMWorker:
         cancel = threading.Event()
         try:
             generated, load_ms, queue_ms, backbone_name, cached = await self._run(
-                self._answer_in_thread, query, mode, texts, max_new_tokens, time.perf_counter(), cancel)
+                actor.agent_id, self._answer_in_thread, query, mode, texts, max_new_tokens, time.perf_counter(), cancel)
         except asyncio.CancelledError:
             # The caller gave up: a queued call is dropped by the executor, a running one stops at its next token
             # instead of holding the one worker (and every key's calls behind it) until max_new_tokens.
@@ -301,6 +377,9 @@ class LMWorker:
         """
         with self._executor_lock:
             executor, self._executor = self._executor, None
+            waiting = self._waiting.drain()
+        for job, _fn, _args in waiting:
+            job.cancel()  # their callers get CancelledError, as before, not a wait that never ends
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
         self._backbone = None
@@ -321,6 +400,6 @@ async def _wait_for_embedder(service: MemoryService) -> None:
 
 
 __all__ = [
-    "ANSWER_MODES", "AnswerMode", "BackboneError", "Generated", "LMWorker", "MemoryText", "WorkerAnswer",
+    "ANSWER_MODES", "AnswerMode", "BackboneError", "FairQueue", "Generated", "LMWorker", "MemoryText", "WorkerAnswer",
     "answer_from_memories", "memory_text",
 ]

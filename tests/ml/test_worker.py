@@ -157,6 +157,96 @@ async def test_a_cancelled_answer_stops_generating_and_frees_the_worker(service,
     assert len(forwards) - 2 <= cancelled_at + 2 < 1024
 
 
+async def test_waiting_answers_take_turns_by_caller(service, worker, monkeypatch):
+    """First come, first served let one key's four long answers keep another key's question waiting behind all
+    four (a red-team pass: 35.5 s behind one). Now the caller served least recently goes first."""
+    import amfs_server.ml.answer.worker as worker_module
+
+    order: list[str] = []
+    release = threading.Event()
+    real = worker_module.answer_from_memories
+
+    def recorded(backbone, compiler, question, *args, **kwargs):
+        order.append(question)
+        if question == "a1":  # the answer in progress while the others arrive
+            assert release.wait(timeout=30)
+        return real(backbone, compiler, question, *args, **kwargs)
+
+    monkeypatch.setattr(worker_module, "answer_from_memories", recorded)
+    await worker.load()
+    greedy, other = Actor("greedy-key", "s1"), Actor("other-key", "s2")
+
+    def ask(actor: Actor, question: str) -> asyncio.Future:
+        return asyncio.ensure_future(worker.answer(service, actor, question, "text", max_new_tokens=1))
+
+    tasks = [ask(greedy, "a1")]
+    while order != ["a1"]:
+        await asyncio.sleep(0.005)
+    tasks += [ask(greedy, "a2"), ask(greedy, "a3"), ask(greedy, "a4")]
+    await asyncio.sleep(0.05)  # the greedy caller's calls are all waiting before the other's arrives
+    tasks.append(ask(other, "b1"))
+    await asyncio.sleep(0.05)
+    release.set()
+    results = await asyncio.gather(*tasks)
+    assert order == ["a1", "b1", "a2", "a3", "a4"]
+    # b1 waited for the answer in progress only, not for the three the greedy caller had waiting before it came.
+    assert all(r.metrics.new_tokens == 1 for r in results)
+
+
+async def test_a_waiting_answer_given_up_never_runs_and_close_cancels_those_still_waiting(worker):
+    ran: list[str] = []
+    release = threading.Event()
+
+    def job(name: str) -> str:
+        ran.append(name)
+        if name == "first":
+            assert release.wait(timeout=30)
+        return name
+
+    first = asyncio.ensure_future(worker._run("a", job, "first"))
+    while ran != ["first"]:
+        await asyncio.sleep(0.005)
+    given_up = asyncio.ensure_future(worker._run("b", job, "given-up"))
+    kept = asyncio.ensure_future(worker._run("c", job, "kept"))
+    await asyncio.sleep(0.02)
+    given_up.cancel()
+    release.set()
+    assert await first == "first" and await kept == "kept"
+    with pytest.raises(asyncio.CancelledError):
+        await given_up
+    assert ran == ["first", "kept"]
+
+    release.clear()
+    blocking = asyncio.ensure_future(worker._run("a", job, "first"))
+    while ran[-1] != "first":
+        await asyncio.sleep(0.005)
+    waiting = asyncio.ensure_future(worker._run("b", job, "never"))
+    await asyncio.sleep(0.02)
+    closing = asyncio.ensure_future(asyncio.to_thread(worker.close))  # waits for the job in progress
+    await asyncio.sleep(0.02)
+    release.set()
+    await closing
+    assert await blocking == "first"
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(waiting, timeout=5)  # cancelled, not left waiting for good
+    assert "never" not in ran
+
+
+def test_the_fair_queue_serves_the_caller_served_least_recently_and_each_callers_jobs_in_order():
+    from amfs_server.ml.answer.worker import FairQueue
+
+    queue = FairQueue()
+    for caller, job in [("a", 1), ("a", 2), ("a", 3), ("b", 1), ("c", 1), ("b", 2)]:
+        queue.put(caller, (caller, job))  # type: ignore[arg-type]
+    assert [queue.take() for _ in range(3)] == [("a", 1), ("b", 1), ("c", 1)]
+    queue.put("d", ("d", 1))  # type: ignore[arg-type]  # never served: before a, b and c's second turns
+    queue.put("c", ("c", 2))  # type: ignore[arg-type]  # c was served last: after a and b
+    taken = [queue.take() for _ in range(len(queue))]
+    assert taken == [("d", 1), ("a", 2), ("b", 2), ("c", 2), ("a", 3)]
+    queue.put("z", ("z", 1))  # type: ignore[arg-type]
+    assert queue.drain() == [("z", 1)] and len(queue) == 0
+
+
 async def test_unknown_backbone_is_a_domain_error_naming_the_fix(service, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     worker = LMWorker("amfs-test/no-such-model", device="cpu")
