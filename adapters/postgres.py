@@ -92,6 +92,7 @@ from .sql_common import (
     count_outcomes,
     draft_params,
     effect_params,
+    entry_columns,
     entry_from_row,
     export_store,
     import_store,
@@ -104,6 +105,8 @@ from .sql_common import (
     trace_from_row,
     trace_params,
     upsert_meta_sql,
+    value_columns,
+    value_from_row,
 )
 
 VECTOR_EXTENSION = "vector"
@@ -653,11 +656,12 @@ class PostgresStore(PostgresDatabase):
         return [_row_to_entry(row, with_embedding=values) for row in rows]
 
     async def find_current(
-        self, flt: EntryFilter, now: datetime, sort_by: SortBy, limit: int | None, *, values: bool = True
+        self, flt: EntryFilter, now: datetime, sort_by: SortBy, limit: int | None, *, values: bool = True,
+        value_head: int | None = None,
     ) -> list[MemoryEntry]:
         params = _Params()
         clauses = _filter_sql(flt, now, params)
-        columns = _BASE_COLUMNS if values else ENTRY_COLUMNS_WITHOUT_VALUES
+        columns = entry_columns(value_head) if values else ENTRY_COLUMNS_WITHOUT_VALUES
         sql = f"SELECT {columns} FROM entries WHERE {' AND '.join(clauses)} ORDER BY {_SORT_SQL[sort_by]}"
         if limit is not None:
             sql += f" LIMIT {params.add(max(0, int(limit)))}"
@@ -682,9 +686,11 @@ class PostgresStore(PostgresDatabase):
         rows = await self._read(lambda conn: conn.fetch(sql, now, entity_path, max(0, int(limit))))
         return [_row_to_entry(row, with_embedding=False) for row in rows]
 
-    async def entries_at(self, entity_path: str, now: datetime, offset: int, limit: int) -> list[MemoryEntry]:
+    async def entries_at(
+        self, entity_path: str, now: datetime, offset: int, limit: int, *, value_head: int | None = None
+    ) -> list[MemoryEntry]:
         sql = (
-            f"SELECT {_BASE_COLUMNS} FROM entries WHERE is_current AND (ttl_at IS NULL OR ttl_at > $1) "
+            f"SELECT {entry_columns(value_head)} FROM entries WHERE is_current AND (ttl_at IS NULL OR ttl_at > $1) "
             "AND entity_path = $2 ORDER BY key LIMIT $3 OFFSET $4"
         )
         rows = await self._read(
@@ -804,9 +810,11 @@ class PostgresStore(PostgresDatabase):
                 results.append((_row_to_entry(row, with_embedding=False), score))
         return results
 
-    async def entry_values(self, entries: Sequence[MemoryEntry]) -> dict[tuple[str, str, int], Any]:
-        rows = await self._versions_of(entries, "e.version, e.value_json")
-        return {(row["entity_path"], row["key"], row["version"]): json.loads(row["value_json"]) for row in rows}
+    async def entry_values(
+        self, entries: Sequence[MemoryEntry], *, value_head: int | None = None
+    ) -> dict[tuple[str, str, int], Any]:
+        rows = await self._versions_of(entries, f"e.version, {value_columns(value_head, 'e.')}")
+        return {(row["entity_path"], row["key"], row["version"]): value_from_row(row) for row in rows}
 
     async def passage_vectors(self, entries: Sequence[MemoryEntry]) -> dict[str, Any]:
         rows = await self._versions_of(entries, "e.passage_embeddings", "WHERE e.passage_embeddings IS NOT NULL")

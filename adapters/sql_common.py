@@ -35,6 +35,7 @@ from ..core.models import (
     SortBy,
     Tier,
     TraceEvent,
+    ValueHead,
 )
 from ..core.ports import StoreSnapshot, vector_width
 from ..core.retrieval import search_form
@@ -204,6 +205,31 @@ ENTRY_BASE_COLUMNS = (
 ENTRY_COLUMNS = ENTRY_BASE_COLUMNS + ", embedding, passage_embeddings, context_key"
 # The base columns with every value read as JSON null (`find_current(values=False)`).
 ENTRY_COLUMNS_WITHOUT_VALUES = ENTRY_BASE_COLUMNS.replace("value_json", "'null' AS value_json")
+
+
+def value_columns(head: int | None, table: str = "") -> str:
+    """The value's columns for `value_from_row`: `value_json`, or with `head`, a value whose JSON is longer than
+    `head` characters as its first `head` characters and its length (a `ValueHead`), so a listing parses none of
+    a long value. The same SQL on both stores: length and substr count characters of text on both."""
+    column = f"{table}value_json"
+    if head is None:
+        return column
+    head = int(head)
+    return (f"CASE WHEN length({column}) <= {head} THEN {column} END AS value_json, "
+            f"CASE WHEN length({column}) > {head} THEN substr({column}, 1, {head}) END AS value_head, "
+            f"length({column}) AS value_chars")
+
+
+def entry_columns(head: int | None, columns: str = ENTRY_BASE_COLUMNS) -> str:
+    """`columns` (which name `value_json` once) with the value read as `value_columns` reads it."""
+    return columns.replace("value_json", value_columns(head), 1)
+
+
+def value_from_row(row: Any) -> Any:
+    """The row's value, or its `ValueHead` when it was read by `entry_columns_with_heads` and is long."""
+    if row["value_json"] is None:  # NOT NULL in the table: only a head read leaves it out
+        return ValueHead(row["value_head"], int(row["value_chars"]))
+    return json.loads(row["value_json"])
 ENTRY_INSERT_COLUMNS = (
     "entity_path", "key", "version", "is_current", "value_json", "confidence", "agent_id", "session_id",
     "written_at", "outcome_count", "recall_count", "ttl_at", "memory_type", "tier", "priority_score",
@@ -231,7 +257,7 @@ def entry_from_row(row: Any, d: Dialect, with_embedding: bool = True) -> MemoryE
     return MemoryEntry(
         entity_path=row["entity_path"],
         key=row["key"],
-        value=json.loads(row["value_json"]),
+        value=value_from_row(row),
         version=row["version"],
         confidence=bounded_confidence(row["confidence"]),
         provenance=Provenance(row["agent_id"], row["session_id"], d.dt(row["written_at"])),  # type: ignore[arg-type]

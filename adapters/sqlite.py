@@ -54,6 +54,7 @@ from .sql_common import (
     count_outcomes,
     draft_params,
     effect_params,
+    entry_columns,
     entry_from_row,
     export_store,
     import_store,
@@ -65,6 +66,8 @@ from .sql_common import (
     trace_from_row,
     trace_params,
     upsert_meta_sql,
+    value_columns,
+    value_from_row,
 )
 from .sqlite_base import SQLiteDatabase, _ts
 from .vector_index import VectorIndex
@@ -387,10 +390,11 @@ class SQLiteStore(SQLiteDatabase):
         return await self._run(fetch)
 
     async def find_current(
-        self, flt: EntryFilter, now: datetime, sort_by: SortBy, limit: int | None, *, values: bool = True
+        self, flt: EntryFilter, now: datetime, sort_by: SortBy, limit: int | None, *, values: bool = True,
+        value_head: int | None = None,
     ) -> list[MemoryEntry]:
         clauses, params = self._filter_sql(flt, now)
-        columns = _BASE_COLUMNS if values else ENTRY_COLUMNS_WITHOUT_VALUES
+        columns = entry_columns(value_head) if values else ENTRY_COLUMNS_WITHOUT_VALUES
         sql = f"SELECT {columns} FROM entries WHERE {' AND '.join(clauses)} ORDER BY {_SORT_SQL[sort_by]}"
         if limit is not None:
             sql += f" LIMIT {max(0, int(limit))}"  # SQLite reads a negative LIMIT as none
@@ -439,9 +443,11 @@ class SQLiteStore(SQLiteDatabase):
 
         return await self._run(fetch)
 
-    async def entries_at(self, entity_path: str, now: datetime, offset: int, limit: int) -> list[MemoryEntry]:
+    async def entries_at(
+        self, entity_path: str, now: datetime, offset: int, limit: int, *, value_head: int | None = None
+    ) -> list[MemoryEntry]:
         sql = (
-            f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE is_current = 1 AND (ttl_at IS NULL OR ttl_at > ?) "
+            f"SELECT {entry_columns(value_head)} FROM entries WHERE is_current = 1 AND (ttl_at IS NULL OR ttl_at > ?) "
             "AND entity_path = ? ORDER BY key LIMIT ? OFFSET ?"
         )
         params = (_ts(now), entity_path, max(0, int(limit)), max(0, int(offset)))
@@ -824,7 +830,9 @@ class SQLiteStore(SQLiteDatabase):
 
         return await self._run(fetch)
 
-    async def entry_values(self, entries: Sequence[MemoryEntry]) -> dict[tuple[str, str, int], Any]:
+    async def entry_values(
+        self, entries: Sequence[MemoryEntry], *, value_head: int | None = None
+    ) -> dict[tuple[str, str, int], Any]:
         versions = [(e.entity_path, e.key, e.version) for e in entries]
         if not versions:
             return {}
@@ -832,11 +840,12 @@ class SQLiteStore(SQLiteDatabase):
         def fetch() -> dict[tuple[str, str, int], Any]:
             rows = self._connection().execute(  # one lookup per version, as in passage_vectors
                 f"WITH wanted (entity_path, key, version) AS (VALUES {', '.join(['(?, ?, ?)'] * len(versions))}) "
-                "SELECT e.entity_path, e.key, e.version, e.value_json FROM wanted CROSS JOIN entries e "
+                f"SELECT e.entity_path, e.key, e.version, {value_columns(value_head, 'e.')} FROM wanted "
+                "CROSS JOIN entries e "
                 "ON e.entity_path = wanted.entity_path AND e.key = wanted.key AND e.version = wanted.version",
                 [part for version in versions for part in version],
             ).fetchall()
-            return {(row[0], row[1], row[2]): json.loads(row[3]) for row in rows}
+            return {(row["entity_path"], row["key"], row["version"]): value_from_row(row) for row in rows}
 
         return await self._run(fetch)
 

@@ -7,6 +7,7 @@ convert them with `to_dict` / `from_dict`, which is also the export format.
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -110,6 +111,35 @@ class Provenance:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Provenance:
         return cls(data["agent_id"], data["session_id"], from_iso(data["written_at"]))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class ValueHead:
+    """In place of a value too long for a listing to read whole: the first characters of its stored JSON
+    (compact, non-ASCII kept) and that JSON's length in characters. Listings ask the store for heads
+    (`value_head=`) so that one of 100 values of 1 MiB parses none of them; amfs_read returns the value."""
+
+    json_head: str
+    json_chars: int
+
+    @staticmethod
+    def enough_for(chars: int) -> int:
+        """How many characters of JSON a head must hold to show `chars` characters of the value's text: a JSON
+        string spends at most 6 on one character (`\\u0001`), plus its quote and an escape cut at the end."""
+        return 6 * chars + 16
+
+    def text_head(self) -> str:
+        """The start of the value's text: a string value's own characters, else its JSON."""
+        if not self.json_head.startswith('"'):
+            return self.json_head
+        for end in range(len(self.json_head), max(0, len(self.json_head) - 13), -1):
+            try:  # the head may end inside an escape (at most 12 characters: a surrogate pair)
+                text = json.loads(self.json_head[:end] + '"')
+            except ValueError:
+                continue
+            if isinstance(text, str):
+                return text
+        return self.json_head[1:]  # unreachable for a head of valid JSON; a raw head beats an error in a listing
 
 
 @dataclass(frozen=True)

@@ -129,11 +129,13 @@ class MemoryStore(Protocol):
         ...
 
     async def find_current(
-        self, flt: EntryFilter, now: datetime, sort_by: SortBy, limit: int | None, *, values: bool = True
+        self, flt: EntryFilter, now: datetime, sort_by: SortBy, limit: int | None, *, values: bool = True,
+        value_head: int | None = None,
     ) -> list[MemoryEntry]:
         """Current live entries, best first by `sort_by`; ties go to the newer write (written_at, then write order).
         `values=False` leaves every value None: a caller that must rank all matches before it keeps a few (decayed
-        confidence, priority) then holds no values, whatever their size."""
+        confidence, priority) then holds no values, whatever their size. `value_head=N`: a value whose stored JSON
+        is longer than N characters comes as a `ValueHead` of its first N (for listings, which show a preview)."""
         ...
 
     async def entity_counts(self, entity_path: str | None, now: datetime) -> dict[str, int]:
@@ -145,8 +147,11 @@ class MemoryStore(Protocol):
         index range of that path alone, however many entries the store holds elsewhere."""
         ...
 
-    async def entries_at(self, entity_path: str, now: datetime, offset: int, limit: int) -> list[MemoryEntry]:
-        """Current live entries at exactly `entity_path`, ordered by key, one page (`offset`, `limit`)."""
+    async def entries_at(
+        self, entity_path: str, now: datetime, offset: int, limit: int, *, value_head: int | None = None
+    ) -> list[MemoryEntry]:
+        """Current live entries at exactly `entity_path`, ordered by key, one page (`offset`, `limit`);
+        `value_head` as in `find_current`."""
         ...
 
     async def record_reads(
@@ -213,9 +218,12 @@ class MemoryStore(Protocol):
         """
         ...
 
-    async def entry_values(self, entries: Sequence[MemoryEntry]) -> dict[tuple[str, str, int], Any]:
+    async def entry_values(
+        self, entries: Sequence[MemoryEntry], *, value_head: int | None = None
+    ) -> dict[tuple[str, str, int], Any]:
         """The values of these exact versions, keyed by (entity_path, key, version); versions gone are not listed.
-        What candidates searched with `values=False` (many, to filter) get once the few kept are chosen."""
+        What candidates searched with `values=False` (many, to filter) get once the few kept are chosen.
+        `value_head` as in `find_current`."""
         ...
 
     async def passage_vectors(self, entries: Sequence[MemoryEntry]) -> dict[str, np.ndarray]:

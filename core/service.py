@@ -638,9 +638,11 @@ class MemoryService:
         limit: int = 20,
         event_after: datetime | str | None = None,
         event_before: datetime | str | None = None,
+        value_head: int | None = None,
     ) -> list[MemoryEntry]:
         """Filter current entries (no query text); does not count as reading them. `event_after`/`event_before`
-        keep entries whose event time (event_at, else the write time) lies in that range, ends included."""
+        keep entries whose event time (event_at, else the write time) lies in that range, ends included.
+        `value_head=N`: a value whose JSON is longer than N characters comes as a `ValueHead` (for a preview)."""
         if sort_by not in SORT_CHOICES:
             raise ValidationError(f"sort_by must be one of {list(SORT_CHOICES)}, got {sort_by!r}.")
         limit = v.validate_limit(limit)
@@ -663,7 +665,7 @@ class MemoryService:
             sort_by == "confidence" and self.config.decay_half_life_days is not None
         )
         if not sort_after:
-            entries = await self.store.find_current(flt, now, sort_by, limit)
+            entries = await self.store.find_current(flt, now, sort_by, limit, value_head=value_head)
             return [self.with_current_tier(entry, now) for entry in entries]
         # Every match is ranked here, so read them without values and then fetch the values of the `limit` kept.
         entries = [self.with_current_tier(entry, now)
@@ -674,27 +676,35 @@ class MemoryService:
             entries.sort(key=lambda e: e.priority_score or 0.0, reverse=True)
         elif sort_by == "confidence":
             entries.sort(key=lambda e: self.effective_confidence(e, now), reverse=True)
-        kept = [await self.store.get_current(e.entity_path, e.key, now) for e in entries[:limit]]
-        return [self.with_current_tier(entry, now) for entry in kept if entry is not None]  # None: forgotten since
+        kept = entries[:limit]
+        stored = await self.store.entry_values(kept, value_head=value_head)
+        return [replace(e, value=stored[e.entity_path, e.key, e.version])
+                for e in kept if (e.entity_path, e.key, e.version) in stored]  # absent: forgotten since
 
-    async def list(self, entity_path: str | None = None, limit: int = 1000) -> list[MemoryEntry]:
-        """Current entries under an entity path, ordered by path and key (at most `limit` read)."""
+    async def list(
+        self, entity_path: str | None = None, limit: int = 1000, *, value_head: int | None = None
+    ) -> list[MemoryEntry]:
+        """Current entries under an entity path, ordered by path and key (at most `limit` read); `value_head` as in
+        `search`."""
         return await self.store.find_current(
             EntryFilter(entity_path=v.validate_entity_prefix(entity_path)), self.now(), "path",
-            v.validate_limit(limit, maximum=100_000),
+            v.validate_limit(limit, maximum=100_000), value_head=value_head,
         )
 
     async def entity_counts(self, entity_path: str | None = None) -> dict[str, int]:
         """Current live entries per entity path (each path counts only the entries exactly at it)."""
         return await self.store.entity_counts(v.validate_entity_prefix(entity_path), self.now())
 
-    async def entries_at(self, entity_path: str, offset: int = 0, limit: int = 50) -> builtins.list[MemoryEntry]:
-        """One page of the current entries at exactly `entity_path`, by key; does not count as reading them."""
+    async def entries_at(
+        self, entity_path: str, offset: int = 0, limit: int = 50, *, value_head: int | None = None
+    ) -> builtins.list[MemoryEntry]:
+        """One page of the current entries at exactly `entity_path`, by key; does not count as reading them;
+        `value_head` as in `search`."""
         entity_path = v.validate_entity_path(entity_path)
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ValidationError(f"offset must be an integer >= 0, got {offset!r}.")
         now = self.now()
-        entries = await self.store.entries_at(entity_path, now, offset, v.validate_limit(limit))
+        entries = await self.store.entries_at(entity_path, now, offset, v.validate_limit(limit), value_head=value_head)
         return [self.with_current_tier(entry, now) for entry in entries]
 
     # -- retrieval ----------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, Field
 
 from ..core.confidence import bounded_confidence
-from ..core.models import MemoryEntry, Tier
+from ..core.models import MemoryEntry, Tier, ValueHead
 from ..core.retrieval import RetrievedEntry
 
 LISTING_VALUE_CHARS = 2000
@@ -57,13 +57,20 @@ def age(moment: datetime, now: datetime | None = None) -> str:
 
 
 def bounded_value(entry: MemoryEntry, budget: int | None, read_hint: str) -> tuple[Any, bool]:
-    """The entry's value, or its JSON cut to `budget` characters with a marker saying how to read it all."""
+    """The entry's value, or its text (a string's own, else its JSON) cut to `budget` characters with a marker
+    saying how long the value's JSON is and how to read it all. A `ValueHead` (a listing's long value, read
+    without the rest) is always cut."""
     if budget is None:
         return entry.value, False
-    text = entry.value if isinstance(entry.value, str) else json.dumps(entry.value, ensure_ascii=False)
-    if len(text) <= budget:
-        return entry.value, False
-    return f"{text[:budget]}…[truncated: {len(text)} chars; call {read_hint} for the whole value]", True
+    if isinstance(entry.value, ValueHead):
+        text, json_chars = entry.value.text_head(), entry.value.json_chars
+    else:
+        json_text = json.dumps(entry.value, ensure_ascii=False, separators=(",", ":"))  # as the stores keep it
+        text = entry.value if isinstance(entry.value, str) else json_text
+        if len(text) <= budget:
+            return entry.value, False
+        json_chars = len(json_text)
+    return f"{text[:budget]}…[truncated: {json_chars} chars of JSON; call {read_hint} for the whole value]", True
 
 
 class EntryView(BaseModel):

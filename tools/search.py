@@ -8,10 +8,11 @@ from typing import Annotated, Literal
 from fastmcp import Context
 from pydantic import Field
 
+from ..core.models import ValueHead
 from ..core.service import MAX_QUERY_CHARS, MemoryService
 from ._params import EntityFilter, MinConfidence
 from ._registry import ToolRegistry, read_only
-from ._views import LIST_VALUE_CHARS, EntryList, Listing, MemoryTypeName, RetrieveResult, entry_views
+from ._views import LIST_VALUE_CHARS, LISTING_VALUE_CHARS, EntryList, Listing, MemoryTypeName, RetrieveResult, entry_views
 
 MemoryTypeFilter = Annotated[MemoryTypeName | None, Field(description="Only this memory type.")]
 Verbose = Annotated[
@@ -84,6 +85,7 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
         entries = await service.search(
             entity_path=entity_path, memory_type=memory_type, min_confidence=min_confidence, agent_id=agent_id,
             since=since, sort_by=sort_by, limit=limit, event_after=event_after, event_before=event_before,
+            value_head=ValueHead.enough_for(LISTING_VALUE_CHARS),  # a long value is never read whole to be cut
         )
         return EntryList(count=len(entries), entries=await asyncio.to_thread(entry_views, entries, verbose))
 
@@ -94,7 +96,7 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
         verbose: Verbose = False,
     ) -> Listing:
         """List what memories exist (entry keys with a short value preview), ordered by path and key."""
-        entries = await service.list(entity_path, limit=limit + 1)
+        entries = await service.list(entity_path, limit=limit + 1, value_head=ValueHead.enough_for(LIST_VALUE_CHARS))
         return Listing(
             count=min(len(entries), limit), more=len(entries) > limit,
             entries=await asyncio.to_thread(entry_views, entries[:limit], verbose, LIST_VALUE_CHARS),

@@ -35,7 +35,7 @@ from starlette.routing import Route
 from ...core import validation as v
 from ...core.errors import AmfsError, InsufficientDataError, NotFoundError, ValidationError
 from ...core.learning import LearningService
-from ...core.models import Actor, MemoryEntry, OutcomeRecord, to_iso, utcnow
+from ...core.models import Actor, MemoryEntry, OutcomeRecord, ValueHead, to_iso, utcnow
 from ...core.service import MemoryService
 from ...ml.service import MLService
 from ..auth import Access, ApiKey, ApiKeyVerifier, OriginGuard, is_loopback
@@ -47,6 +47,8 @@ MAX_PAGE = 200
 # An entry page shows each older version's value up to this many characters of its JSON (the current one whole),
 # so a key with many large versions cannot make one response as large as all of them together.
 VERSION_VALUE_CHARS = 2000
+SUMMARY_VALUE_HEAD = 160
+"""The entry list's preview: the first 159 characters of a value's JSON, so longer values are read as heads."""
 ENTRY_PAGE_VERSIONS = 200  # the newest versions an entry page shows; it says how many older ones it leaves out
 ENTRY_PAGE_OUTCOMES = 200  # likewise the newest outcomes on the entry
 MAX_FORGET_BODY = 64 * 1024  # a forget names one entry: a few hundred bytes
@@ -181,7 +183,8 @@ def _whole_store(viewer: Viewer, view: str) -> None:
 
 
 def _summary(entry: MemoryEntry, service: MemoryService, now: Any) -> dict[str, Any]:
-    value = json.dumps(entry.value, ensure_ascii=False, default=str)
+    value = (entry.value.json_head[:159] + "…" if isinstance(entry.value, ValueHead)  # read with SUMMARY_VALUE_HEAD
+             else json.dumps(entry.value, ensure_ascii=False, default=str))
     return {
         "entity_path": entry.entity_path,
         "key": entry.key,
@@ -308,7 +311,7 @@ def _handlers(ui: UiServices) -> dict[str, Handler]:
         assert path is not None
         offset = _int_param(request, "offset", 0, 10**9)
         limit = _int_param(request, "limit", 50, MAX_PAGE)
-        page = await service.entries_at(path, offset, limit) if limit else []
+        page = await service.entries_at(path, offset, limit, value_head=SUMMARY_VALUE_HEAD) if limit else []
         total = (await service.entity_counts(path)).get(path, 0)
         now = utcnow()
         return {"path": path, "offset": offset, "limit": limit, "total": total,

@@ -33,6 +33,7 @@ from amfs_server.core.models import (
     Provenance,
     Tier,
     TraceEvent,
+    ValueHead,
 )
 from amfs_server.core.ports import MemoryStore, OutcomeTarget, StoreSnapshot, TierUpdate
 from amfs_server.core.retrieval import keyword_terms
@@ -299,6 +300,31 @@ async def test_find_current_sorts_by_each_sort_key_best_first(store: MemoryStore
         assert keys(await store.find_current(EntryFilter(), at(10), sort_by, 2)) == order[:2], sort_by  # type: ignore[arg-type]
         assert await store.find_current(EntryFilter(), at(10), sort_by, 0) == []  # type: ignore[arg-type]
         assert await store.find_current(EntryFilter(), at(10), sort_by, -1) == []  # type: ignore[arg-type]
+
+
+async def test_listings_read_a_long_value_as_its_head_and_length_and_a_short_one_whole(store: MemoryStore) -> None:
+    """A listing asks for heads: a value whose stored JSON is longer than the head comes as its first characters
+    and its length, so 100 values of 1 MiB are not parsed to show 200 characters of each (red-team finding)."""
+    long_text = "Ünïcode \u0001 \"quoted\" " * 50  # 1,150 characters, escapes and non-ASCII in its JSON
+    await write(store, draft("svc", "long", long_text), draft("svc", "short", "fits"),
+                draft("svc", "list", list(range(300))))
+    stored = {e.key: json.dumps(e.value, ensure_ascii=False) for e in await store.find_current(EntryFilter(), at(1), "path", None)}
+    headed = {e.key: e for e in await store.find_current(EntryFilter(), at(1), "path", None, value_head=100)}
+    assert headed["short"].value == "fits"
+    for key in ("long", "list"):
+        head = headed[key].value
+        assert isinstance(head, ValueHead) and head.json_head == stored[key][:100]
+        assert head.json_chars == len(stored[key])
+    text = headed["long"].value.text_head()  # the string's own characters, whatever the head cut
+    assert long_text.startswith(text) and len(text) >= (100 - 16) // 6
+    assert [e.with_changes(value=None) for e in headed.values()] == [
+        e.with_changes(value=None) for e in await store.find_current(EntryFilter(), at(1), "path", None)]
+    page = {e.key: e.value for e in await store.entries_at("svc", at(1), 0, 10, value_head=100)}
+    assert page == {key: e.value for key, e in headed.items()}
+    values = await store.entry_values(list(headed.values()), value_head=100)
+    assert values == {("svc", key, 1): e.value for key, e in headed.items()}
+    assert await store.entry_values(list(headed.values())) == {("svc", "long", 1): long_text, ("svc", "short", 1): "fits",
+                                                                ("svc", "list", 1): list(range(300))}
 
 
 async def test_find_current_breaks_ties_newest_write_first_the_same_way_on_every_store(store: MemoryStore) -> None:

@@ -255,3 +255,31 @@ def test_graph_recall_and_default_exact_path() -> None:
         recall.append(len({h[0] for h in graph.search(q, 10)} & set(truth)) / 10)
         assert [h[0] for h in small.search(q, 10)] == truth
     assert np.mean(recall) >= 0.9
+
+
+@pytest.mark.parametrize("added, removed", [(4, 4), (10, 10), (100, 80), (1000, 900)])
+def test_a_file_with_most_of_its_slots_removed_loads(tmp_path, added: int, removed: int) -> None:
+    """usearch 2.23 aborted the whole process (malloc: invalid size) loading such a file, and a forget of most of
+    a store's memories wrote one: every later open of the store died the same way (red-team finding, 0.7.11).
+    Run in a child process, so an abort fails this test instead of ending the suite."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import numpy as np
+        from amfs_server.adapters.vector_index import VectorIndex
+        rng = np.random.default_rng(0)
+        vectors = rng.standard_normal(({added}, 64)).astype(np.float32)
+        index = VectorIndex(64, {str(tmp_path / 'v.usearch')!r})
+        index.add(np.arange({added}), vectors)
+        index.remove(range({removed}))
+        index.save_scrubbed(list(vectors[:{removed}]))
+        for _ in range(3):
+            again = VectorIndex.open(64, {str(tmp_path / 'v.usearch')!r})
+            assert again.load_error is None and len(again) == {added - removed}
+            assert sorted(again.ids().tolist()) == list(range({removed}, {added}))
+        print("loaded")
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "loaded" in run.stdout, (run.returncode, run.stderr[-2000:])

@@ -330,19 +330,19 @@ async def test_search_and_list_hold_only_the_values_they_return(store, actor: Ac
     for n in range(12):
         await service.write(actor, WriteRequest(f"svc/{n % 3}", f"k{n:02d}", "x" * 1000 + str(n), confidence=n / 12))
     loaded: list[int] = []
-    find_current, get_current = store.find_current, store.get_current
+    find_current, entry_values = store.find_current, store.entry_values
 
     async def counting_find(*args, **kwargs):
         found = await find_current(*args, **kwargs)
         loaded.append(sum(e.value is not None for e in found))
         return found
 
-    async def counting_get(*args, **kwargs):
-        entry = await get_current(*args, **kwargs)
-        loaded.append(int(entry is not None))
-        return entry
+    async def counting_values(*args, **kwargs):
+        values = await entry_values(*args, **kwargs)
+        loaded.append(len(values))
+        return values
 
-    store.find_current, store.get_current = counting_find, counting_get
+    store.find_current, store.entry_values = counting_find, counting_values
     try:
         for sort_by in ("priority", "confidence"):
             loaded.clear()
@@ -355,7 +355,7 @@ async def test_search_and_list_hold_only_the_values_they_return(store, actor: Ac
         assert [(e.entity_path, e.key) for e in listed] == [("svc/0", "k00"), ("svc/0", "k03"), ("svc/0", "k06")]
         assert sum(loaded) == 3
     finally:
-        del store.find_current, store.get_current
+        del store.find_current, store.entry_values
 
 
 async def test_history_one_by_one_yields_what_history_returns(service: MemoryService, actor: Actor) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 import mcp_types
@@ -172,7 +173,7 @@ async def test_search_filters_sorts_and_truncates_large_values_with_a_read_hint(
     large = found["entries"][0]
     assert large["truncated"] is True
     assert large["value"].startswith("y" * LISTING_VALUE_CHARS)
-    marker = f"[truncated: {LISTING_VALUE_CHARS + 500} chars; call amfs_read(entity_path='svc/b', key='large')"
+    marker = f"[truncated: {LISTING_VALUE_CHARS + 502} chars of JSON; call amfs_read(entity_path='svc/b', key='large')"
     assert marker in large["value"]
     beliefs = (await client.call_tool("amfs_search", {"memory_type": "belief"})).structured_content
     assert [e["entry_key"] for e in beliefs["entries"]] == ["other/x"]
@@ -199,8 +200,29 @@ async def test_list_shows_previews_and_says_when_the_limit_cut_it(client: Client
     assert listing["count"] == 2 and listing["more"] is True
     assert [e["entry_key"] for e in listing["entries"]] == ["svc/k0", "svc/k1"]
     assert listing["entries"][0]["truncated"] is True
+    assert listing["entries"][0]["value"].startswith("z" * LIST_VALUE_CHARS + "…[truncated: 402 chars of JSON;")
     everything = (await client.call_tool("amfs_list", {})).structured_content
     assert everything["count"] == 3 and everything["more"] is False
+
+
+async def test_listings_preview_a_long_value_from_its_head_as_its_own_text(client: Client) -> None:
+    """Listings read a long value's first characters only (not 1 MiB parsed to show 200): the preview is still
+    the string's own text, escapes decoded, and a structured value's JSON."""
+    lines = "line one\n\"two\"\t" * 20_000  # 300,000 characters, 380,002 of JSON (escapes)
+    json_chars = len(json.dumps(lines))
+    await write(client, "svc", "text", lines)
+    await write(client, "svc", "rows", [{"n": n} for n in range(20_000)])
+    listed = {e["entry_key"]: e["value"] for e in
+              (await client.call_tool("amfs_list", {"entity_path": "svc"})).structured_content["entries"]}
+    assert listed["svc/text"] == lines[:LIST_VALUE_CHARS] + (
+        f"…[truncated: {json_chars} chars of JSON; call amfs_read(entity_path='svc', key='text') for the whole value]")
+    rows_json = json.dumps([{"n": n} for n in range(20_000)], separators=(",", ":"))
+    assert listed["svc/rows"].startswith(rows_json[:LIST_VALUE_CHARS] + f"…[truncated: {len(rows_json)} chars of JSON;")
+    for sort_by in ("confidence", "priority"):  # the second ranks every match first, then reads the kept ones' heads
+        found = (await client.call_tool("amfs_search", {"entity_path": "svc", "sort_by": sort_by})).structured_content
+        previews = {e["entry_key"]: e["value"] for e in found["entries"]}
+        assert previews["svc/text"].startswith(lines[:LISTING_VALUE_CHARS] + f"…[truncated: {json_chars} chars of JSON;")
+    assert (await client.call_tool("amfs_read", {"entity_path": "svc", "key": "text"})).structured_content["value"] == lines
 
 
 async def test_history_lists_every_version_oldest_first(client: Client) -> None:
