@@ -39,6 +39,7 @@ import json
 import math
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -623,7 +624,7 @@ class PostgresStore(PostgresDatabase):
         stored = await self._tx(write)
         self._rows_added(len(stored))
         if erased:
-            await self._vacuum(*_ERASED_TABLES)
+            await self._vacuum_erased()
         return stored
 
     async def get_current(self, entity_path: str, key: str, now: datetime) -> MemoryEntry | None:
@@ -994,10 +995,12 @@ class PostgresStore(PostgresDatabase):
 
         removed = await self._tx(delete)
         if removed:
-            await self._vacuum(*_ERASED_TABLES)
+            await self._vacuum_erased()
         return removed
 
     async def purge_expired(self, now: datetime) -> int:
+        await self._vacuum_erased()  # one a killed process left undone (the sweep runs at open and every minute)
+
         async def delete(conn: Any) -> int:
             expired = await conn.fetch(
                 "SELECT DISTINCT entity_path, key FROM entries WHERE ttl_at IS NOT NULL AND ttl_at <= $1", now
@@ -1021,11 +1024,12 @@ class PostgresStore(PostgresDatabase):
             if gone:
                 pairs = sorted({(r["entity_path"], r["key"]) for r in gone})
                 await self._strip_lent_passages(conn, [p for p, _ in pairs], [k for _, k in pairs])
+                await _mark_vacuum_pending(conn)
             return removed + len(gone)
 
         removed = await self._tx(delete)
         if removed:
-            await self._vacuum(*_ERASED_TABLES)
+            await self._vacuum_erased()
         return removed
 
     @staticmethod
@@ -1049,6 +1053,7 @@ class PostgresStore(PostgresDatabase):
         await conn.execute(
             "DELETE FROM outcomes o WHERE NOT EXISTS (SELECT 1 FROM outcome_effects e WHERE e.outcome_ref = o.outcome_ref)"
         )
+        await _mark_vacuum_pending(conn)
         return removed
 
     @staticmethod
@@ -1064,14 +1069,24 @@ class PostgresStore(PostgresDatabase):
             paths, keys,
         )
 
-    async def _vacuum(self, *tables: str) -> None:
-        await vacuum(self._require_pool(), self.where, *tables)
+    async def _vacuum_erased(self) -> None:
+        """VACUUM the tables an erase deleted from, when an erase marked them (`_mark_vacuum_pending`), and clear
+        the mark it saw. A process killed between an erase's commit and its VACUUM left the erased values in dead
+        tuples, readable in the table files, that nothing removed: autovacuum waits for 50 rows and 20% of the
+        table (red-team finding, 0.7.11). The mark commits with the erase, so the next sweep (at open and every
+        minute, in any process) finds it; a mark set again meanwhile has another token and stays."""
+        token = await self._read(lambda conn: conn.fetchval("SELECT value_json FROM meta WHERE name = $1", VACUUM_PENDING))
+        if token is None:
+            return
+        if await vacuum(self._require_pool(), self.where, *_ERASED_TABLES):
+            await self._read(lambda conn: conn.execute(
+                "DELETE FROM meta WHERE name = $1 AND value_json = $2", VACUUM_PENDING, token))
 
     async def clear(self) -> None:
         await self._tx(lambda conn: conn.execute(_TRUNCATE_ALL))
 
     async def export_snapshot(self) -> StoreSnapshot:
-        return await self._tx(lambda conn: run_postgres(conn, export_store(POSTGRES)), readonly=True, isolation="repeatable_read")
+        return await self._tx(lambda conn: run_postgres(conn, export_store(POSTGRES, hidden_meta=(VACUUM_PENDING,))), readonly=True, isolation="repeatable_read")
 
     async def import_snapshot(self, snapshot: StoreSnapshot, *, replacing: StoreSnapshot | None = None) -> None:
         width = vector_width(snapshot)  # refuses vectors of several widths before anything
@@ -1088,7 +1103,7 @@ class PostgresStore(PostgresDatabase):
             if replacing is not None:
                 # Writers wait from here to the commit (readers do not); then the store must still be `replacing`.
                 await conn.execute("LOCK TABLE entries, outcomes, outcome_effects, trace_events, meta IN EXCLUSIVE MODE")
-                if await run_postgres(conn, export_store(POSTGRES)) != replacing:
+                if await run_postgres(conn, export_store(POSTGRES, hidden_meta=(VACUUM_PENDING,))) != replacing:
                     raise ConflictError(STORE_CHANGED)
                 await conn.execute(_TRUNCATE_ALL)  # transactional in PostgreSQL: undone if the import fails
                 await self._take_width(conn, self.embedding_dimension)  # DDL is transactional too: undone with it
@@ -1127,6 +1142,12 @@ class PostgresStore(PostgresDatabase):
 
 _ERASED_TABLES = ("entries", "trace_events", "outcome_effects", "outcomes")
 """The tables a forget or TTL purge deletes from, vacuumed afterwards."""
+VACUUM_PENDING = "vacuum_pending"
+"""Meta row an erase sets in its transaction and `_vacuum_erased` clears once VACUUM has run."""
+
+
+async def _mark_vacuum_pending(conn: Any) -> None:
+    await conn.execute(_UPSERT_META, VACUUM_PENDING, json.dumps(uuid.uuid4().hex))
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:

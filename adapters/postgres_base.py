@@ -83,15 +83,17 @@ def rowcount(status: str) -> int:
         return 0
 
 
-async def vacuum(pool: Any, where: str, *tables: str) -> None:
+async def vacuum(pool: Any, where: str, *tables: str) -> bool:
     """VACUUM after a delete that must not linger: dead tuples (the deleted values) stay readable in the
     table files until vacuum reclaims them. It runs outside a transaction; a failure is logged, not
-    raised (autovacuum gets there later), since the delete itself has committed."""
+    raised (autovacuum gets there later), since the delete itself has committed. True when it ran."""
     try:
         async with pool.acquire() as conn:
             await conn.execute(f"VACUUM {', '.join(tables)}")
     except Exception as error:
         logger.warning("VACUUM of %s at %s failed: %s", ", ".join(tables), where, error)
+        return False
+    return True
 
 
 class PostgresDatabase:

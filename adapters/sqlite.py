@@ -1149,15 +1149,19 @@ class VectorSync:
 
     def _load(self, conn: sqlite3.Connection, dimension: int) -> None:
         with self.locked():  # the file and its sidecar as one process saved them together
-            self.index = VectorIndex.open(dimension, self.path)
             self.watermark = 0
-            if self.index.load_error is None and len(self.index):
-                saved, reason = self._verified_state(conn, dimension)
-                if saved is not None:
-                    self.watermark = saved
-                else:
+            # Checked before the file is loaded: a native loader given a damaged file may abort the process
+            # rather than raise (usearch 2.23 did on files it had written itself; red-team finding, 0.7.11).
+            saved, reason = self._verified_state(conn, dimension) if self.path.exists() else (None, "")
+            if saved is None:
+                if reason:
                     log.warning("Rebuilding the vector index %s from the database: %s", self.path, reason)
-            if self.watermark == 0:
+                self.index = VectorIndex(dimension, self.path)
+                return
+            self.index = VectorIndex.open(dimension, self.path)
+            if self.index.load_error is None and len(self.index):
+                self.watermark = saved
+            else:
                 self.index.clear()
 
     def _verified_state(self, conn: sqlite3.Connection, dimension: int) -> tuple[int | None, str]:

@@ -720,3 +720,37 @@ async def test_every_character_the_english_parser_splits_words_at_breaks_them_fo
     counted_as_one = [hex(ord(c)) for c in joiners if keyword_length_factor(c.join(words)) != pytest.approx(0.25)]
     assert counted_as_one == []
 
+
+
+async def test_a_vacuum_a_killed_process_left_undone_runs_at_the_next_sweep(pg_store: PostgresStore, monkeypatch) -> None:
+    """Killed between a forget's commit and its VACUUM, a process left the forgotten value in dead tuples that
+    nothing removed (autovacuum waits for 50 rows and 20% of the table; red-team finding, 0.7.11). The erase now
+    marks the store in its transaction, and the next sweep, in any process, vacuums and clears the mark."""
+    real_vacuum = pg.vacuum
+    ran: list[tuple[str, ...]] = []
+
+    async def killed_before_vacuum(pool: Any, where: str, *tables: str) -> bool:
+        return False  # as if the process died here: the delete has committed, the VACUUM never ran
+
+    async def counting_vacuum(pool: Any, where: str, *tables: str) -> bool:
+        ran.append(tables)
+        return await real_vacuum(pool, where, *tables)
+
+    await pg_store.insert_versions([draft("svc", "secret", "the launch code is 0000")], ACTOR)
+    marked = "SELECT value_json FROM meta WHERE name = 'vacuum_pending'"
+    monkeypatch.setattr(pg, "vacuum", killed_before_vacuum)
+    assert await pg_store.forget("svc", "secret") == 1
+    token = await pg_store._read(lambda conn: conn.fetchval(marked))
+    assert token is not None
+
+    monkeypatch.setattr(pg, "vacuum", counting_vacuum)
+    other = PostgresStore(pg_store.dsn, embedding_dimension=DIM, schema=pg_store.schema)  # another process, say
+    await other.open()
+    try:
+        assert await other.purge_expired(utcnow()) == 0  # nothing expired; the mark alone makes it vacuum
+        assert ran == [pg._ERASED_TABLES]
+        assert await other._read(lambda conn: conn.fetchval(marked)) is None
+        await other.purge_expired(utcnow())
+        assert len(ran) == 1  # no mark, no VACUUM: a sweep costs one meta read
+    finally:
+        await other.close()

@@ -44,8 +44,19 @@ async def top_key(store: SQLiteStore, vector: np.ndarray) -> str:
 
 
 async def test_an_index_file_damaged_inside_is_detected_by_its_checksum_and_rebuilt(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The checksum is compared before the file is loaded: usearch's native loader, given a file it cannot read,
+    may abort the process rather than raise (2.23 did), so a damaged file must never reach it."""
+    from amfs_server.adapters.vector_index import VectorIndex
+
+    loaded: list[str] = []
+    real_load = VectorIndex.load
+
+    def recording_load(self: VectorIndex, path: Path | str | None = None) -> None:
+        loaded.append(str(path or self.path))
+        real_load(self, path)
+
     stored = vectors(400, seed=1)
     store = SQLiteStore(tmp_path / "amfs.db")
     await store.open()
@@ -57,6 +68,7 @@ async def test_an_index_file_damaged_inside_is_detected_by_its_checksum_and_rebu
     with open(index_file, "r+b") as handle:  # 400 KB of garbage in the middle, header left intact
         handle.seek(size // 4)
         handle.write(np.random.default_rng(9).bytes(min(400_000, size // 2)))
+    monkeypatch.setattr(VectorIndex, "load", recording_load)
     store = SQLiteStore(tmp_path / "amfs.db")
     await store.open()
     with caplog.at_level(logging.WARNING, logger="amfs_server.adapters.sqlite"):
@@ -64,6 +76,7 @@ async def test_an_index_file_damaged_inside_is_detected_by_its_checksum_and_rebu
     await store.close()
     assert tops == [f"k{n}" for n in range(0, 400, 40)]
     assert any("checksum" in record.getMessage() for record in caplog.records)
+    assert loaded == []  # rebuilt from the database without loading the damaged file
 
 
 async def test_a_database_restored_from_an_older_copy_beside_newer_index_files_is_reindexed(
