@@ -215,6 +215,8 @@ def value_columns(head: int | None, table: str = "") -> str:
     if head is None:
         return column
     head = int(head)
+    if head < 1:  # PostgreSQL refuses a negative substr length, SQLite returns ''
+        raise ValueError(f"value_head must be at least 1, got {head}")
     return (f"CASE WHEN length({column}) <= {head} THEN {column} END AS value_json, "
             f"CASE WHEN length({column}) > {head} THEN substr({column}, 1, {head}) END AS value_head, "
             f"length({column}) AS value_chars")
@@ -226,7 +228,7 @@ def entry_columns(head: int | None, columns: str = ENTRY_BASE_COLUMNS) -> str:
 
 
 def value_from_row(row: Any) -> Any:
-    """The row's value, or its `ValueHead` when it was read by `entry_columns_with_heads` and is long."""
+    """The row's value, or its `ValueHead` when it was read by `value_columns` with a head and is long."""
     if row["value_json"] is None:  # NOT NULL in the table: only a head read leaves it out
         return ValueHead(row["value_head"], int(row["value_chars"]))
     return json.loads(row["value_json"])

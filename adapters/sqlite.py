@@ -1157,6 +1157,7 @@ class VectorSync:
                 if reason:
                     log.warning("Rebuilding the vector index %s from the database: %s", self.path, reason)
                 self.index = VectorIndex(dimension, self.path)
+                self.index.dirty = True  # saved even if the database has no vectors: the file it replaces goes
                 return
             self.index = VectorIndex.open(dimension, self.path)
             if self.index.load_error is None and len(self.index):

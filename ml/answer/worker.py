@@ -182,9 +182,12 @@ class FairQueue:
             self._count += 1
             self._waiting.setdefault(caller, deque()).append((self._count, job))
 
-    def take(self) -> _Job:
-        """The oldest job of the waiting caller served least recently (never served first; ties: who came first)."""
+    def take(self) -> _Job | None:
+        """The oldest job of the waiting caller served least recently (never served first; ties: who came first);
+        None when nothing waits (the jobs were drained by a close)."""
         with self._lock:
+            if not self._waiting:
+                return None
             caller = min(self._waiting, key=lambda c: (self._served.get(c, 0), self._waiting[c][0][0]))
             jobs = self._waiting[caller]
             _, job = jobs.popleft()
@@ -300,14 +303,19 @@ class LMWorker:
         with self._executor_lock:
             if self._executor is None:  # first call, or the first after close()
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="amfs-lm")
+                self._waiting = FairQueue()  # the closed executor's slots can never take this one's jobs
             self._waiting.put(caller, (job, fn, args))
             # One slot per job: each slot runs whichever job's turn it is then, not necessarily this one.
-            self._executor.submit(self._run_next)
+            self._executor.submit(self._run_next, self._waiting)
         # A cancel while the job waits cancels it here (wrap_future passes it on); a running one ends via its Event.
         return await asyncio.wrap_future(job)
 
-    def _run_next(self) -> None:
-        job, fn, args = self._waiting.take()
+    @staticmethod
+    def _run_next(waiting: FairQueue) -> None:
+        taken = waiting.take()
+        if taken is None:  # drained by close()
+            return
+        job, fn, args = taken
         if not job.set_running_or_notify_cancel():  # its caller gave up while it waited
             return
         try:
@@ -360,7 +368,7 @@ class LMWorker:
             generated, load_ms, queue_ms, backbone_name, cached = await self._run(
                 actor.agent_id, self._answer_in_thread, query, mode, texts, max_new_tokens, time.perf_counter(), cancel)
         except asyncio.CancelledError:
-            # The caller gave up: a queued call is dropped by the executor, a running one stops at its next token
+            # The caller gave up: a waiting call never runs, a running one stops at its next token
             # instead of holding the one worker (and every key's calls behind it) until max_new_tokens.
             cancel.set()
             raise

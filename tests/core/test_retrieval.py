@@ -101,11 +101,28 @@ def test_the_best_keyword_hit_counts_by_its_share_of_the_query_not_by_being_best
 
 def test_query_blind_strategies_break_near_ties_but_never_outvote_a_clear_relevance_gap() -> None:
     semantic = RankedList.from_scored("semantic", [("relevant", 0.9), ("close", 0.895), ("weak", 0.5), ("floor", 0.1)])
-    recent = RankedList.from_scored("temporal", [("weak", 3.0), ("close", 2.0), ("relevant", 1.0)])
+    day = 86400.0
+    recent = RankedList.from_scored("temporal", [("weak", 20 * day), ("close", 10 * day), ("relevant", 0.0)])
     weights = resolve_weights(None, learned_available=False)
     fused = [key for key, _, _ in fuse_hybrid([semantic, recent], weights, pool=4)]
     assert fused[:2] == ["close", "relevant"]  # a near-tie goes to the more recent entry
     assert fused.index("weak") > fused.index("relevant")  # recency alone cannot lift a weak match above a strong one
+
+
+def test_a_tie_breaker_divides_by_at_least_its_fixed_spread() -> None:
+    """Where every candidate tied but one, that one took a tie-breaker's whole share: a red-team pass's poisoned
+    copies written later with confidence 1.5 ranked first for 37 of 60 questions (0.7.11)."""
+    confidence = RankedList.from_scored("confidence", [("risky", 1.5), *[(f"turn-{n}", 1.0) for n in range(9)]])
+    hour = 3600.0
+    temporal = RankedList.from_scored("temporal", [("later", hour), *[(f"turn-{n}", 0.0) for n in range(9)]])
+    weights = resolve_weights(None, learned_available=False)
+    parts = {key: score for key, score, _ in fuse_hybrid([confidence], weights)}
+    assert parts["risky"] == pytest.approx(weights["confidence"] * 0.5) and parts["turn-0"] == 0.0
+    parts = {key: score for key, score, _ in fuse_hybrid([temporal], weights)}
+    assert parts["later"] == pytest.approx(weights["temporal"] / 720)
+    spread = RankedList.from_scored("confidence", [("a", 0.9), ("b", 0.3)])  # a spread of 0.6 is divided by 1.0
+    assert normalised(spread, min_range=1.0) == pytest.approx({"a": 0.6, "b": 0.0})
+    assert normalised(spread) == pytest.approx({"a": 1.0, "b": 0.0})
 
 
 def test_unknown_fusion_is_refused() -> None:
@@ -540,3 +557,38 @@ def test_an_embedder_with_its_own_semantic_share_gets_it_unless_overridden_or_an
     chosen = resolve_weights({"semantic": 0.4}, learned_available=False, query="what?", embedder=GEMMA)
     assert (chosen["semantic"], chosen["keyword"]) == (0.4, 0.5)
     assert resolve_weights(None, learned_available=False, fusion="rrf", embedder=GEMMA)["semantic"] == 0.4
+
+
+async def test_a_retrieve_returns_one_of_several_memories_with_the_same_text(store, actor: Actor) -> None:
+    """29 copies of one memory took several places of one top ten (red-team finding, 0.7.11): copies collapse
+    into the first ranked, and the ten places go to ten different texts."""
+    svc = MemoryService(store, ServiceConfig(), embedder=None)
+    await svc.open()
+    copy = "Rotate the signing key with the vault CLI, never by hand, and log who rotated it."
+    assert len(copy) >= 64  # COPY_MIN_CHARS: shorter values mean something different under each key
+    await svc.write_many(actor, [WriteRequest("ops", f"copy-{n}", copy) for n in range(5)] + [
+        WriteRequest("ops", f"other-{n}", f"Rotate the signing key note {n}: the vault keeps the old one a day.")
+        for n in range(6)
+    ] + [WriteRequest("ops", "dict-a", {"signing": "key", "rotate": "vault"}),
+         WriteRequest("ops", "dict-b", {"signing": "key", "rotate": "vault"}),
+         WriteRequest("flags", "signing-key-rotation", "vault"), WriteRequest("flags", "signing-key-store", "vault")])
+    results = await svc.retrieve(actor, "rotate signing key vault", limit=20)
+    values = [r.entry.value for r in results]
+    assert values.count(copy) == 1 and len(results) == 11  # 15 memories, 4 copies of the long one collapsed
+    assert sum(r.entry.key.startswith("other-") for r in results) == 6
+    assert sum(r.entry.key.startswith("dict-") for r in results) == 2  # only string values are compared
+    assert values.count("vault") == 2  # a short value stays under each key
+
+
+async def test_a_future_event_time_ranks_as_now_on_recency(rsvc: MemoryService, actor: Actor) -> None:
+    """An event_at of 2200 made a memory the newest of every pool and took the whole temporal share (red-team
+    finding, 0.7.11): a future event is not more recent than now."""
+    await rsvc.write(actor, WriteRequest("svc", "written-now", "deploy window is Friday"))
+    await rsvc.write(actor, WriteRequest("svc", "far-future", "deploy window is Saturday", event_at="2200-01-01"))
+    only_temporal = {"semantic": 0.0, "keyword": 0.0, "temporal": 1.0, "confidence": 0.0}
+    results = await rsvc.retrieve(actor, "deploy window", weights=only_temporal, explain=True)
+    ranks = {r.entry.key: r.strategies["temporal"].rank for r in results}
+    by_key = {r.entry.key: r.entry for r in results}
+    assert by_key["far-future"].event_at is not None and by_key["far-future"].event_at.year == 2200  # kept as given
+    if by_key["written-now"].provenance.written_at.hour == utcnow().hour:  # not across a clock hour
+        assert ranks["far-future"] == ranks["written-now"] == 1

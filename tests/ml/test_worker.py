@@ -256,6 +256,7 @@ def test_the_fair_queue_serves_the_caller_served_least_recently_and_each_callers
     assert taken == [("d", 1), ("a", 2), ("b", 2), ("c", 2), ("a", 3)]
     queue.put("z", ("z", 1))  # type: ignore[arg-type]
     assert queue.drain() == [("z", 1)] and len(queue) == 0
+    assert queue.take() is None  # a slot left over from a drained queue finds nothing to run
 
 
 async def test_unknown_backbone_is_a_domain_error_naming_the_fix(service, monkeypatch):
