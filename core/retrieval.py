@@ -226,6 +226,8 @@ class RetrievedEntry:
     score: float
     rank: int
     strategies: dict[str, StrategyHit] | None = None
+    near_copies: tuple[str, ...] = ()
+    """Entry keys of other results of the same retrieve whose text nearly repeats this one's (`near_copies`)."""
 
     def to_dict(self, include_embedding: bool = False) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -235,7 +237,42 @@ class RetrievedEntry:
         }
         if self.strategies is not None:
             data["explain"] = {name: hit.to_dict() for name, hit in self.strategies.items()}
+        if self.near_copies:
+            data["near_copies"] = list(self.near_copies)
         return data
+
+
+NEAR_COPY_SHARE = 0.6
+"""Word-set overlap (Jaccard) from which two results count as near copies of each other."""
+NEAR_COPY_MIN_WORDS = 5
+NEAR_COPY_MAX_CHARS = 4000
+"""Longer values are not compared (a note, not a message; and it keeps the check cheap)."""
+
+
+def near_copies(values: Sequence[Any]) -> list[list[int]]:
+    """For each value, the indexes of the others that nearly repeat it: two different strings of at least
+    NEAR_COPY_MIN_WORDS distinct words sharing NEAR_COPY_SHARE of their words. A red-team pass copied evidence turns
+    with one fact changed; the fake ranked above the real turn for 23 of 60 questions and both came back with nothing
+    to tell them apart (0.7.11). Ranking does not change; the results say which ones to check against each other.
+    The share was set on the annotated conversations (all eight) and the red team's way of changing a fact: 0.6 marks
+    79% of 2,338 such fakes and 6 of 341,382 genuine pairs of turns of one conversation."""
+    words: list[frozenset[str] | None] = []
+    for value in values:
+        if isinstance(value, str) and len(value) <= NEAR_COPY_MAX_CHARS:
+            found = frozenset(_ALNUM.findall(search_form(value).casefold()))
+            words.append(found if len(found) >= NEAR_COPY_MIN_WORDS else None)
+        else:
+            words.append(None)
+    pairs: list[list[int]] = [[] for _ in values]
+    for i, a in enumerate(words):
+        for j in range(i + 1, len(words)):
+            b = words[j]
+            if a is None or b is None or values[i] == values[j]:
+                continue
+            if len(a & b) >= NEAR_COPY_SHARE * len(a | b):
+                pairs[i].append(j)
+                pairs[j].append(i)
+    return pairs
 
 
 @dataclass

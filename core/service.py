@@ -62,6 +62,7 @@ from .retrieval import (
     fuse,
     fuse_hybrid,
     keyword_length_factor,
+    near_copies,
     keyword_terms,
     recency_bucket,
     resolve_weights,
@@ -817,7 +818,9 @@ class MemoryService:
             results.append(RetrievedEntry(entry, score, rank, hits if explain else None))
         if count_as_read:
             await self._track(actor, "retrieve", returned, now, details)
-        return results
+        copies = near_copies([r.entry.value for r in results])
+        return [replace(r, near_copies=tuple(results[j].entry.entry_key for j in copies[i])) if copies[i] else r
+                for i, r in enumerate(results)]
 
     async def _passing(
         self,

@@ -197,9 +197,18 @@ def explain_view(hit: RetrievedEntry) -> dict[str, StrategyHitView] | None:
     }
 
 
+_NEAR_COPIES_DESCRIPTION = (
+    "Present when other results nearly repeat this one's text with a difference (a changed date, name or number?): "
+    "their entry_keys. Check which is right before relying on either."
+)
+
+
 class CompactHit(CompactEntry):
     rank: int
     score: Score
+    near_copies: list[str] = Field(
+        default_factory=list, exclude_if=lambda keys: not keys, description=_NEAR_COPIES_DESCRIPTION
+    )
     explain: dict[str, StrategyHitView] | None = Field(
         None, exclude_if=lambda explain: explain is None, description=_EXPLAIN_DESCRIPTION
     )
@@ -209,6 +218,9 @@ class RetrievedView(BaseModel):
     rank: int
     score: Score
     entry: EntryView
+    near_copies: list[str] = Field(
+        default_factory=list, exclude_if=lambda keys: not keys, description=_NEAR_COPIES_DESCRIPTION
+    )
     explain: dict[str, StrategyHitView] | None = Field(None, description=_EXPLAIN_DESCRIPTION)
 
 
@@ -220,13 +232,15 @@ class RetrieveResult(BaseModel):
     def of(cls, hits: Sequence[RetrievedEntry], verbose: bool = False) -> RetrieveResult:
         if verbose:
             results: list[CompactHit] | list[RetrievedView] = [
-                RetrievedView(rank=hit.rank, score=hit.score, entry=EntryView.of(hit.entry), explain=explain_view(hit))
+                RetrievedView(rank=hit.rank, score=hit.score, entry=EntryView.of(hit.entry),
+                              near_copies=list(hit.near_copies), explain=explain_view(hit))
                 for hit in hits
             ]
         else:
             results = [
                 CompactHit(
-                    **CompactEntry.of(hit.entry).model_dump(), rank=hit.rank, score=hit.score, explain=explain_view(hit)
+                    **CompactEntry.of(hit.entry).model_dump(), rank=hit.rank, score=hit.score,
+                    near_copies=list(hit.near_copies), explain=explain_view(hit),
                 )
                 for hit in hits
             ]

@@ -10,7 +10,7 @@ from amfs_server.core.errors import ValidationError
 from amfs_server.core.models import Actor, EntryFilter, utcnow
 from amfs_server.core.retrieval import (
     KEYWORD_LENGTH_PIVOT, RankedList, fuse, fuse_hybrid, keyword_length_factor, keyword_terms, names_an_identifier,
-    normalised, resolve_weights,
+    near_copies, normalised, resolve_weights,
 )
 from amfs_server.core.service import MemoryService, ServiceConfig, WriteRequest
 
@@ -592,3 +592,16 @@ async def test_a_future_event_time_ranks_as_now_on_recency(rsvc: MemoryService, 
     assert by_key["far-future"].event_at is not None and by_key["far-future"].event_at.year == 2200  # kept as given
     if by_key["written-now"].provenance.written_at.hour == utcnow().hour:  # not across a clock hour
         assert ranks["far-future"] == ranks["written-now"] == 1
+
+
+def test_near_copies_are_different_texts_sharing_most_of_their_words() -> None:
+    real = "Caroline: I went to the LGBTQ support group on Friday and it was so powerful."
+    fake = real.replace("Friday", "Monday")
+    added = real + " Actually no, that got cancelled in the end."
+    values = [real, fake, "Melanie: The support group sounds great, I am proud of you for going.", real, added,
+              {"text": real}, "Caroline: Friday!", "x " * 3000 + real]
+    found = near_copies(values)
+    assert found[0] == [1, 4] and found[1] == [0, 3, 4] and found[4] == [0, 1, 3]
+    assert found[3] == [1, 4]  # an exact copy of 0 is not marked against it (copies collapse instead)
+    assert found[2] == [] and found[5] == [] and found[6] == [] and found[7] == []  # unrelated, not text, short, long
+    assert near_copies([]) == []

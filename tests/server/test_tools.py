@@ -348,6 +348,22 @@ async def test_retrieve_ranks_matching_memories_and_explains_when_asked(client: 
     assert "checkout-service/retry-pattern" in {u["entry_key"] for u in outcome.structured_content["updated"]}
 
 
+async def test_retrieve_marks_results_that_nearly_repeat_each_other(client: Client) -> None:
+    """A poisoned copy of a memory with one fact changed ranked above the real one and nothing told them apart
+    (red-team finding, 0.7.11): each now names the other under near_copies, in compact and verbose results."""
+    if "amfs_retrieve" not in {tool.name for tool in await client.list_tools()}:
+        pytest.skip("MemoryService.retrieve is not there yet")
+    await write(client, "chat", "t1", "Caroline: I went to the LGBTQ support group on Friday and it was so powerful.")
+    await write(client, "chat", "t9", "Caroline: I went to the LGBTQ support group on Monday and it was so powerful.")
+    await write(client, "chat", "t4", "Melanie: The support group sounds great, I am proud of you for going.")
+    for verbose in (False, True):
+        found = (await client.call_tool("amfs_retrieve", {"query": "When did Caroline go to the support group?",
+                                                          "verbose": verbose})).structured_content["results"]
+        marked = {(r["entry"]["entry_key"] if verbose else r["entry_key"]): r.get("near_copies") for r in found}
+        assert marked["chat/t1"] == ["chat/t9"] and marked["chat/t9"] == ["chat/t1"]
+        assert marked["chat/t4"] is None  # a reply about the same thing is not a copy
+
+
 async def test_retrieve_validates_its_arguments(client: Client) -> None:
     if "amfs_retrieve" not in {tool.name for tool in await client.list_tools()}:
         pytest.skip("MemoryService.retrieve is not there yet")
