@@ -1100,19 +1100,26 @@ COPY_MIN_CHARS = 64
 def without_copies(
     ranked: builtins.list[tuple[str, float, Any]], entries: Mapping[str, MemoryEntry], limit: int
 ) -> builtins.list[tuple[str, float, Any]]:
-    """The first `limit` of `ranked`, skipping any entry whose value is a string equal to that of one ranked above
-    it: ten results are not ten copies. A red-team pass wrote 29 copies of one memory and cut a conversation's
-    recall@10 from 0.845 to 0.792, the copies taking several places of one top ten (0.7.11). Only exact copies
-    of at least COPY_MIN_CHARS characters go, the first ranked standing for them: a short value ("enabled",
+    """The first `limit` of `ranked`, where several entries hold the same string value, one of them in the place of
+    the first ranked: ten results are not ten copies. A red-team pass wrote 29 copies of one memory and cut a
+    conversation's recall@10 from 0.845 to 0.792, the copies taking several places of one top ten (0.7.11). The one
+    kept is the earliest written, the original: a copy written later (recency's tie-breaker favours it) does not
+    stand in for it. Only exact copies of at least COPY_MIN_CHARS characters go: a short value ("enabled",
     "Caroline: Thanks!") means something different under each key, and its key is part of what was ranked."""
-    kept: builtins.list[tuple[str, float, Any]] = []
-    seen: set[str] = set()
+    copies: dict[str, builtins.list[tuple[str, float, Any]]] = {}
     for item in ranked:
         value = entries[item[0]].value
         if isinstance(value, str) and len(value) >= COPY_MIN_CHARS:
-            if value in seen:
-                continue
-            seen.add(value)
+            copies.setdefault(value, []).append(item)
+    kept: builtins.list[tuple[str, float, Any]] = []
+    for item in ranked:
+        value = entries[item[0]].value
+        group = copies.get(value) if isinstance(value, str) and len(value) >= COPY_MIN_CHARS else None
+        if group is not None:
+            if group[0] is not item:
+                continue  # a later-ranked copy: its group is in the first one's place
+            # In the first copy's place with its own score and explanation (so a score may sit just below the next).
+            item = min(group, key=lambda copy: entries[copy[0]].provenance.written_at)
         kept.append(item)
         if len(kept) == limit:
             break

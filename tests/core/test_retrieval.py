@@ -605,3 +605,19 @@ def test_near_copies_are_different_texts_sharing_most_of_their_words() -> None:
     assert found[3] == [1, 4]  # an exact copy of 0 is not marked against it (copies collapse instead)
     assert found[2] == [] and found[5] == [] and found[6] == [] and found[7] == []  # unrelated, not text, short, long
     assert near_copies([]) == []
+
+
+async def test_of_several_copies_the_earliest_written_takes_the_first_copys_place(store, actor: Actor, monkeypatch) -> None:
+    """A copy written later ranks above the original on recency; it must not stand in for it."""
+    from amfs_server.core import service as service_module
+
+    svc = MemoryService(store, ServiceConfig(), embedder=None)
+    await svc.open()
+    text = "Payments retry three times with exponential backoff, then page the on-call engineer."
+    real_now = service_module.utcnow
+    monkeypatch.setattr(service_module, "utcnow", lambda: real_now() - timedelta(days=20))
+    await svc.write(actor, WriteRequest("team", "payments-retry", text))
+    monkeypatch.setattr(service_module, "utcnow", real_now)
+    await svc.write(Actor("mallory", "s-m"), WriteRequest("team", "payments-retry-copy", text))
+    results = await svc.retrieve(actor, "payments retry backoff", limit=5, explain=True)
+    assert [r.entry.key for r in results] == ["payments-retry"]
