@@ -371,14 +371,20 @@ def memory_reembed(backup: Path | None) -> None:
 
     # No embedder check on opening: it refuses exactly the stores this command repairs.
     count = _run(reembed, embedder=True, check_embedder=False, settings=settings)
+    # The default backups only guard a re-embed (a crash leaves one for `memory import`); kept in the data directory
+    # afterwards each would be a copy of every memory that no later forget could reach. Those a crashed run left go
+    # too: the store now holds what they hold (red-team finding, 0.7.11: a forgotten memory survived in one).
+    stale = [old for old in settings.data_dir.glob("before-reembed-*.json") if old != backup or not keep]
+    for old in stale:
+        old.unlink(missing_ok=True)
+    earlier = sum(1 for old in stale if old != backup)
+    also = f"; {earlier} left by an earlier re-embed that did not finish {'was' if earlier == 1 else 'were'} removed" \
+        if earlier > 0 else ""
     if keep:
-        click.echo(f"Re-embedded {count} entry versions with {settings.embedder}; the previous store is in {backup}.")
+        click.echo(f"Re-embedded {count} entry versions with {settings.embedder}; the previous store is in {backup}{also}.")
         return
-    # The default backup only guards the re-embed itself (a crash leaves it for `memory import`); kept in the data
-    # directory afterwards it would be a copy of every memory that no later forget could reach.
-    backup.unlink(missing_ok=True)
     click.echo(f"Re-embedded {count} entry versions with {settings.embedder}; the backup taken first was removed "
-               "(keep one with --backup FILE).")
+               f"(keep one with --backup FILE){also}.")
 
 
 @memory.command("forget")

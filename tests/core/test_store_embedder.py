@@ -196,9 +196,13 @@ def test_memory_reembed_command_moves_a_store_to_the_default_embedder(tmp_path: 
     assert asyncio.run(reopen()) == "timeout"
     # Without --backup the export taken first guards the re-embed only: gone from the data directory afterwards,
     # where no later forget could reach it (red-team repro: a forgotten memory survived in it).
+    # One a crashed re-embed left (killed after its backup, before the store was replaced) goes with the next success.
+    crashed = data_dir / "before-reembed-20261130T114500Z.json"
+    crashed.write_text('{"a copy": "of a memory forgotten since"}')
     again = CliRunner().invoke(cli, ["memory", "reembed"])
     assert again.exit_code == 0, again.output
     assert "the backup taken first was removed" in again.output
+    assert "1 left by an earlier re-embed that did not finish was removed" in again.output
     assert sorted(p.name for p in data_dir.iterdir() if p.name.startswith("before-reembed")) == []
 
 
