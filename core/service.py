@@ -677,11 +677,8 @@ class MemoryService:
             entries.sort(key=lambda e: e.priority_score or 0.0, reverse=True)
         elif sort_by == "confidence":
             entries.sort(key=lambda e: self.effective_confidence(e, now), reverse=True)
-        kept = entries[:limit]
         # The ranked versions' values: a key rewritten since the ranking read shows the version that was ranked.
-        stored = await self.store.entry_values(kept, value_head=value_head)
-        return [replace(e, value=stored[e.entity_path, e.key, e.version])
-                for e in kept if (e.entity_path, e.key, e.version) in stored]  # absent: forgotten since
+        return await self._with_values(entries[:limit], value_head)
 
     async def list(
         self, entity_path: str | None = None, limit: int = 1000, *, value_head: int | None = None
@@ -804,7 +801,7 @@ class MemoryService:
             ranked = fuse_hybrid(rankings, active, self.config.candidate_pool)
         else:
             ranked = fuse(rankings, active, self.config.rrf_k)
-        fused = without_copies(ranked, admitted, limit) if COLLAPSE_COPIES else ranked[:limit]
+        fused = without_copies(ranked, admitted, limit)
         results: list[RetrievedEntry] = []
         returned: list[MemoryEntry] = []
         details: list[dict[str, Any]] = []
@@ -841,10 +838,18 @@ class MemoryService:
             if len(kept) >= pool_size or len(found) < size or size >= FILTERED_POOL_MAX:
                 break
             size = min(size * 4, FILTERED_POOL_MAX)
-        chosen = kept[:pool_size]
-        stored = await self.store.entry_values([entry for entry, _ in chosen])
-        return [(entry.with_changes(value=stored[(entry.entity_path, entry.key, entry.version)]), score)
-                for entry, score in chosen if (entry.entity_path, entry.key, entry.version) in stored]
+        scores = {(e.entity_path, e.key, e.version): score for e, score in kept[:pool_size]}
+        return [(e, scores[e.entity_path, e.key, e.version])
+                for e in await self._with_values([entry for entry, _ in kept[:pool_size]])]
+
+    async def _with_values(
+        self, entries: builtins.list[MemoryEntry], value_head: int | None = None
+    ) -> builtins.list[MemoryEntry]:
+        """`entries` (read without values) with their versions' values, in order; a version gone since (forgotten,
+        expired) drops out."""
+        stored = await self.store.entry_values(entries, value_head=value_head)
+        return [e.with_changes(value=stored[e.entity_path, e.key, e.version])
+                for e in entries if (e.entity_path, e.key, e.version) in stored]
 
     async def _keyword_candidates(
         self, query: str, flt: EntryFilter, now: datetime, pool_size: int,
@@ -1091,8 +1096,6 @@ class MemoryService:
         return kept
 
 
-COLLAPSE_COPIES = True
-"""Whether a retrieve returns one of several memories with the same text (`without_copies`)."""
 COPY_MIN_CHARS = 64
 """The shortest string value `without_copies` collapses."""
 
@@ -1106,16 +1109,18 @@ def without_copies(
     kept is the earliest written, the original: a copy written later (recency's tie-breaker favours it) does not
     stand in for it. Only exact copies of at least COPY_MIN_CHARS characters go: a short value ("enabled",
     "Caroline: Thanks!") means something different under each key, and its key is part of what was ranked."""
+    def copy_key(item: tuple[str, float, Any]) -> str | None:
+        value = entries[item[0]].value
+        return value if isinstance(value, str) and len(value) >= COPY_MIN_CHARS else None
+
     copies: dict[str, builtins.list[tuple[str, float, Any]]] = {}
     for item in ranked:
-        value = entries[item[0]].value
-        if isinstance(value, str) and len(value) >= COPY_MIN_CHARS:
+        if (value := copy_key(item)) is not None:
             copies.setdefault(value, []).append(item)
     kept: builtins.list[tuple[str, float, Any]] = []
     for item in ranked:
-        value = entries[item[0]].value
-        group = copies.get(value) if isinstance(value, str) and len(value) >= COPY_MIN_CHARS else None
-        if group is not None:
+        if (value := copy_key(item)) is not None:
+            group = copies[value]
             if group[0] is not item:
                 continue  # a later-ranked copy: its group is in the first one's place
             # In the first copy's place with its own score and explanation (so a score may sit just below the next).
