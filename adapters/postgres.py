@@ -98,9 +98,11 @@ from .sql_common import (
     export_store,
     import_store,
     latest_versions,
+    length_scaled,
     outcome_filter,
     outcome_params,
     outcome_records,
+    read_columns,
     run_postgres,
     sort_sql,
     trace_from_row,
@@ -662,7 +664,7 @@ class PostgresStore(PostgresDatabase):
     ) -> list[MemoryEntry]:
         params = _Params()
         clauses = _filter_sql(flt, now, params)
-        columns = entry_columns(value_head) if values else ENTRY_COLUMNS_WITHOUT_VALUES
+        columns = read_columns(values, value_head)
         sql = f"SELECT {columns} FROM entries WHERE {' AND '.join(clauses)} ORDER BY {_SORT_SQL[sort_by]}"
         if limit is not None:
             sql += f" LIMIT {params.add(max(0, int(limit)))}"
@@ -700,7 +702,8 @@ class PostgresStore(PostgresDatabase):
         return [_row_to_entry(row, with_embedding=False) for row in rows]
 
     async def keyword_candidates(
-        self, terms: list[str], flt: EntryFilter, now: datetime, limit: int, *, values: bool = True
+        self, terms: list[str], flt: EntryFilter, now: datetime, limit: int, *, values: bool = True,
+        value_head: int | None = None,
     ) -> list[tuple[MemoryEntry, float]]:
         """Current live entries matching ANY term (an OR tsquery), best first by the summed IDF of the terms
         they match, `ln(1 + (N - df + 0.5) / (df + 0.5))` as in BM25: an entry matching a rare word outranks
@@ -719,7 +722,7 @@ class PostgresStore(PostgresDatabase):
         scope_size = _ROW_ESTIMATE_SQL if flt.entity_path is None else _scope_size_sql(params.add(flt.entity_path))
         sql = _KEYWORD_SQL.format(
             query=q, pieces=pieces, filters=" AND ".join(clauses),
-            columns=_BASE_COLUMNS if values else ENTRY_COLUMNS_WITHOUT_VALUES, limit=params.add(int(limit)),
+            columns=read_columns(values, value_head) + ", search_text", limit=params.add(int(limit)),
             scope_size=f"({scope_size})",
         )
 
@@ -730,7 +733,9 @@ class PostgresStore(PostgresDatabase):
             return rows
 
         rows = await self._tx(search, readonly=True)
-        return [(_row_to_entry(row, with_embedding=False), float(row["score"])) for row in rows]
+        # Off the event loop: a filtered retrieval widens this search to thousands of rows.
+        return await asyncio.to_thread(length_scaled, [
+            (_row_to_entry(row, with_embedding=False), float(row["score"]), row["search_text"]) for row in rows])
 
     async def common_terms(self, terms: list[str], max_matches: int, entity_path: str | None = None) -> set[str]:
         """From the planner's statistics (`pg_stats.most_common_elems` of `search_tsv`, kept by ANALYZE and
@@ -767,7 +772,8 @@ class PostgresStore(PostgresDatabase):
         return await self._tx(count, readonly=True)
 
     async def semantic_candidates(
-        self, vector: list[float], flt: EntryFilter, now: datetime, limit: int, *, values: bool = True
+        self, vector: list[float], flt: EntryFilter, now: datetime, limit: int, *, values: bool = True,
+        value_head: int | None = None,
     ) -> list[tuple[MemoryEntry, float]]:
         """Current live entries nearest to `vector` (HNSW, cosine), best first; score = cosine similarity."""
         if limit <= 0:
@@ -781,7 +787,7 @@ class PostgresStore(PostgresDatabase):
         clauses = _filter_sql(flt, now, params)
         # Inner query: the index order (approximate, possibly relaxed); outer: exact order by distance.
         sql = (
-            f"SELECT * FROM (SELECT {_BASE_COLUMNS if values else ENTRY_COLUMNS_WITHOUT_VALUES}, "
+            f"SELECT * FROM (SELECT {read_columns(values, value_head)}, "
             f"embedding <=> {q} AS distance FROM entries "
             f"WHERE embedding IS NOT NULL AND {' AND '.join(clauses)} "
             f"ORDER BY embedding <=> {q} LIMIT {params.add(int(limit))}) AS nearest "

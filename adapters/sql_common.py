@@ -38,7 +38,7 @@ from ..core.models import (
     ValueHead,
 )
 from ..core.ports import StoreSnapshot, vector_width
-from ..core.retrieval import search_form
+from ..core.retrieval import keyword_length_factor, search_form
 
 T = TypeVar("T")
 
@@ -225,6 +225,20 @@ def value_columns(head: int | None, table: str = "") -> str:
 def entry_columns(head: int | None, columns: str = ENTRY_BASE_COLUMNS) -> str:
     """`columns` (which name `value_json` once) with the value read as `value_columns` reads it."""
     return columns.replace("value_json", value_columns(head), 1)
+
+
+def read_columns(values: bool, value_head: int | None) -> str:
+    """The base columns with the value (`value_head` as in `value_columns`), or with JSON null in its place."""
+    return entry_columns(value_head) if values else ENTRY_COLUMNS_WITHOUT_VALUES
+
+
+def length_scaled(hits: list[tuple[MemoryEntry, float, str]]) -> list[tuple[MemoryEntry, float]]:
+    """Keyword candidates (entry, share, search text) in the stores' order, each share times the length factor of
+    the text it was matched on, re-sorted stably: an entry of very many distinct words no longer holds the
+    question's words by its length alone. On the stored search text, not the value: a value of 1 MiB is neither
+    read nor serialised to rank it (both stores, so they rank alike)."""
+    scaled = [(entry, share * keyword_length_factor(text)) for entry, share, text in hits]
+    return sorted(scaled, key=lambda pair: -pair[1])
 
 
 def value_from_row(row: Any) -> Any:

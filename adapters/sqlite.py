@@ -58,9 +58,11 @@ from .sql_common import (
     entry_from_row,
     export_store,
     import_store,
+    length_scaled,
     outcome_filter,
     outcome_params,
     outcome_records,
+    read_columns,
     run_sqlite,
     sort_sql,
     trace_from_row,
@@ -394,7 +396,7 @@ class SQLiteStore(SQLiteDatabase):
         value_head: int | None = None,
     ) -> list[MemoryEntry]:
         clauses, params = self._filter_sql(flt, now)
-        columns = entry_columns(value_head) if values else ENTRY_COLUMNS_WITHOUT_VALUES
+        columns = read_columns(values, value_head)
         sql = f"SELECT {columns} FROM entries WHERE {' AND '.join(clauses)} ORDER BY {_SORT_SQL[sort_by]}"
         if limit is not None:
             sql += f" LIMIT {max(0, int(limit))}"  # SQLite reads a negative LIMIT as none
@@ -638,7 +640,8 @@ class SQLiteStore(SQLiteDatabase):
     # -- retrieval candidates -----------------------------------------------------------------
 
     async def keyword_candidates(
-        self, terms: list[str], flt: EntryFilter, now: datetime, limit: int, *, values: bool = True
+        self, terms: list[str], flt: EntryFilter, now: datetime, limit: int, *, values: bool = True,
+        value_head: int | None = None,
     ) -> list[tuple[MemoryEntry, float]]:
         """Entries matching ANY word (OR), ranked as PostgreSQL's adapter ranks them: the summed IDF of the words an
         entry holds, `ln(1 + (N - df + 0.5) / (df + 0.5))`, df counted within the filter's scope, N the index's
@@ -706,10 +709,11 @@ class SQLiteStore(SQLiteDatabase):
                     conn, "SELECT row_id, written_at FROM entries WHERE row_id IN (?ids)", contenders))
             best = sorted(contenders, key=lambda row_id: (scores[row_id], written[row_id], row_id), reverse=True)[:limit]
             reference = sum(weights)
-            columns = _BASE_COLUMNS if values else ENTRY_COLUMNS_WITHOUT_VALUES
-            found = {row["row_id"]: row
-                     for row in select_by_ids(conn, f"SELECT {columns} FROM entries WHERE row_id IN (?ids)", best)}
-            return [(_row_to_entry(found[row_id], with_embedding=False), scores[row_id] / reference) for row_id in best]
+            columns = read_columns(values, value_head)
+            found = {row["row_id"]: row for row in select_by_ids(
+                conn, f"SELECT {columns}, search_text FROM entries WHERE row_id IN (?ids)", best)}
+            return length_scaled([(_row_to_entry(found[row_id], with_embedding=False), scores[row_id] / reference,
+                                   found[row_id]["search_text"]) for row_id in best])
 
         return await self._run(fetch)
 
@@ -762,7 +766,8 @@ class SQLiteStore(SQLiteDatabase):
         return await self._run(count)
 
     async def semantic_candidates(
-        self, vector: list[float], flt: EntryFilter, now: datetime, limit: int, *, values: bool = True
+        self, vector: list[float], flt: EntryFilter, now: datetime, limit: int, *, values: bool = True,
+        value_head: int | None = None,
     ) -> list[tuple[MemoryEntry, float]]:
         import numpy as np
 
@@ -770,7 +775,7 @@ class SQLiteStore(SQLiteDatabase):
         if limit <= 0 or not np.all(np.isfinite(query)) or not np.any(query):
             return []  # no cosine similarity to a zero / non-finite vector
         clauses, params = self._filter_sql(flt, now)
-        columns = _BASE_COLUMNS if values else ENTRY_COLUMNS_WITHOUT_VALUES
+        columns = read_columns(values, value_head)
         rows_sql = f"SELECT {columns} FROM entries WHERE row_id IN (?ids) AND {' AND '.join(clauses)}"
 
         def fetch() -> list[tuple[MemoryEntry, float]]:

@@ -189,16 +189,20 @@ class MemoryStore(Protocol):
         ...
 
     async def keyword_candidates(
-        self, terms: list[str], flt: EntryFilter, now: datetime, limit: int, *, values: bool = True
+        self, terms: list[str], flt: EntryFilter, now: datetime, limit: int, *, values: bool = True,
+        value_head: int | None = None,
     ) -> list[tuple[MemoryEntry, float]]:
-        """Current live entries matching ANY word of the terms, best full-text rank first; ties go to the newer write.
+        """Current live entries matching ANY word of the terms, best score first; equal scores go to the newer write.
 
         The score is the share of the query's word weight (IDF) the entry matches: 1 for an entry holding every
         word, near 0 for one holding only common words. It means the same for every query, so the hybrid fusion
         can use it as it is. With `flt.entity_path`, the IDF counts entries at that path and below only (df and N),
-        so scores within a scope do not depend on entries outside it.
+        so scores within a scope do not depend on entries outside it. The `limit` best shares are then multiplied
+        by `keyword_length_factor` of the text the entry was matched on (its stored search text), so an entry of
+        very many distinct words does not hold a question's words by its length alone, and re-sorted (stably).
 
-        Entries come back without embeddings.
+        Entries come back without embeddings. `values=False`: without values (JSON null); `value_head` as in
+        `find_current`.
         """
         ...
 
@@ -209,12 +213,14 @@ class MemoryStore(Protocol):
         ...
 
     async def semantic_candidates(
-        self, vector: list[float], flt: EntryFilter, now: datetime, limit: int, *, values: bool = True
+        self, vector: list[float], flt: EntryFilter, now: datetime, limit: int, *, values: bool = True,
+        value_head: int | None = None,
     ) -> list[tuple[MemoryEntry, float]]:
         """Current live entries nearest to `vector` by cosine similarity, best first (approximate index allowed);
         equally near entries in the result, newer write first. A zero vector has no neighbours.
 
-        Entries come back without embeddings.
+        Entries come back without embeddings. `values=False`: without values (JSON null); `value_head` as in
+        `find_current`.
         """
         ...
 

@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from .errors import ValidationError
-from .models import MemoryEntry
+from .models import MemoryEntry, ValueHead
 
 STRATEGIES: tuple[str, ...] = ("semantic", "keyword", "temporal", "confidence", "speaker", "learned")
 QUERY_BLIND: frozenset[str] = frozenset({"temporal", "confidence", "learned"})
@@ -136,6 +136,8 @@ _SPEAKER_LABEL = re.compile(r"^\s*([A-Z][\w'.-]{0,29}(?: [A-Z][\w'.-]{0,29})?):\
 
 def speaker_label(value: Any) -> str | None:
     """The name a memory's text is attributed to (`"Caroline: I went ..."` -> `"Caroline"`), or None."""
+    if isinstance(value, ValueHead) and value.json_head.startswith('"'):
+        value = value.text_head()  # a long string read by its head (a retrieval's candidates): the label opens it
     if not isinstance(value, str):
         return None
     match = _SPEAKER_LABEL.match(value)

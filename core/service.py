@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import builtins  # MemoryService.list shadows `list` in annotations inside the class body
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -47,6 +48,7 @@ from .models import (
     Tier,
     TraceEvent,
     TraceKind,
+    ValueHead,
     split_entry_key,
     under,
     utcnow,
@@ -61,7 +63,7 @@ from .retrieval import (
     RetrievedEntry,
     fuse,
     fuse_hybrid,
-    keyword_length_factor,
+    NEAR_COPY_MAX_CHARS,
     near_copies,
     keyword_terms,
     recency_bucket,
@@ -76,6 +78,11 @@ MAX_HISTORY_PAGE = 1000  # versions per amfs_history call: a long history is rea
 # With min_confidence or depth, how many candidates each search may look through for entries that pass: past it
 # a retrieve would cost a scan of the store, so an entry that about 12,800 failing ones outrank is not found.
 FILTERED_POOL_MAX = 12_800
+# A retrieval reads its candidates' values up to this many characters of JSON, longer ones as a `ValueHead`: every
+# ranking input that looks at a value (copies, near copies, the speaker label) is decided within it, so the ranking
+# is the one whole values give, and 100 candidates of 1 MiB are not read to return ten (0.7.12). A string longer
+# than NEAR_COPY_MAX_CHARS is never a near copy; its head holds at least that many characters.
+RANK_VALUE_HEAD = ValueHead.enough_for(NEAR_COPY_MAX_CHARS)
 
 MULTIPLIERS_META = "outcome_multipliers"
 
@@ -740,6 +747,7 @@ class MemoryService:
         count_as_read: bool = True,
         event_after: datetime | str | None = None,
         event_before: datetime | str | None = None,
+        whole_values: bool = True,
     ) -> builtins.list[RetrievedEntry]:
         """Hybrid search for `query` (see core/retrieval.py); returned entries count as read by the session.
 
@@ -747,6 +755,8 @@ class MemoryService:
         strategy weights and fusion for this call (benchmarks use them to measure single strategies and the seed's
         RRF). With `count_as_read=False` (a person looking, not an agent) recall counts, tiers and traces stay untouched.
         `event_after`/`event_before` keep only entries whose event time (event_at, else the write time) lies in range.
+        With `whole_values=False` a value whose JSON is longer than `RANK_VALUE_HEAD` characters comes as a
+        `ValueHead` (a preview, as listings show); the ranking is the same either way.
         """
         fusion = self.config.fusion if fusion is None else fusion
         count_as_read = count_as_read and not actor.read_only  # a read-only key leaves no trace (see Actor)
@@ -801,7 +811,12 @@ class MemoryService:
             ranked = fuse_hybrid(rankings, active, self.config.candidate_pool)
         else:
             ranked = fuse(rankings, active, self.config.rrf_k)
+        admitted.update(await self._whole(_same_heads(admitted.values())))  # long exact copies, if any
         fused = without_copies(ranked, admitted, limit)
+        if whole_values:
+            admitted.update(await self._whole([admitted[key] for key, _, _ in fused]))
+            # A version forgotten since it was ranked (its value gone) is not returned as a head.
+            fused = [item for item in fused if not isinstance(admitted[item[0]].value, ValueHead)]
         results: list[RetrievedEntry] = []
         returned: list[MemoryEntry] = []
         details: list[dict[str, Any]] = []
@@ -828,7 +843,8 @@ class MemoryService:
         """The first `pool_size` of `search(n, values)`'s results that `keep` passes (all, without `keep`): the
         search is widened fourfold until that many pass, it finds no more, or it has looked through
         FILTERED_POOL_MAX. The widened searches read no values (12,800 rows of 4 KiB: +720 MiB for one call,
-        red-team finding, 0.7.10); the kept ones get theirs afterwards, and one forgotten meanwhile drops out."""
+        red-team finding, 0.7.10); the kept ones get theirs afterwards (heads of long ones, as `search` reads
+        values: `RANK_VALUE_HEAD`), and one forgotten meanwhile drops out."""
         if keep is None:
             return await search(pool_size, True)
         size = pool_size
@@ -840,7 +856,13 @@ class MemoryService:
             size = min(size * 4, FILTERED_POOL_MAX)
         scores = {(e.entity_path, e.key, e.version): score for e, score in kept[:pool_size]}
         return [(e, scores[e.entity_path, e.key, e.version])
-                for e in await self._with_values([entry for entry, _ in kept[:pool_size]])]
+                for e in await self._with_values([entry for entry, _ in kept[:pool_size]], RANK_VALUE_HEAD)]
+
+    async def _whole(self, entries: Sequence[MemoryEntry]) -> dict[str, MemoryEntry]:
+        """Those of `entries` read by a head (`ValueHead`), with their whole values, by entry_key; one gone since
+        is left out."""
+        heads = [entry for entry in entries if isinstance(entry.value, ValueHead)]
+        return {entry.entry_key: entry for entry in await self._with_values(heads)} if heads else {}
 
     async def _with_values(
         self, entries: builtins.list[MemoryEntry], value_head: int | None = None
@@ -862,17 +884,8 @@ class MemoryService:
         distinctive = [term for term in terms if term not in common]
         if not distinctive:
             return []
-        found = await self._passing(
-            lambda size, values: self.store.keyword_candidates(distinctive, flt, now, size, values=values), pool_size, keep)
-        def scale() -> builtins.list[tuple[MemoryEntry, float]]:
-            return [(entry, score * keyword_length_factor(embedding_text(entry.entity_path, entry.key, entry.value,
-                                                                         entry.event_at)))
-                    for entry, score in found]
-
-        # In a worker thread: each candidate's text is serialised whole (34 ms for a 1 MiB value), which on the
-        # event loop stalled every other client (red-team finding, 0.7.10).
-        scaled = await asyncio.to_thread(scale)
-        return sorted(scaled, key=lambda pair: -pair[1])  # stable: equal scores keep the store's order
+        return await self._passing(lambda size, values: self.store.keyword_candidates(
+            distinctive, flt, now, size, values=values, value_head=RANK_VALUE_HEAD), pool_size, keep)
 
     async def _semantic_candidates(
         self, query: str, flt: EntryFilter, now: datetime, pool_size: int,
@@ -882,8 +895,8 @@ class MemoryService:
             return []  # embedder explicitly configured off (AMFS_EMBEDDER=none): keyword and re-rankers only
         vector = (await asyncio.to_thread(embed_queries, self.embedder, [query]))[0]
         as_list = vector.tolist()
-        nearest = await self._passing(
-            lambda size, values: self.store.semantic_candidates(as_list, flt, now, size, values=values), pool_size, keep)
+        nearest = await self._passing(lambda size, values: self.store.semantic_candidates(
+            as_list, flt, now, size, values=values, value_head=RANK_VALUE_HEAD), pool_size, keep)
         # Second look at the nearest entries: each scored by its best sentence as well as its mean vector
         # (`entry_similarity`); the sort is stable, so equal scores keep the store's order.
         share = self.config.passage_share
@@ -1098,6 +1111,14 @@ class MemoryService:
 
 COPY_MIN_CHARS = 64
 """The shortest string value `without_copies` collapses."""
+
+
+def _same_heads(entries: Iterable[MemoryEntry]) -> builtins.list[MemoryEntry]:
+    """The entries read by a head whose string value has the same head and length as another's: only their whole
+    values tell whether they are copies (`without_copies` compares whole strings)."""
+    heads = [e for e in entries if isinstance(e.value, ValueHead) and e.value.json_head.startswith('"')]
+    count = Counter((e.value.json_head, e.value.json_chars) for e in heads)
+    return [e for e in heads if count[e.value.json_head, e.value.json_chars] > 1]
 
 
 def without_copies(

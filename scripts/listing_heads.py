@@ -1,12 +1,13 @@
-"""How long amfs_list and amfs_search take, and how much memory the process peaks at, over large values.
+"""How long amfs_list, amfs_search and amfs_retrieve take, and how much memory the process peaks at, over large values.
 
 Writes `--values` values of about 0.9 MB (lists of 22,000 small objects) through the in-memory MCP client on the
-embedded store (no embedder), then times one amfs_list, one amfs_search and one amfs_search sorted by priority:
+embedded store (no embedder), then times one amfs_list, one amfs_search, one amfs_search sorted by priority and one
+amfs_retrieve (keyword search alone, without an embedder; `limit` 1, every value a candidate):
 
     python scripts/listing_heads.py --values 30
 
 Run it on two checkouts (PYTHONPATH pointing at each) to compare; the figures in the README's Security table
-(0.7.10 against 0.7.11) came from this on a shared 2-core machine.
+(0.7.10 against 0.7.11, and 0.7.11 against 0.7.12 for amfs_retrieve) came from this on a shared 2-core machine.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ async def run(values: int) -> None:
                 await client.call_tool("amfs_write", {"entity_path": "big", "key": f"k{i}", "value": big})
             for tool, args in [("amfs_list", {"entity_path": "big"}),
                                ("amfs_search", {"entity_path": "big", "limit": 100}),
-                               ("amfs_search", {"entity_path": "big", "limit": 100, "sort_by": "priority"})]:
+                               ("amfs_search", {"entity_path": "big", "limit": 100, "sort_by": "priority"}),
+                               ("amfs_retrieve", {"query": "payload words", "entity_path": "big", "limit": 1})]:
                 started = time.perf_counter()
                 await client.call_tool(tool, args)
                 print(f"{tool} {args.get('sort_by', '')}: {time.perf_counter() - started:.2f} s")

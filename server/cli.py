@@ -15,7 +15,7 @@ import click
 
 from ..core.errors import AmfsError, install_extra
 from ..core.learning import SECTIONS, LearningService, split_preference_name
-from ..core.models import AMFS_VERSION, Actor, MemoryEntry
+from ..core.models import AMFS_VERSION, Actor, MemoryEntry, ValueHead
 from .composition import Services, build_services
 from .config_file import settings_in_force
 from .export_format import ExportFormatError, dump_export, parse_export
@@ -177,7 +177,7 @@ def memory_search(query: str, entity_path: str | None, limit: int, as_json: bool
 
     async def search(services: Services) -> list[str]:
         actor = Actor("cli", f"cli-{uuid.uuid4().hex[:16]}")  # a session of its own: these reads charge no agent
-        hits = await services.memory.retrieve(actor, query, entity_path=entity_path, limit=limit)
+        hits = await services.memory.retrieve(actor, query, entity_path=entity_path, limit=limit, whole_values=False)
         if as_json:
             return [RetrieveResult.of(hits, verbose=True).model_dump_json(indent=2)]
         lines = [f"Results ({len(hits)}):"]
@@ -199,8 +199,8 @@ def _learning(services: Services) -> LearningService:
 
 
 def _preview(value: Any, width: int) -> str:
-    """A value as one line of JSON, cut to `width` characters."""
-    text = json.dumps(value, ensure_ascii=False)
+    """A value as one line of JSON, cut to `width` characters (a `ValueHead`: the JSON it begins with)."""
+    text = value.json_head if isinstance(value, ValueHead) else json.dumps(value, ensure_ascii=False)
     return text if len(text) <= width else text[: width - 3] + "..."
 
 

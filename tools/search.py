@@ -59,7 +59,7 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
             results = await service.retrieve(
                 tools.actor(ctx), query, entity_path=entity_path, limit=limit, min_confidence=min_confidence,
                 memory_type=memory_type, depth=depth, explain=explain, event_after=event_after,
-                event_before=event_before,
+                event_before=event_before, whole_values=False,  # the views cut values to LISTING_VALUE_CHARS
             )
             return await asyncio.to_thread(RetrieveResult.of, results, verbose=verbose)
 

@@ -371,7 +371,7 @@ def _handlers(ui: UiServices) -> dict[str, Handler]:
         path = _scoped_path(viewer, request.query_params.get("path"))
         limit = _int_param(request, "limit", 10, 100) or 10
         results = await service.retrieve(
-            _UI_ACTOR, query, entity_path=path, limit=limit, explain=True, count_as_read=False
+            _UI_ACTOR, query, entity_path=path, limit=limit, explain=True, count_as_read=False, whole_values=False
         )
         now = utcnow()
         return {

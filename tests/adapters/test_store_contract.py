@@ -36,7 +36,7 @@ from amfs_server.core.models import (
     ValueHead,
 )
 from amfs_server.core.ports import MemoryStore, OutcomeTarget, StoreSnapshot, TierUpdate
-from amfs_server.core.retrieval import keyword_terms
+from amfs_server.core.retrieval import KEYWORD_LENGTH_PIVOT, keyword_terms
 
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
 DIM = 384  # the [postgres] fixture's embedding dimension
@@ -636,6 +636,37 @@ async def test_keyword_score_is_the_share_of_the_query_word_weight_an_entry_hold
     assert 0 < hits["svc/noise/k0"] < 0.5  # two common words of three: a small share of the weight
     (entry, share), = await store.keyword_candidates(["flamegraph", "unicorn"], EntryFilter(), NOW, 5)
     assert entry.entity_path == "svc/all" and 0 < share < 0.9  # an unmatched rare word still counts in the query's weight
+
+
+async def test_keyword_scores_shrink_for_a_search_text_of_very_many_words_and_the_order_follows(store: MemoryStore) -> None:
+    """Both stores scale a share by `keyword_length_factor` of the text they matched (the stored search text, not the
+    value, which a 1 MiB memory would have to be read for): 160 distinct words are twice the pivot, a quarter."""
+    stuffed = "flamegraph " + " ".join(f"word{i}" for i in range(2 * KEYWORD_LENGTH_PIVOT - 1))
+    await write(store, draft("svc", "stuffed", "short value", search_text=stuffed),
+                draft("svc", "plain", search_text="flamegraph of the deploy dashboard", written_at=at(-1)))
+    hits = await store.keyword_candidates(["flamegraph"], EntryFilter(), NOW, 10)
+    assert keys(hits) == ["plain", "stuffed"]  # the stuffed entry is newer: unscaled it would come first
+    assert hits[1][1] == pytest.approx(hits[0][1] * 0.25)
+    unvalued = await store.keyword_candidates(["flamegraph"], EntryFilter(), NOW, 10, values=False)
+    assert [(e.key, score) for e, score in unvalued] == [(e.key, score) for e, score in hits]
+
+
+async def test_candidate_searches_read_long_values_as_heads_when_asked(store: MemoryStore) -> None:
+    """A retrieval's searches read each value up to a head: a long one comes as a `ValueHead`, a short one whole,
+    and everything else about the entries and their scores is the same."""
+    long_text = "ledger " * 400
+    await write(store, draft("svc", "long", long_text, embedding=direction(0), search_text="ledger long"),
+                draft("svc", "short", "ledger short", embedding=direction(10), search_text="ledger short"))
+    for search in (lambda **kw: store.keyword_candidates(["ledger"], EntryFilter(), NOW, 10, **kw),
+                   lambda **kw: store.semantic_candidates(direction(0), EntryFilter(), NOW, 10, **kw)):
+        whole, headed = await search(), await search(value_head=100)
+        assert {e.key: e.value for e, _ in whole} == {"long": long_text, "short": "ledger short"}
+        values = {e.key: e.value for e, _ in headed}
+        assert values["short"] == "ledger short"
+        assert isinstance(values["long"], ValueHead) and values["long"].json_chars == len(json.dumps(long_text))
+        assert values["long"].json_head == json.dumps(long_text)[:100]
+        assert [(e.with_changes(value=None), score) for e, score in headed] == [
+            (e.with_changes(value=None), score) for e, score in whole]
 
 
 async def test_only_current_live_versions_are_keyword_candidates(store: MemoryStore) -> None:
