@@ -40,7 +40,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -1144,6 +1144,23 @@ class PostgresStore(PostgresDatabase):
                 await conn.execute(_UPSERT_META, name, json.dumps(value))
 
         await self._tx(write)
+
+    async def update_meta(
+        self, names: Sequence[str], change: Callable[[dict[str, Any | None]], Mapping[str, Any | None]]
+    ) -> None:
+        async def update(conn: Any) -> None:
+            # A row that does not exist yet cannot be locked FOR UPDATE: lock the names ('#' is in no entity path).
+            await self._lock_keys(conn, [("#meta", name) for name in names])
+            rows = await conn.fetch("SELECT name, value_json FROM meta WHERE name = ANY($1::text[])", list(names))
+            held: dict[str, Any | None] = {name: None for name in names}
+            held.update({row["name"]: json.loads(row["value_json"]) for row in rows})
+            for name, value in change(held).items():
+                if value is None:
+                    await conn.execute("DELETE FROM meta WHERE name = $1", name)
+                else:
+                    await conn.execute(_UPSERT_META, name, json.dumps(value))
+
+        await self._tx(update)
 
 
 _ERASED_TABLES = ("entries", "trace_events", "outcome_effects", "outcomes")

@@ -17,7 +17,7 @@ import re
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -1060,6 +1060,23 @@ class SQLiteStore(SQLiteDatabase):
                     conn.execute(_UPSERT_META, (name, json.dumps(value)))
 
         await self._run(write)
+
+    async def update_meta(
+        self, names: Sequence[str], change: Callable[[dict[str, Any | None]], Mapping[str, Any | None]]
+    ) -> None:
+        def update() -> None:
+            with self._transaction() as conn:  # BEGIN IMMEDIATE: the write lock is held from the first read
+                held = {}
+                for name in names:
+                    row = conn.execute("SELECT value_json FROM meta WHERE name = ?", (name,)).fetchone()
+                    held[name] = None if row is None else json.loads(row[0])
+                for name, value in change(held).items():
+                    if value is None:
+                        conn.execute("DELETE FROM meta WHERE name = ?", (name,))
+                    else:
+                        conn.execute(_UPSERT_META, (name, json.dumps(value)))
+
+        await self._run(update)
 
 
 VECTOR_INDEX_META = "vector_index"

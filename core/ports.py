@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -276,6 +276,16 @@ class MemoryStore(Protocol):
     async def get_meta(self, name: str) -> Any | None: ...
 
     async def set_meta(self, name: str, value: Any | None) -> None: ...
+
+    async def update_meta(
+        self, names: Sequence[str], change: Callable[[dict[str, Any | None]], Mapping[str, Any | None]]
+    ) -> None:
+        """Read the named values (None: absent), then write what `change` returns for them (None deletes), in one
+        transaction that no other `update_meta` of any of these names, in any process, interleaves with: two
+        processes each adding to one record keep both additions, and values written together are never seen half
+        written (a model without the version mark that tells other processes to load it). `change` runs inside
+        the transaction: keep it quick, and let it only compute."""
+        ...
 
 
 class Clock(Protocol):

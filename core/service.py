@@ -433,9 +433,21 @@ class MemoryService:
         return await self.store.get_meta(name)
 
     async def set_shared_state(self, name: str, value: Any | None) -> None:
-        if name == MULTIPLIERS_META:
-            raise ValidationError(f"'{name}' is set through set_calibrated_multipliers, which validates it.")
+        self._check_shared_names([name])
         await self.store.set_meta(name, value)
+
+    async def update_shared_state(
+        self, names: Sequence[str], change: Callable[[dict[str, Any | None]], Mapping[str, Any | None]]
+    ) -> None:
+        """Named JSON values read and rewritten (`change`) in one transaction no other process's update of them
+        interleaves with (`MemoryStore.update_meta`)."""
+        self._check_shared_names(names)
+        await self.store.update_meta(names, change)
+
+    @staticmethod
+    def _check_shared_names(names: Sequence[str]) -> None:
+        if MULTIPLIERS_META in names:
+            raise ValidationError(f"'{MULTIPLIERS_META}' is set through set_calibrated_multipliers, which validates it.")
 
     # -- writes -------------------------------------------------------------------------------
 

@@ -48,7 +48,6 @@ from ..core.errors import InsufficientDataError, ValidationError
 from ..core.models import OutcomeRecord, OutcomeType, utcnow
 from ..core.service import MemoryService
 from ._common import Progress, no_progress, resolve_service
-from .shared import MULTIPLIERS, bump_version
 from .traces import INCIDENT_TYPES, OutcomeHistory
 
 MIN_OUTCOMES_PER_TYPE = 5
@@ -208,8 +207,8 @@ class ConfidenceCalibrator:
                 )
             else:
                 report(3, 4, "applying the global multipliers")
+                # Other processes on this store see the stored multipliers change and load them (ml/shared.py).
                 await self.service.set_calibrated_multipliers(global_set.multipliers)
-                await bump_version(self.service, MULTIPLIERS)  # other processes on this store pick them up
                 applied = True
         report(4, 4, "calibrated")
         return CalibrationReport(
@@ -229,7 +228,6 @@ class ConfidenceCalibrator:
         if not self._owns_service:
             raise ValidationError("revert needs a MemoryService: this calibrator was built on a bare store.")
         restored = await self.service.set_calibrated_multipliers(None)
-        await bump_version(self.service, MULTIPLIERS)
         return {t.value: m for t, m in restored.items()}
 
     def _evidence(

@@ -43,7 +43,7 @@ from ..core.models import MemoryEntry, OutcomeType, utcnow
 from ..core.service import MemoryService
 from ._common import Progress, no_progress, resolve_service
 from .features import FEATURE_NAMES, feature_matrix, feature_row
-from .shared import RANKER, RANKER_MODELS, bump_version
+from .shared import RANKER_MODELS, save_ranker_models
 from .traces import OutcomeHistory, under
 
 logger = logging.getLogger("amfs_server.ml")
@@ -228,15 +228,15 @@ class LearnedRanker:
         return [model.metrics for model in self._models.values()]
 
     async def _save(self, booster: Any, metrics: RankerMetrics) -> None:
-        """Store the model beside the data it was trained on, then bump the version other processes watch."""
+        """Store the model beside the data it was trained on, with the version mark other processes watch."""
         text = await asyncio.to_thread(booster.model_to_string, num_iteration=-1)
-        state = await self.service.get_shared_state(RANKER_MODELS)
-        models = dict(state.get("models", {})) if _readable(state) else {}
-        models[_scope_name(metrics.entity_path)] = {"metrics": metrics.to_dict(), "model": text}
-        await self.service.set_shared_state(
-            RANKER_MODELS, {"format": MODEL_FORMAT, "feature_names": list(FEATURE_NAMES), "models": models}
-        )
-        await bump_version(self.service, RANKER)
+
+        def with_this_model(state: Any) -> dict[str, Any]:
+            models = dict(state.get("models", {})) if _readable(state) else {}
+            models[_scope_name(metrics.entity_path)] = {"metrics": metrics.to_dict(), "model": text}
+            return {"format": MODEL_FORMAT, "feature_names": list(FEATURE_NAMES), "models": models}
+
+        await save_ranker_models(self.service, with_this_model)
 
     # -- training -----------------------------------------------------------------------------
 

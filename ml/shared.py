@@ -1,23 +1,26 @@
 """ML state that every server process on one store shares: the trained models and applied multipliers
-live in the store (named JSON values, `MemoryService.get_shared_state`), and a small version record
-says when either last changed.
+live in the store (named JSON values, `MemoryService.get_shared_state`). A small version record says when
+the models last changed; it is written in the same transaction as the models (`save_ranker_models`), so a
+crash never leaves new models unannounced. The multipliers are their own version: a small record, compared
+whole.
 
-Each process runs a `SharedStateWatcher`: every `POLL_SECONDS` it reads the version record (one
-primary-key lookup) and, when it differs from what the process last loaded, reloads the models (the
-parsing runs in a worker thread) and the multipliers. So a retrain or calibration through any process
-reaches all of them within a few seconds, without a restart.
+Each process runs a `SharedStateWatcher`: every `POLL_SECONDS` it reads the version record and the multipliers
+(two primary-key lookups) and, when either differs from what the process last loaded, reloads the models (the
+parsing runs in a worker thread) or the multipliers. So a retrain or calibration through any process reaches
+all of them within a few seconds, without a restart.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..core.errors import StoreError
-from ..core.service import MemoryService
+from ..core.service import MULTIPLIERS_META, MemoryService
 
 logger = logging.getLogger("amfs_server.ml")
 
@@ -28,17 +31,25 @@ MULTIPLIERS = "multipliers"
 POLL_SECONDS = 2.0
 
 
-async def bump_version(service: MemoryService, part: str) -> dict[str, str]:
-    """Mark `part` (RANKER or MULTIPLIERS) as changed; a random token, so two processes never pick the same one."""
-    current = await read_version(service)
-    updated = {**current, part: uuid.uuid4().hex}
-    await service.set_shared_state(ML_VERSION, updated)
-    return updated
+async def save_ranker_models(service: MemoryService, change: Callable[[Any], dict[str, Any]]) -> None:
+    """Store `change(the models record held)` and a new version mark in one transaction that no other process's
+    save interleaves with: two processes training models for two scopes at once keep both (each used to write
+    back the record it had read, without the other's model), and a process killed after the save cannot leave
+    the others on the old models (the mark used to be a second write)."""
+    def update(held: dict[str, Any]) -> dict[str, Any]:
+        version = held[ML_VERSION] if isinstance(held[ML_VERSION], dict) else {}
+        # A random token, so two processes never pick the same one.
+        return {RANKER_MODELS: change(held[RANKER_MODELS]), ML_VERSION: {**version, RANKER: uuid.uuid4().hex}}
+
+    await service.update_shared_state([RANKER_MODELS, ML_VERSION], update)
 
 
 async def read_version(service: MemoryService) -> dict[str, str]:
+    """What the watcher compares per part: the models' version mark, and the multipliers in force as stored."""
     value = await service.get_shared_state(ML_VERSION)
-    return dict(value) if isinstance(value, dict) else {}
+    multipliers = await service.get_shared_state(MULTIPLIERS_META)
+    return {RANKER: value.get(RANKER) if isinstance(value, dict) else None,
+            MULTIPLIERS: None if multipliers is None else json.dumps(multipliers, sort_keys=True)}
 
 
 class SharedStateWatcher:

@@ -8,6 +8,7 @@ what only PostgreSQL has (migrations, index options, statistics, concurrency) is
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import replace
@@ -1146,6 +1147,28 @@ async def test_export_orders_paths_and_keys_by_their_bytes(store: MemoryStore) -
     pairs = [(e.entity_path, e.key) for e in snapshot.entries]
     assert pairs == sorted(pairs, key=lambda pair: (pair[0].encode(), pair[1].encode()))
     assert [key for path, key in pairs if path == "svc/order"] == sorted(names)
+
+
+async def test_meta_updates_from_two_handles_at_once_lose_nothing_and_land_together(store, make_store) -> None:
+    """Two processes saving a model each read the models record, added theirs and wrote it back: one model was
+    lost, and a kill between the model and its version mark left the other processes on the old one."""
+    other = make_store()
+    await other.open()
+    try:
+        def append(item: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+            def change(held: dict[str, Any]) -> dict[str, Any]:
+                return {"models": [*(held["models"] or []), item], "version": (held["version"] or 0) + 1}
+            return change
+
+        await asyncio.gather(*[handle.update_meta(["models", "version"], append(f"{name}-{n}"))
+                               for n in range(10) for name, handle in (("a", store), ("b", other))])
+        models = await store.get_meta("models")
+        assert sorted(models) == sorted(f"{name}-{n}" for n in range(10) for name in "ab")
+        assert await other.get_meta("version") == 20
+        await store.update_meta(["models", "absent"], lambda held: {"models": None, "absent": held["absent"]})
+        assert await other.get_meta("models") is None and await other.get_meta("absent") is None
+    finally:
+        await other.close()
 
 
 async def test_meta_stores_json_values_until_set_to_none(store: MemoryStore) -> None:

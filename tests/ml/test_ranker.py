@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
@@ -90,6 +91,28 @@ async def test_load_installed_models_serves_persisted_models_at_start_up(sim_sql
     assert sim_sqlite.learned_scorer is None
     ranker = await load_installed_models(sim_sqlite)
     assert ranker.trained and sim_sqlite.learned_scorer is not None
+
+
+async def test_two_processes_training_two_scopes_at_once_keep_both_models(sim_sqlite: MemoryService, monkeypatch) -> None:
+    """Each save read the models record, added its model and wrote the record back: the later writer dropped the
+    other's model. The record and its version mark are now one locked update (MemoryStore.update_meta, whose
+    contract test races two handles)."""
+    from amfs_server.adapters.sqlite import SQLiteStore
+
+    other = MemoryService(SQLiteStore(sim_sqlite.store.path))  # a second process's handle on the same file
+    await other.open()
+    written: list[str] = []
+    for service in (sim_sqlite, other):
+        set_meta = service.store.set_meta
+        monkeypatch.setattr(service.store, "set_meta", lambda name, value, set_meta=set_meta: (
+            written.append(name), set_meta(name, value))[1])
+    try:
+        await asyncio.gather(LearnedRanker(sim_sqlite).train(entity_path="svc-0"),
+                             LearnedRanker(other).train(entity_path="svc-1"))
+    finally:
+        await other.close()
+    assert set((await sim_sqlite.get_shared_state(RANKER_MODELS))["models"]) == {"svc-0", "svc-1"}
+    assert not {RANKER_MODELS, ML_VERSION} & set(written)  # never written apart from each other
 
 
 async def test_a_per_entity_model_is_saved_beside_the_global_one_and_scores_its_entity(
