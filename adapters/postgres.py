@@ -60,6 +60,7 @@ from ..core.models import (
     entry_key,
 )
 from ..core.ports import (
+    IMPORT_PENDING_META,
     OutcomeTarget,
     StoreSnapshot,
     TierUpdate,
@@ -1092,7 +1093,7 @@ class PostgresStore(PostgresDatabase):
         await self._tx(lambda conn: conn.execute(_TRUNCATE_ALL))
 
     async def export_snapshot(self) -> StoreSnapshot:
-        return await self._tx(lambda conn: run_postgres(conn, export_store(POSTGRES, hidden_meta=(VACUUM_PENDING,))), readonly=True, isolation="repeatable_read")
+        return await self._tx(lambda conn: run_postgres(conn, export_store(POSTGRES, hidden_meta=_UNEXPORTED_META)), readonly=True, isolation="repeatable_read")
 
     async def import_snapshot(self, snapshot: StoreSnapshot, *, replacing: StoreSnapshot | None = None) -> None:
         width = vector_width(snapshot)  # refuses vectors of several widths before anything
@@ -1109,7 +1110,7 @@ class PostgresStore(PostgresDatabase):
             if replacing is not None:
                 # Writers wait from here to the commit (readers do not); then the store must still be `replacing`.
                 await conn.execute("LOCK TABLE entries, outcomes, outcome_effects, trace_events, meta IN EXCLUSIVE MODE")
-                if await run_postgres(conn, export_store(POSTGRES, hidden_meta=(VACUUM_PENDING,))) != replacing:
+                if await run_postgres(conn, export_store(POSTGRES, hidden_meta=_UNEXPORTED_META)) != replacing:
                     raise ConflictError(STORE_CHANGED)
                 await conn.execute(_TRUNCATE_ALL)  # transactional in PostgreSQL: undone if the import fails
                 await self._take_width(conn, self.embedding_dimension)  # DDL is transactional too: undone with it
@@ -1167,6 +1168,7 @@ _ERASED_TABLES = ("entries", "trace_events", "outcome_effects", "outcomes")
 """The tables a forget or TTL purge deletes from, vacuumed afterwards."""
 VACUUM_PENDING = "vacuum_pending"
 """Meta row an erase sets in its transaction and `_vacuum_erased` clears once VACUUM has run."""
+_UNEXPORTED_META = (VACUUM_PENDING, IMPORT_PENDING_META)  # this database's own state
 
 
 async def _mark_vacuum_pending(conn: Any) -> None:

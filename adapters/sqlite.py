@@ -38,7 +38,7 @@ from ..core.models import (
     TraceKind,
     entry_key,
 )
-from ..core.ports import OutcomeTarget, StoreSnapshot, TierUpdate, missing_causal_entry, nothing_read
+from ..core.ports import IMPORT_PENDING_META, OutcomeTarget, StoreSnapshot, TierUpdate, missing_causal_entry, nothing_read
 from .sql_common import (
     ENTRY_BASE_COLUMNS,
     ENTRY_COLUMNS,
@@ -1016,7 +1016,7 @@ class SQLiteStore(SQLiteDatabase):
             conn = self._connection()
             conn.execute("BEGIN")  # one consistent read snapshot across tables
             try:
-                return run_sqlite(conn, export_store(SQLITE, hidden_meta=(VECTOR_INDEX_META, VECTOR_SCRUB_META)))
+                return run_sqlite(conn, export_store(SQLITE, hidden_meta=_UNEXPORTED_META))
             finally:
                 conn.execute("COMMIT")
 
@@ -1026,7 +1026,7 @@ class SQLiteStore(SQLiteDatabase):
         def write() -> None:
             with self._transaction() as conn:  # BEGIN IMMEDIATE: no other writer until it commits
                 if replacing is not None:
-                    if run_sqlite(conn, export_store(SQLITE, hidden_meta=(VECTOR_INDEX_META, VECTOR_SCRUB_META))) != replacing:
+                    if run_sqlite(conn, export_store(SQLITE, hidden_meta=_UNEXPORTED_META)) != replacing:
                         raise ConflictError(STORE_CHANGED)
                     self._delete_all_sync(conn)
                 top = conn.execute("SELECT COALESCE(MAX(row_id), 0) FROM entries").fetchone()[0]
@@ -1085,6 +1085,7 @@ VECTOR_SCRUB_META = "vector_scrub_pending"
 """Meta row set in the transaction that deletes rows with vectors, removed once the index file is scrubbed of them:
 a crash in between leaves it, and the next open scrubs the file (its checksum still matches, so nothing else would
 notice the forgotten vectors in it). Not exported."""
+_UNEXPORTED_META = (VECTOR_INDEX_META, VECTOR_SCRUB_META, IMPORT_PENDING_META)  # this database's own state
 
 
 def _file_sha256(path: Path) -> str | None:

@@ -294,6 +294,12 @@ class Clock(Protocol):
     def __call__(self) -> datetime: ...
 
 
+IMPORT_PENDING_META = "import_pending"
+"""Meta row an import sets in its own transaction when the caller has more to import elsewhere (the command's
+learned records, another database), cleared once that is in: a rerun after a kill in between knows its memories
+are in. Not exported."""
+
+
 @runtime_checkable
 class Embedder(Protocol):
     """Anything that maps texts to L2-normalised float32 vectors.

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from .ports import Embedder, MemoryStore, OutcomeTarget, StoreSnapshot, TierUpdate, vector_widths
+from .ports import IMPORT_PENDING_META, Embedder, MemoryStore, OutcomeTarget, StoreSnapshot, TierUpdate, vector_widths
 from . import validation as v
 from .confidence import DEFAULT_MULTIPLIERS, effective_confidence, validate_multipliers
 from .embedding import (
@@ -1060,16 +1060,32 @@ class MemoryService:
         await self.purge_expired()  # an export never carries a memory whose TTL passed
         return await self.store.export_snapshot()
 
-    async def import_snapshot(self, snapshot: StoreSnapshot) -> None:
+    async def import_snapshot(self, snapshot: StoreSnapshot, *, pending: str | None = None) -> None:
         """Import a snapshot (`memory import`): refused, writing nothing, when a key or outcome ref exists, when
         its meta is invalid, or when its vectors come from another embedder than the store's. Meta the store
         holds is kept (an import adds, it never overwrites), but for the embedder's record of an empty store.
         Without an embedder (the command), a store holding no entry version takes the file's vector width (a
-        PostgreSQL store's column changes with the import); with one, vectors of another width are refused."""
+        PostgreSQL store's column changes with the import); with one, vectors of another width are refused.
+        `pending`: a token for what the caller imports next, elsewhere; marked in this import's own transaction
+        (`IMPORT_PENDING_META`) until `import_finished(pending)`, so a rerun after a kill in between asks
+        `import_pending()` instead of finding the memories it would write again already there."""
         self._check_importable_records(snapshot)
         meta = await self._importable_meta(snapshot)
+        meta.pop(IMPORT_PENDING_META, None)  # a file's own mark (not exported; hand-made) is never taken
+        if pending is not None:
+            meta[IMPORT_PENDING_META] = pending
         await self.store.import_snapshot(replace(snapshot, meta=meta))
         await self.refresh_calibrated_multipliers()
+
+    async def import_pending(self) -> str | None:
+        """The token of an import whose memories are in and whose caller had more to import (see import_snapshot)."""
+        value = await self.store.get_meta(IMPORT_PENDING_META)
+        return value if isinstance(value, str) else None
+
+    async def import_finished(self, pending: str) -> None:
+        """Clear the mark of the import `pending`, unless another import has marked the store since."""
+        await self.store.update_meta([IMPORT_PENDING_META], lambda held: (
+            {IMPORT_PENDING_META: None} if held[IMPORT_PENDING_META] == pending else {}))
 
     def _check_importable_records(self, snapshot: StoreSnapshot) -> None:
         """What the live paths refuse, an import refuses too: an outcome ref `amfs_commit_outcome` would refuse or

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import sys
 import uuid
@@ -299,19 +300,26 @@ def memory_export(output: Path | None) -> None:
 def memory_import(path: Path) -> None:
     """Import an export file exactly; a malformed file is refused with the reason and nothing is imported."""
     try:
-        snapshot = parse_export(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        snapshot = parse_export(text)
     except ExportFormatError as error:
         raise click.ClickException(f"{path}: {error}. Nothing was imported.") from None
+    # The memories and the learned records go to two databases: the memory import marks the store with this
+    # file's digest in its own transaction, cleared once the learned records are in, so a rerun after a kill in
+    # between finishes the learned records even if one of the memories was forgotten meanwhile. The same file
+    # again into the store it came from (or was imported into whole) is refused as before.
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
 
     async def load(services: Services) -> str:
         learning = _learning(services)
         await learning.check_import(snapshot.extra)  # refuse before anything is written
-        # Resumable only when there is a learned part to finish: the same file again into the store it came from
-        # (or into one it was imported into whole) is refused as before.
-        resumed = any(snapshot.extra.get(name) for name in SECTIONS) and await _holds_already(services, snapshot)
+        learned_part = any(snapshot.extra.get(name) for name in SECTIONS)
+        resumed = learned_part and await services.memory.import_pending() == digest
         if not resumed:
-            await services.memory.import_snapshot(snapshot)
+            await services.memory.import_snapshot(snapshot, pending=digest if learned_part else None)
         learned = await learning.import_({name: snapshot.extra.get(name, []) for name in SECTIONS})
+        if learned_part:
+            await services.memory.import_finished(digest)
         memories = (
             "The memories were already in: an earlier import of this file stopped after them." if resumed else
             f"Imported {len(snapshot.entries)} entry versions, {len(snapshot.outcomes)} outcomes, "
@@ -323,29 +331,6 @@ def memory_import(path: Path) -> None:
         )
 
     click.echo(_run(load, learning=True))
-
-
-async def _holds_already(services: Services, snapshot: Any) -> bool:
-    """Whether the store already holds every entry version and outcome of `snapshot` as written: the memories and
-    the learned records go to two databases, so an import stopped between the two is finished by running it
-    again rather than refused for the memories it already wrote."""
-    if not snapshot.entries:
-        return False
-    first = snapshot.entries[0]
-    if _as_written(first) not in {_as_written(e) for e in await services.memory.entry_versions(first.entity_path, first.key)}:
-        return False  # the usual case, an import into a store without the file's memories: no export to read
-    held = await services.memory.export_snapshot()
-    # The memory import is one transaction: every version there as written (value, author, time) means all of it
-    # is. Reads since then move bookkeeping (recall counts, tiers) and outcomes move confidence: not compared.
-    versions = {_as_written(entry) for entry in held.entries}
-    refs = {record.outcome_ref for record in held.outcomes}
-    return (all(_as_written(entry) in versions for entry in snapshot.entries)
-            and all(record.outcome_ref in refs for record in snapshot.outcomes))
-
-
-def _as_written(entry: MemoryEntry) -> tuple[Any, ...]:
-    return (entry.entity_path, entry.key, entry.version, json.dumps(entry.value, sort_keys=True),
-            entry.provenance.agent_id, entry.provenance.written_at)
 
 
 @memory.command("reembed")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -55,14 +56,12 @@ def test_export_then_import_into_an_empty_store_round_trips_exactly(env, tmp_pat
         assert second[section] == first[section]
 
 
-def test_an_import_stopped_after_its_memories_finishes_when_run_again(env, tmp_path, monkeypatch) -> None:
-    """Red-team finding: killed between the memories (amfs.db) and the learned records (learning.db), the import
-    could not be run again: the store already held its keys."""
+def _import_killed_after_its_memories(runner: CliRunner, tmp_path: Path, monkeypatch) -> tuple[dict, Path]:
+    """The `env` store exported with one learned preference, then imported into a fresh data dir (the new
+    AMFS_DATA_DIR) by a run killed after the memories were committed; returns the document and its file."""
     from amfs_server.core.learning import LearningService
 
-    runner = CliRunner()
-    exported = runner.invoke(cli, ["memory", "export"]).output
-    document = json.loads(exported)
+    document = json.loads(runner.invoke(cli, ["memory", "export"]).output)
     document["extra"]["preferences"] = [{
         "user_id": "alice", "category": "code_formatting", "key": "line_length", "value": 100, "confidence": 0.9,
         "sample_size": 5, "support": 5, "source": "corrected", "updated_at": "2026-01-01T00:00:00Z", "sessions": 2,
@@ -77,6 +76,14 @@ def test_an_import_stopped_after_its_memories_finishes_when_run_again(env, tmp_p
     with monkeypatch.context() as patch:
         patch.setattr(LearningService, "import_", killed)
         assert runner.invoke(cli, ["memory", "import", str(export_file)]).exit_code != 0
+    return document, export_file
+
+
+def test_an_import_stopped_after_its_memories_finishes_when_run_again(env, tmp_path, monkeypatch) -> None:
+    """Red-team finding: killed between the memories (amfs.db) and the learned records (learning.db), the import
+    could not be run again: the store already held its keys."""
+    runner = CliRunner()
+    document, export_file = _import_killed_after_its_memories(runner, tmp_path, monkeypatch)
     assert runner.invoke(cli, ["memory", "search", "backoff"]).exit_code == 0  # a read in between moves recall counts
     again = runner.invoke(cli, ["memory", "import", str(export_file)])
     assert again.exit_code == 0, again.output
@@ -86,6 +93,23 @@ def test_an_import_stopped_after_its_memories_finishes_when_run_again(env, tmp_p
         (e["entity_path"], e["key"], e["version"], e["value"]) for e in document["entries"]]
     assert [p["key"] for p in after["extra"]["preferences"]] == ["line_length"]
     assert runner.invoke(cli, ["memory", "import", str(export_file)]).exit_code != 0  # a third time: all there
+
+
+def test_an_import_stopped_after_its_memories_finishes_though_one_was_forgotten_since(env, tmp_path, monkeypatch) -> None:
+    """Red-team finding (0.7.11): the rerun compared the store with the file and, one memory short, was refused as a
+    store that already held the keys; the learned records could then only come with a clear and a full import,
+    which brought the forgotten memory back."""
+    runner = CliRunner()
+    document, export_file = _import_killed_after_its_memories(runner, tmp_path, monkeypatch)
+    assert runner.invoke(cli, ["memory", "forget", "payments/risk-double-charge"]).exit_code == 0
+    again = runner.invoke(cli, ["memory", "import", str(export_file)])
+    assert again.exit_code == 0, again.output
+    assert "already in" in again.output and "1 preferences" in again.output
+    after = json.loads(runner.invoke(cli, ["memory", "export"]).output)
+    assert "risk-double-charge" not in {e["key"] for e in after["entries"]}  # forgotten, and not brought back
+    assert "import_pending" not in after["meta"]
+    assert [p["key"] for p in after["extra"]["preferences"]] == ["line_length"]
+    assert runner.invoke(cli, ["memory", "import", str(export_file)]).exit_code != 0  # finished: refused again
 
 
 def test_export_to_a_file(env, tmp_path) -> None:

@@ -391,6 +391,29 @@ async def test_an_import_never_mixes_vectors_of_two_embedders(store, actor: Acto
     assert await store.get_meta("embedder") == "model-a"
 
 
+async def test_an_import_with_more_to_follow_marks_the_store_until_finished_and_never_exports_the_mark(store) -> None:
+    """`memory import` writes the learned records to another database after the memories: the mark, set in the
+    memories' transaction, tells a rerun after a kill in between that they are in."""
+    from amfs_server.core.models import MemoryEntry, Provenance
+    from amfs_server.core.ports import StoreSnapshot
+
+    service = MemoryService(store, ServiceConfig())
+    await service.open()
+    entry = MemoryEntry(entity_path="svc", key="imported", value="v", version=1, confidence=1.0,
+                        provenance=Provenance("a", "s", datetime(2026, 1, 1, tzinfo=timezone.utc)),
+                        amfs_version=AMFS_VERSION)
+    assert await service.import_pending() is None
+    await service.import_snapshot(StoreSnapshot(entries=[entry], meta={"import_pending": "from-the-file"}), pending="t1")
+    assert await service.import_pending() == "t1"  # the file's own mark is never taken
+    assert "import_pending" not in (await service.export_snapshot()).meta
+    await service.import_finished("another import's")
+    assert await service.import_pending() == "t1"
+    await service.import_finished("t1")
+    assert await service.import_pending() is None
+    await service.import_snapshot(StoreSnapshot(entries=[entry.with_changes(key="second")]))
+    assert await service.import_pending() is None  # nothing to follow: no mark
+
+
 async def test_invalid_stored_multipliers_do_not_lock_the_store(store) -> None:
     await store.set_meta("outcome_multipliers", {"success": -5})  # written by an older release's import
     service = MemoryService(store, ServiceConfig())
