@@ -358,6 +358,19 @@ def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def _refuse_facts_past_the_context(backbone: Any, compiler: Any, texts: Sequence[Any]) -> None:
+    """Stop, naming the fact, when one fact alone is longer than the backbone's context: compiling it ran for 10
+    minutes at 5 GB (23,000 tokens), or asked for 71 GB and died with a traceback (427 KB; red-team finding, 0.7.12)."""
+    from ..ml.answer.prefix_cache import encode
+
+    limit = getattr(backbone.config, "max_position_embeddings", None)
+    for t in texts:
+        line = compiler.layout.memory_line(t.text)
+        if limit is not None and len(line.encode("utf-8")) >= limit and len(encode(backbone, line)) > limit:
+            raise SystemExit(f"session bench: fact {t.memory_id} is longer than {backbone.name}'s context "
+                             f"({limit} tokens) on its own; shorten it or split it into several facts")
+
+
 async def run_session(session: Session, backbone: Any, compiler: Any, embedder: Embedder | None,
                       modes: Sequence[ModeName], top_k: int, max_new_tokens: int, *,
                       server: tuple[str, str] | None = None) -> SessionRun:
@@ -377,6 +390,7 @@ async def run_session(session: Session, backbone: Any, compiler: Any, embedder: 
             before = compiler.stats.compiled
             started = time.perf_counter()
             if server is None and set(PREFIX_MODES) & {base_mode(m) for m in modes}:
+                _refuse_facts_past_the_context(backbone, compiler, texts)
                 for t in texts:  # what the product does when a memory is written or first used
                     compiler.compile(t.memory_id, t.text)
             # Via the server, memories compile on first use inside the worker (each query's compile_ms).

@@ -28,6 +28,11 @@ class UsedMemory(BaseModel):
     rank: int = Field(description="1 = best; the order the memories were given to the model.")
 
 
+class LeftOutMemory(BaseModel):
+    entry_key: str
+    version: int
+
+
 class AnswerMetrics(BaseModel):
     input_tokens: int = Field(description="Tokens prefilled by this call (prompt text the model read now).")
     prefix_tokens: int = Field(description="Tokens reused from compiled memory caches (prefix/hybrid; 0 otherwise).")
@@ -46,6 +51,10 @@ class AnswerResult(BaseModel):
     mode: Literal["prefix", "hybrid", "text", "full"]
     backbone: str
     memories: list[UsedMemory]
+    left_out: list[LeftOutMemory] = Field(
+        default_factory=list, exclude_if=lambda left: not left,
+        description="Retrieved memories the model did not get: each too long to fit its context beside the question "
+                    "and the memories before it (amfs_read returns them).")
     metrics: AnswerMetrics
 
 
@@ -78,6 +87,7 @@ def register_answer_tools(mcp: FastMCP, service: MemoryService, worker: LMWorker
             answer=result.answer, mode=result.mode, backbone=result.backbone,
             memories=[UsedMemory(entry_key=e.entry_key, version=e.version, rank=i)
                       for i, e in enumerate(result.memories, start=1)],
+            left_out=[LeftOutMemory(entry_key=e.entry_key, version=e.version) for e in result.left_out],
             metrics=AnswerMetrics(
                 input_tokens=m.input_tokens, prefix_tokens=m.prefix_tokens, new_tokens=m.new_tokens,
                 retrieve_ms=result.retrieve_ms, compile_ms=result.compile_ms, compiled_now=result.compiled_now,

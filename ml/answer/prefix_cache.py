@@ -76,7 +76,7 @@ _HEAD_ID = "__head__"
 # 1.0 is plain concatenation. Below 1 it trusts the retriever's top-1 more
 # (see the module docstring for what it buys and costs).
 DEFAULT_KEY_SCALE = 0.6  # chosen on tuning seeds (see the module docstring)
-_FORMAT = 2  # bump when the compiled layout on disk changes (2: the compiled line is kept)
+_FORMAT = 3  # bump when the compiled layout on disk changes (2: the compiled line is kept; 3: special tokens defused)
 
 
 # ---------------------------------------------------------------------------
@@ -96,6 +96,9 @@ class PromptLayout:
     tail: str
     system_prompt: str
     user_template: str
+    # The tokenizer's special-token strings (`<|im_start|>`, ...), longest first: a memory or question holding one
+    # would be read as that control token and could forge a system or assistant turn (red-team finding, 0.7.12).
+    specials: tuple[str, ...] = ()
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any, system_prompt: str = SYSTEM_PROMPT,
@@ -113,16 +116,28 @@ class PromptLayout:
         rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         head, rest = rendered.split(_NOTES_SENTINEL)
         mid, tail = rest.split(_QUESTION_SENTINEL)
-        return cls(head=head, mid=mid, tail=tail, system_prompt=system_prompt, user_template=user_template)
+        specials = set(getattr(tokenizer, "all_special_tokens", ()))
+        specials.update(token.content for token in getattr(tokenizer, "added_tokens_decoder", {}).values()
+                        if getattr(token, "special", False))
+        return cls(head=head, mid=mid, tail=tail, system_prompt=system_prompt, user_template=user_template,
+                   specials=tuple(sorted((t for t in specials if t), key=len, reverse=True)))
 
-    @staticmethod
-    def memory_line(text: str) -> str:
+    def defused(self, text: str) -> str:
+        """`text` (a memory, a question: anyone's words) with every special-token string broken by a space after
+        its first character (`< |im_start|>`), so the tokenizer reads it as plain text."""
+        while any(special in text for special in self.specials):  # again only if a break formed another
+            for special in self.specials:
+                text = text.replace(special, special[0] + " " + special[1:])
+        return text
+
+    def memory_line(self, text: str) -> str:
         # One memory per line; newlines inside a memory would merge lines.
-        return "- " + " ".join(text.split()) + "\n"
+        return "- " + " ".join(self.defused(text).split()) + "\n"
 
     def suffix(self, question: str, text_memories: Sequence[str] = ()) -> str:
         """What is prefilled at query time: optional memories as text, then the question part."""
-        return "".join(self.memory_line(t) for t in text_memories) + self.mid + question.strip() + self.tail
+        return ("".join(self.memory_line(t) for t in text_memories) + self.mid + self.defused(question.strip())
+                + self.tail)
 
     def render(self, memories: Sequence[str], question: str) -> str:
         return self.head + "".join(self.memory_line(m) for m in memories) + self.suffix(question)
@@ -132,7 +147,7 @@ class PromptLayout:
         notes = "".join(self.memory_line(m) for m in memories)
         return [
             {"role": "system", "content": self.system_prompt},
-            {"role": "user", "content": self.user_template.format(notes=notes, question=question.strip())},
+            {"role": "user", "content": self.user_template.format(notes=notes, question=self.defused(question.strip()))},
         ]
 
     @property

@@ -87,7 +87,10 @@ def check_prompt_fits(backbone: Backbone, compiler: MemoryCompiler, mode: Answer
     limit = getattr(backbone.config, "max_position_embeddings", None)
     if limit is None:
         return
-    prompt = compiler.layout.render([m.text for m in memories], question)
+    texts = [m.text for m in memories]
+    prompt = compiler.layout.render(texts, question)
+    if mode == "hybrid":  # the top memory a second time, as text beside the question (red-team finding, 0.7.12)
+        prompt += compiler.layout.memory_line(texts[0]) if texts else ""
     # A token covers at least one byte (a SentencePiece word-start marker at most one more): a prompt with fewer
     # bytes than positions fits without tokenizing, the usual case, and this runs before every answer.
     if len(prompt.encode("utf-8")) + max_new_tokens < limit:
@@ -102,6 +105,31 @@ def check_prompt_fits(backbone: Backbone, compiler: MemoryCompiler, mode: Answer
                else f"Ask for fewer memories (this call gave {len(memories)}), shorten the question or lower "
                     "max_new_tokens.")
         )
+
+
+def fitting_memories(backbone: Backbone, compiler: MemoryCompiler, mode: AnswerMode, memories: Sequence[MemoryText],
+                     question: str, max_new_tokens: int) -> list[int]:
+    """The indexes of `memories` (best first) the model gets: taken best first while they fit its context beside
+    the question and the tokens it may generate; one that does not fit beside those before it is left out. One
+    memory of 19,000 tokens (a pasted log, within the value limit) made every question it ranked for fail, whoever
+    asked (red-team finding, 0.7.12). Hybrid reads its top memory twice. Counted line by line, as compiled; the
+    whole prompt is checked again before it runs (`check_prompt_fits`)."""
+    from .prefix_cache import encode
+
+    limit = getattr(backbone.config, "max_position_embeddings", None)
+    layout = compiler.layout
+    texts = [m.text for m in memories]
+    everything = layout.render(texts, question) + (layout.memory_line(texts[0]) if mode == "hybrid" and texts else "")
+    if limit is None or len(everything.encode("utf-8")) + max_new_tokens < limit:  # see check_prompt_fits
+        return list(range(len(memories)))
+    room = limit - max_new_tokens - len(encode(backbone, layout.head)) - len(encode(backbone, layout.suffix(question)))
+    kept: list[int] = []
+    for i, text in enumerate(texts):
+        cost = len(encode(backbone, layout.memory_line(text))) * (2 if mode == "hybrid" and not kept else 1)
+        if cost <= room:
+            kept.append(i)
+            room -= cost
+    return kept
 
 
 def answer_from_memories(backbone: Backbone, compiler: MemoryCompiler, question: str, mode: AnswerMode,
@@ -149,6 +177,7 @@ class WorkerAnswer:
     load_ms: float  # > 0 only on the call that loaded the backbone
     queue_ms: float  # waiting for the worker thread (another answer in progress)
     cached_memories: int = field(default=0)  # compiled caches held by the worker after this call
+    left_out: list[MemoryEntry] = field(default_factory=list)  # retrieved, but too long beside the ones used
 
 
 LOAD_CALLER = "(load)"
@@ -287,13 +316,20 @@ class LMWorker:
         return (time.perf_counter() - started) * 1000
 
     def _answer_in_thread(self, question: str, mode: AnswerMode, memories: list[MemoryText], max_new_tokens: int,
-                          submitted: float, cancel: threading.Event) -> tuple[Generated, float, float, str, int]:
+                          submitted: float, cancel: threading.Event) -> tuple[Generated, float, float, str, int, list[int]]:
         queue_ms = (time.perf_counter() - submitted) * 1000
         load_ms = self._ensure_loaded()
         assert self._backbone is not None and self._compiler is not None
-        generated = answer_from_memories(self._backbone, self._compiler, question, mode, memories, max_new_tokens,
-                                         cancel=cancel)
-        return generated, load_ms, queue_ms, self._backbone.name, len(self._compiler)
+        kept = (list(range(len(memories))) if mode == "full" else  # full reads everything or refuses
+                fitting_memories(self._backbone, self._compiler, mode, memories, question, max_new_tokens))
+        if memories and not kept:
+            raise ValidationError(
+                f"None of the {len(memories)} retrieved memories fits {self._backbone.name}'s context beside the "
+                f"question and max_new_tokens={max_new_tokens}: the best is {memories[0].memory_id}. Read it with "
+                "amfs_read, or narrow entity_path, shorten the question or lower max_new_tokens.")
+        generated = answer_from_memories(self._backbone, self._compiler, question, mode, [memories[i] for i in kept],
+                                         max_new_tokens, cancel=cancel)
+        return generated, load_ms, queue_ms, self._backbone.name, len(self._compiler), kept
 
     # -- on the event loop --------------------------------------------------------------------
 
@@ -365,7 +401,7 @@ class LMWorker:
         texts = [MemoryText.of(entry) for entry in entries]
         cancel = threading.Event()
         try:
-            generated, load_ms, queue_ms, backbone_name, cached = await self._run(
+            generated, load_ms, queue_ms, backbone_name, cached, kept = await self._run(
                 actor.agent_id, self._answer_in_thread, query, mode, texts, max_new_tokens, time.perf_counter(), cancel)
         except asyncio.CancelledError:
             # The caller gave up: a waiting call never runs, a running one stops at its next token
@@ -373,9 +409,10 @@ class LMWorker:
             cancel.set()
             raise
         return WorkerAnswer(
-            answer=generated.answer, mode=mode, backbone=backbone_name, memories=entries,
+            answer=generated.answer, mode=mode, backbone=backbone_name, memories=[entries[i] for i in kept],
             metrics=generated.metrics, retrieve_ms=retrieve_ms, compile_ms=generated.compile_ms,
             compiled_now=generated.compiled_now, load_ms=load_ms, queue_ms=queue_ms, cached_memories=cached,
+            left_out=[entry for i, entry in enumerate(entries) if i not in kept],
         )
 
     def close(self) -> None:

@@ -69,31 +69,35 @@ async def test_worker_loads_lazily_and_reuses_compiled_memories(service, worker)
     assert full.metrics.prefix_tokens == 0
 
 
-async def test_memories_that_do_not_fit_the_context_are_refused_in_every_mode_before_anything_compiles(service, worker):
-    # tiny-random-qwen2 reads 4,096 positions; twelve notes of about 500 tokens do not fit, as text or compiled.
+async def test_memories_that_do_not_fit_the_context_are_left_out_best_first_and_named(service, worker):
+    # tiny-random-qwen2 reads 4,096 positions; two notes of about 1,700 tokens fit (with this tokenizer), as
+    # text or compiled, a third does not. Until 0.7.12 such a call was refused, so one long memory written by anyone
+    # made every question it ranked for fail (red-team finding): now the memories that fit are used, best first.
     long_notes = [WriteRequest("user/notes", f"n{i}", f"Note {i}: " + " ".join(f"w{i}x{j}" for j in range(250)))
                   for i in range(12)]
     await service.write_many(ACTOR, long_notes)
-    for mode in ("prefix", "hybrid", "text"):
-        with pytest.raises(ValidationError, match=r"reads at most 4096.*fewer memories \(this call gave 12\)"):
-            await worker.answer(service, ACTOR, "What do the notes say?", mode, "user/notes", 2, memories=12)
-    assert worker.compiler is not None and len(worker.compiler) == 0
-    fits = await worker.answer(service, ACTOR, "What do the notes say?", "prefix", "user/notes", 2, memories=2)
-    assert len(fits.memories) == 2 and fits.compiled_now == 2
-    # The question and the tokens it may generate count too: the two notes that fit above (about 3,400 of the
-    # 4,096 positions with this byte tokenizer) plus a long question, or plus 1,000 new tokens, do not; both ran
-    # past the context unrefused.
+    for mode, fit in (("prefix", 2), ("text", 2), ("hybrid", 1)):  # hybrid reads its top memory twice
+        compiled_before = len(worker.compiler) if worker.compiler is not None else 0
+        answer = await worker.answer(service, ACTOR, "What do the notes say?", mode, "user/notes", 2, memories=12)
+        retrieved = [hit.entry.key for hit in await service.retrieve(ACTOR, "What do the notes say?",
+                                                                     entity_path="user/notes", limit=12)]
+        assert [e.key for e in answer.memories] == retrieved[:fit], mode
+        assert [e.key for e in answer.left_out] == retrieved[fit:], mode
+        assert len(worker.compiler) - compiled_before <= fit  # nothing left out is compiled
+    # A question that leaves no room for any memory is refused, naming the best one and what to change.
     long_question = "What do the notes say about " + " ".join(f"topic{j}" for j in range(200)) + "?"
-    with pytest.raises(ValidationError, match=r"new ones; .* reads at most 4096.*shorten the question"):
-        await worker.answer(service, ACTOR, long_question, "text", "user/notes", 2, memories=2)
-    with pytest.raises(ValidationError, match=r"up to 1000 new ones"):
-        await worker.answer(service, ACTOR, "What do the notes say?", "text", "user/notes", 1000, memories=2)
-    # The function the session benchmark calls in process refuses the same (it ran past the context, silently).
+    with pytest.raises(ValidationError, match=r"None of the 2 retrieved memories fits .*shorten the question"):
+        await worker.answer(service, ACTOR, long_question, "text", "user/notes", 1000, memories=2)
+    # The function the session benchmark calls in process refuses what does not fit (it ran past the context,
+    # silently), hybrid's repeated top memory included (10,518 positions on an 8,192-position model; 0.7.12).
     from amfs_server.ml.answer.worker import MemoryText, answer_from_memories
 
     notes = [MemoryText(f"user/notes/n{i}@v1", request.value) for i, request in enumerate(long_notes)]
     with pytest.raises(ValidationError, match=r"reads at most 4096"):
         answer_from_memories(worker._backbone, worker.compiler, "What do the notes say?", "text", notes, 2)
+    with pytest.raises(ValidationError, match=r"mode='hybrid' needs .* reads at most 4096"):
+        answer_from_memories(worker._backbone, worker.compiler, "What do the notes say?", "hybrid", notes[:2], 2)
+    answer_from_memories(worker._backbone, worker.compiler, "What do the notes say?", "prefix", notes[:2], 2)
 
 
 async def test_answer_runs_in_one_worker_thread_while_the_event_loop_keeps_ticking(service, worker):
@@ -321,6 +325,14 @@ async def test_amfs_answer_gives_the_model_as_many_memories_as_asked_and_refuses
         assert len(one["memories"]) == 1 and len(three["memories"]) == 3
         assert one["memories"][0] == three["memories"][0]  # the same retrieval, cut at the count
         assert one["metrics"]["input_tokens"] < three["metrics"]["input_tokens"]
+        assert "left_out" not in three  # listed only when a memory was left out
+        # A pasted log (about 5,300 tokens with this tokenizer, past the 4,096 positions) that ranks first no
+        # longer makes the question fail: the model gets the memories that fit, and the reply names the one it did not.
+        await client.call_tool("amfs_write", {"entity_path": "user/profile", "key": "log",
+                                              "value": "project database editor dog " * 1200})
+        fits = (await client.call_tool("amfs_answer", {**question, "mode": "text", "memories": 3})).structured_content
+        assert fits["left_out"] == [{"entry_key": "user/profile/log", "version": 1}]
+        assert len(fits["memories"]) == 2 and "user/profile/log" not in {m["entry_key"] for m in fits["memories"]}
         for bad in (0, 51, "three"):
             refused = await client.call_tool("amfs_answer", {**question, "memories": bad}, raise_on_error=False)
             assert refused.is_error and "memories" in refused.content[0].text

@@ -192,6 +192,21 @@ def test_b_flat_cos_without_an_embedder_says_what_to_pass(tmp_path, one_thread):
         sb.run_benchmark(args)
 
 
+def test_a_fact_longer_than_the_context_is_refused_naming_it_before_anything_compiles(tmp_path, one_thread):
+    """Compiling such a fact ran for 10 minutes at 5 GB, or asked for 71 GB and ended in a traceback (red-team
+    finding, 0.7.12); tiny-random-qwen2 reads 4,096 positions."""
+    session = tmp_path / "long.json"
+    session.write_text(json.dumps({"name": "long", "facts": [
+        {"entity_path": "ops", "key": "log", "text": "The deploy log says " + "retry failed again " * 1500},
+        {"entity_path": "ops", "key": "owner", "text": "The ops team is owned by Ana."},
+    ], "queries": [{"question": "Who owns the ops team?", "expected": "Ana", "fact_path": "ops/owner"}]}))
+    args = sb.parse_args(["--backbone", "tiny-random-qwen2", "--device", "cpu", "--session-file", str(session),
+                          "--modes", "A_ams_prefix", "--embedder", "none", "--max-new-tokens", "1", "--out",
+                          str(tmp_path / "out")])
+    with pytest.raises(SystemExit, match=r"fact ops/log@v1 is longer than .* context \(4096 tokens\)"):
+        sb.run_benchmark(args)
+
+
 SERVER_MODES_ORDER = ["D_full_history", "B_ams_text", "A_ams_prefix", "C_ams_hybrid"]
 
 
