@@ -398,6 +398,10 @@ class LMWorker:
             entries = [hit.entry for hit in
                        await service.retrieve(actor, query, entity_path=entity_path, limit=memories)]
         retrieve_ms = (time.perf_counter() - started) * 1000
+        if not entries:  # the model would answer anyway, inventing (red-team finding, 0.7.12)
+            where = f"under entity_path {entity_path!r}" if entity_path else "in the store"
+            raise ValidationError(f"No memory {where} to answer from; nothing was asked of the model. Write memories "
+                                  "with amfs_write, or widen entity_path.")
         texts = [MemoryText.of(entry) for entry in entries]
         cancel = threading.Event()
         try:

@@ -69,6 +69,14 @@ async def test_worker_loads_lazily_and_reuses_compiled_memories(service, worker)
     assert full.metrics.prefix_tokens == 0
 
 
+async def test_with_no_memory_to_answer_from_nothing_is_asked_of_the_model(service, worker):
+    """It answered anyway, inventing ("Billing is owned by a company called Billing"; red-team finding, 0.7.12)."""
+    for mode in ("prefix", "text", "full"):
+        with pytest.raises(ValidationError, match=r"No memory under entity_path 'nowhere' to answer from"):
+            await worker.answer(service, ACTOR, "Who owns billing?", mode, "nowhere", 2)
+    assert not worker.loaded
+
+
 async def test_memories_that_do_not_fit_the_context_are_left_out_best_first_and_named(service, worker):
     # tiny-random-qwen2 reads 4,096 positions; two notes of about 1,700 tokens fit (with this tokenizer), as
     # text or compiled, a third does not. Until 0.7.12 such a call was refused, so one long memory written by anyone
@@ -180,6 +188,7 @@ async def test_waiting_answers_take_turns_by_caller(service, worker, monkeypatch
     real = worker_module.answer_from_memories
 
     def recorded(backbone, compiler, question, *args, **kwargs):
+        question = question.split()[0]
         order.append(question)
         if question == "a1":  # the answer in progress while the others arrive
             assert release.wait(timeout=30)
@@ -190,7 +199,8 @@ async def test_waiting_answers_take_turns_by_caller(service, worker, monkeypatch
     greedy, other = Actor("greedy-key", "s1"), Actor("other-key", "s2")
 
     def ask(actor: Actor, question: str) -> asyncio.Future:
-        return asyncio.ensure_future(worker.answer(service, actor, question, "text", max_new_tokens=1))
+        return asyncio.ensure_future(  # (the words after the name find a memory: without one nothing is asked)
+            worker.answer(service, actor, f"{question} dog named", "text", max_new_tokens=1))
 
     tasks = [ask(greedy, "a1")]
     while order != ["a1"]:
@@ -342,6 +352,7 @@ async def test_amfs_answer_with_an_unknown_backbone_is_a_tool_error_with_the_fix
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     settings = load_settings({}, data_dir=tmp_path, embedder="none", lm_backbone="amfs-test/no-such-model")
     async with Client(create_app(build_service(settings), settings)) as client:
+        await client.call_tool("amfs_write", {"entity_path": "svc", "key": "k", "value": "anything at all"})
         result = await client.call_tool("amfs_answer", {"query": "anything?"}, raise_on_error=False)
     assert result.is_error
     assert "nothing is downloaded" in result.content[0].text and "--lm-backbone smollm2" in result.content[0].text
