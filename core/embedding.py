@@ -253,6 +253,41 @@ MAX_PASSAGES = 16
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
+# A passage that asks something (its text ends with "?") counts this much less in the best-passage look
+# (`entry_similarity`): a question in a turn is seldom what answers one, and a red-team "hub" (about 180 words of
+# questions people ask, taken from other conversations with the speakers' names swapped in) matched each question
+# through its most similar question. Chosen on the annotated conversations' tuning split and the agent-memory set's
+# even half, where it changes neither's figures, against the red team's recipe on the tuning conversations
+# (`python scripts/poisoning_bench.py --target ann-01`; docs/retrieval-record.md, 0.7.12). Hubs written as
+# statements are not discounted.
+QUESTION_PASSAGE_DISCOUNT = 0.1
+
+
+def sentence_runs(value: str) -> list[str]:
+    """A text value's sentences, grouped into at most MAX_PASSAGES runs when there are more: `entry_texts`'
+    passages before their headers."""
+    sentences = [s for s in (part.strip() for part in _SENTENCE_END.split(value.strip())) if s]
+    if len(sentences) > MAX_PASSAGES:
+        size = -(-len(sentences) // MAX_PASSAGES)
+        sentences = [" ".join(sentences[i:i + size]) for i in range(0, len(sentences), size)]
+    return sentences
+
+
+def passage_questions(value: object, rows: int) -> np.ndarray:
+    """Per row of an entry's passage embeddings (`EntryVectors.passages`, as the store returns them), whether that
+    passage asks something: its sentence runs in order (the whole value for a one-sentence entry), then its
+    context passage, which asks when the entry's own last run does. A value read by its head (not a string) asks
+    nothing."""
+    flags = np.zeros(rows, dtype=bool)
+    if not isinstance(value, str) or rows == 0:
+        return flags
+    runs = sentence_runs(value)
+    asked = [run.endswith("?") for run in (runs if len(runs) >= 2 else [value.strip()])]
+    for i in range(rows):
+        flags[i] = asked[min(i, len(asked) - 1)]
+    return flags
+
+
 def embedding_header(entity_path: str, key: str, label: str | None) -> tuple[str, str]:
     """The (path, key) an entry's embedded texts are headed with, given its speaker `label` (`speaker_label`):
     (TURN_HEADER, "") for a transcript turn keyed by a turn id (its key carries a number), else its own."""
@@ -283,12 +318,9 @@ def entry_texts(entity_path: str, key: str, value: object, event_at: datetime | 
     whole = embedding_text(entity_path, key, value, event_at)
     if not isinstance(value, str):
         return EntryTexts(whole, [])
-    sentences = [s for s in (part.strip() for part in _SENTENCE_END.split(value.strip())) if s]
+    sentences = sentence_runs(value)
     if len(sentences) < 2:
         return EntryTexts(whole, [])
-    if len(sentences) > MAX_PASSAGES:
-        size = -(-len(sentences) // MAX_PASSAGES)
-        sentences = [" ".join(sentences[i:i + size]) for i in range(0, len(sentences), size)]
     prefix = f"{label}: " if label else ""
     return EntryTexts(whole, [embedding_text(entity_path, key, s if i == 0 else prefix + s, event_at)
                               for i, s in enumerate(sentences)])
@@ -382,12 +414,16 @@ def embed_entries(embed: Callable[[list[str]], np.ndarray], texts: Sequence[Entr
 
 
 def entry_similarity(vector_cosine: float, passages: np.ndarray | None, query: np.ndarray,
-                     share: float = PASSAGE_SHARE) -> float:
+                     share: float = PASSAGE_SHARE, questions: np.ndarray | None = None) -> float:
     """An entry's semantic score for a unit `query` vector, given its vector's cosine to the query and its passage
     embeddings: the mean vector keeps the whole entry's topic, the best passage finds the one sentence a question
     asks about in a many-topic turn ("Meet Taco, my new Maine Coon kitten" among small talk). `share` is the best
-    passage's part (0: the mean vector alone)."""
+    passage's part (0: the mean vector alone). `questions` (`passage_questions`) marks the passages that ask
+    something: each counts QUESTION_PASSAGE_DISCOUNT less."""
     if passages is None or len(passages) == 0 or share == 0.0:
         return vector_cosine
-    best = float((passages @ query).max())
+    cosines = passages @ query
+    if questions is not None:
+        cosines = cosines - QUESTION_PASSAGE_DISCOUNT * questions
+    best = float(cosines.max())
     return (1.0 - share) * vector_cosine + share * best

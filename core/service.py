@@ -33,6 +33,7 @@ from .embedding import (
     entry_texts,
     embedding_text,
     entry_similarity,
+    passage_questions,
     keep_or_reembed,
 )
 from .errors import ConflictError, NotFoundError, StorageFullError, StoreError, ValidationError
@@ -913,8 +914,12 @@ class MemoryService:
         # (`entry_similarity`); the sort is stable, so equal scores keep the store's order.
         share = self.config.passage_share
         passages = await self.store.passage_vectors([entry for entry, _ in nearest]) if share > 0 else {}
-        scored = [(entry, entry_similarity(cosine, passages.get(entry.entry_key), vector, share))
-                  for entry, cosine in nearest]
+        def score(entry: MemoryEntry, cosine: float) -> float:
+            rows = passages.get(entry.entry_key)
+            asked = None if rows is None else passage_questions(entry.value, len(rows))
+            return entry_similarity(cosine, rows, vector, share, asked)
+
+        scored = [(entry, score(entry, cosine)) for entry, cosine in nearest]
         return sorted(scored, key=lambda pair: -pair[1])
 
     def _rankings(

@@ -197,3 +197,30 @@ def test_factory_keeps_one_embedder_per_name_and_thread_count(monkeypatch: pytes
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="thread count"):
             load_embedder("chat-minilm", bad)
+
+
+def test_passages_that_ask_are_marked_in_the_order_the_store_keeps_them() -> None:
+    from amfs_server.core.embedding import passage_questions
+    from amfs_server.core.models import ValueHead
+
+    turn = "Caroline: How was the trip? We went to the lake. Did you swim?"
+    assert passage_questions(turn, 4).tolist() == [True, False, True, True]  # 3 sentences, then the context passage
+    assert passage_questions("Caroline: Did you go to the parade?", 2).tolist() == [True, True]  # itself + context
+    assert passage_questions("Melanie: I paint lakes.", 2).tolist() == [False, False]
+    many = " ".join(f"Question {n}?" for n in range(40))  # 40 sentences grouped into 16 runs, each ending with "?"
+    assert passage_questions(many, 16).all()
+    assert not passage_questions(ValueHead('"What? ' + "x" * 40, 90_000), 3).any()  # a head asks nothing
+    assert passage_questions({"text": "Why?"}, 2).tolist() == [False, False]
+
+
+def test_a_passage_that_asks_counts_the_discount_less_in_the_best_passage_look() -> None:
+    from amfs_server.core.embedding import QUESTION_PASSAGE_DISCOUNT, entry_similarity
+
+    query = np.array([1.0, 0.0])
+    passages = np.array([[0.9, np.sqrt(1 - 0.81)], [0.6, 0.8]])
+    plain = entry_similarity(0.5, passages, query)
+    asked = entry_similarity(0.5, passages, query, questions=np.array([True, False]))
+    assert plain == pytest.approx(0.5 * 0.5 + 0.5 * 0.9)
+    assert asked == pytest.approx(0.5 * 0.5 + 0.5 * (0.9 - QUESTION_PASSAGE_DISCOUNT))
+    assert entry_similarity(0.5, passages, query, questions=np.array([True, True])) == pytest.approx(
+        0.5 * 0.5 + 0.5 * (0.9 - QUESTION_PASSAGE_DISCOUNT))
