@@ -78,7 +78,7 @@ from . import pyplot
 from .served import ServedApp
 from .session_data import (REPORTING_SEEDS, TUNING_SEEDS, Fact, Session, SessionFileError, check_seeds,
                            generated_session, load_session_file, report_session)
-from ..ml.answer.worker import (MAX_FULL_ENTRIES, AnswerMode, Generated, MemoryText, answer_from_memories,
+from ..ml.answer.worker import (MAX_FULL_ENTRIES, MAX_MEMORIES, AnswerMode, Generated, MemoryText, answer_from_memories,
                                 memory_text)
 
 # A mode name is a base mode, or a prefix mode at another key scale: "A_ams_prefix@ks1.0".
@@ -744,8 +744,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.mode_list = [v for m in ALL_MODES if m in args.mode_list or any(base_mode(n) == m for n in named_variants)
                       for v in [m, *(variant(base_mode(n), mode_key_scale(n)) for n in named_variants
                                      if base_mode(n) == m)]]
-    if args.top_k < 1:
-        p.error("--top-k must be >= 1")
+    # The ranges amfs_answer takes, so both paths refuse alike and up front (0 new tokens scored 0% for every
+    # mode; a NaN key scale gave empty answers, reported as a normal run; red-team finding, 0.7.12).
+    if not 1 <= args.top_k <= MAX_MEMORIES:
+        p.error(f"--top-k must be in 1..{MAX_MEMORIES} (amfs_answer's memories)")
+    if not 1 <= args.max_new_tokens <= 1024:
+        p.error("--max-new-tokens must be in 1..1024 (amfs_answer's range)")
+    if args.key_scale is not None and not 0 < args.key_scale <= 4:
+        p.error("--key-scale must be in (0, 4]")
     from ..ml.answer.prefix_cache import DEFAULT_KEY_SCALE
 
     beside = args.key_scales_beside.strip().lower()
@@ -822,10 +828,10 @@ def _session_file(args: argparse.Namespace) -> Session | None:
         session = load_session_file(args.session_file)
     except SessionFileError as error:
         raise SystemExit(f"session bench: {error}") from None
-    if args.via_server and len(session.facts) > MAX_FULL_ENTRIES:
+    if args.via_server and "D_full_history" in args.mode_list and len(session.facts) > MAX_FULL_ENTRIES:
         raise SystemExit(f"session bench: {args.session_file}: {len(session.facts)} facts; through the server, mode D "
-                         f"(amfs_answer mode='full') reads at most {MAX_FULL_ENTRIES}. Run it in process, or with fewer "
-                         "facts.")
+                         f"(amfs_answer mode='full') reads at most {MAX_FULL_ENTRIES}. Leave D_full_history out of "
+                         "--modes, run it in process, or give fewer facts.")
     return session
 
 

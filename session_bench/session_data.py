@@ -65,9 +65,18 @@ class Fact:
         return f"{self.entity_path}/{self.key}"
 
 
+# Scripts written without spaces between words (Chinese, Japanese, Thai, Lao, Khmer, Myanmar): a whole-word match
+# can never succeed there ("王小明" in "工程师是王小明"; red-team finding, 0.7.12), so a word in them is matched as text.
+_UNSPACED = re.compile("[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+
 def mentions(answer: str, word: str) -> bool:
-    """``word`` appears in ``answer`` as a whole word, case-insensitive ("Teodora" does not mention "Teodor")."""
-    return re.search(rf"(?<!\w){re.escape(word.strip())}(?!\w)", answer, flags=re.IGNORECASE) is not None
+    """``word`` appears in ``answer`` as a whole word, case-insensitive ("Teodora" does not mention "Teodor"); a
+    word in a script written without spaces, as text."""
+    word = word.strip()
+    if _UNSPACED.search(word):
+        return word.casefold() in answer.casefold()
+    return re.search(rf"(?<!\w){re.escape(word)}(?!\w)", answer, flags=re.IGNORECASE) is not None
 
 
 @dataclass(frozen=True)
@@ -333,6 +342,7 @@ def parse_session(data: Any, source: str = "session") -> Session:
     if not isinstance(data, dict):
         raise SessionFileError(f"{source}: the top level must be a JSON object with name, facts and queries, "
                                f"got {type(data).__name__}")
+    _known_fields(data, ("name", "facts", "queries"), source)
     name = _field(data, "name", str, source)
     facts_raw = _field(data, "facts", list, source)
     queries_raw = _field(data, "queries", list, source)
@@ -346,6 +356,7 @@ def parse_session(data: Any, source: str = "session") -> Session:
         where = f"{source}: facts[{i}]"
         if not isinstance(raw, dict):
             raise SessionFileError(f"{where} must be an object with entity_path, key and text, got {type(raw).__name__}")
+        _known_fields(raw, ("entity_path", "key", "text"), where)
         fact = Fact(_field(raw, "entity_path", str, where).strip().strip("/"), _field(raw, "key", str, where).strip(),
                     _field(raw, "text", str, where))
         if "/" in fact.key:
@@ -371,6 +382,7 @@ def parse_session(data: Any, source: str = "session") -> Session:
         if not isinstance(raw, dict):
             raise SessionFileError(f"{where} must be an object with question, expected and fact_path, "
                                    f"got {type(raw).__name__}")
+        _known_fields(raw, ("question", "expected", "fact_path", "distractors"), where)
         question = _field(raw, "question", str, where)
         if len(question) > MAX_QUERY_CHARS:  # what amfs_answer and amfs_retrieve take, so both paths run alike
             raise SessionFileError(f"{where}: 'question' is {len(question)} characters; at most {MAX_QUERY_CHARS}")
@@ -383,6 +395,10 @@ def parse_session(data: Any, source: str = "session") -> Session:
         if fact_path not in seen:
             raise SessionFileError(f"{where}: fact_path {fact_path!r} names no fact; it must be entity_path/key of "
                                    f"one of the facts (e.g. {facts[0].path!r})")
+        gold = facts[seen[fact_path]]
+        if not mentions(gold.text, expected):
+            raise SessionFileError(f"{where}: expected {expected!r} is not a word of {fact_path}'s text, so no answer "
+                                   "read from that fact could be scored a hit; give the answer as the fact says it")
         distractors = _field(raw, "distractors", list, where, required=False) or []
         for j, d in enumerate(distractors):
             if not isinstance(d, str) or not d.strip():
@@ -393,6 +409,13 @@ def parse_session(data: Any, source: str = "session") -> Session:
                                        "no answer could ever be a hit")
         queries.append(Query(question, expected, fact_path, tuple(d.strip() for d in distractors)))
     return Session(name=name.strip(), facts=tuple(facts), queries=tuple(queries))
+
+
+def _known_fields(raw: dict[str, Any], known: tuple[str, ...], where: str) -> None:
+    """Refuse a field the format does not have: a misspelt one ("distractor") was ignored and changed the score."""
+    unknown = sorted(str(name) for name in raw if name not in known)
+    if unknown:
+        raise SessionFileError(f"{where}: unknown field(s) {unknown}; the fields are {list(known)}")
 
 
 def load_session_file(path: str | Path) -> Session:

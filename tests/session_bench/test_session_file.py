@@ -79,6 +79,13 @@ MALFORMED = {
                                        "queries[1]: 'question' is 2400 characters; at most 2000"),
     "the same question twice": (_broken(lambda d: d["queries"].append(dict(d["queries"][0], expected="x"))),
                                 "the same question as queries[0]"),
+    # Found by a red-team pass (0.7.12): each was taken and changed the score without a word.
+    "a misspelt field": (_broken(lambda d: d["queries"][0].update(distractor=["Ljubljana"])),
+                         "queries[0]: unknown field(s) ['distractor']"),
+    "an unknown field at the top": (_broken(lambda d: d.update(notes="x")), "unknown field(s) ['notes']"),
+    "an unknown fact field": (_broken(lambda d: d["facts"][0].update(value="x")), "facts[0]: unknown field(s) ['value']"),
+    "an answer its fact does not say": (_broken(lambda d: d["queries"][0].update(expected="Lisbon")),
+                                        "queries[0]: expected 'Lisbon' is not a word of services/billing/office's text"),
 }
 
 
@@ -186,3 +193,34 @@ def test_no_report_run_reads_a_tuning_seed_session(tmp_path, capsys, monkeypatch
     with pytest.raises(ValueError, match="not report seeds"):
         sb.run_benchmark(args, loaded=(None, None, None))
     assert read == []
+
+
+def test_an_answer_in_a_script_without_spaces_is_found_as_text():
+    from amfs_server.session_bench.session_data import mentions
+
+    assert mentions("工程师是王小明。", "王小明") and mentions("東京都に住んでいます", "東京")
+    assert mentions("The owner is Teodor.", "teodor") and not mentions("Teodora owns it.", "Teodor")
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--max-new-tokens", "0", "--max-new-tokens must be in 1..1024"),
+    ("--max-new-tokens", "2000", "--max-new-tokens must be in 1..1024"),
+    ("--key-scale", "nan", "--key-scale must be in (0, 4]"),
+    ("--key-scale", "-5", "--key-scale must be in (0, 4]"),
+    ("--top-k", "60", "--top-k must be in 1..50"),
+])
+def test_settings_outside_what_amfs_answer_takes_are_refused_before_anything_loads(flag, value, message, capsys):
+    with pytest.raises(SystemExit):
+        sb.parse_args([flag, value])
+    assert message in capsys.readouterr().err
+
+
+def test_through_the_server_more_than_500_facts_are_refused_only_with_mode_d(tmp_path):
+    data = _good()
+    data["facts"] += [{"entity_path": "bulk", "key": f"k{i}", "text": f"Bulk fact {i}."} for i in range(500)]
+    path = tmp_path / "many.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="Leave D_full_history out of --modes"):
+        sb._session_file(sb.parse_args(["--session-file", str(path), "--via-server"]))
+    args = sb.parse_args(["--session-file", str(path), "--via-server", "--modes", "A_ams_prefix,B_ams_text"])
+    assert len(sb._session_file(args).facts) == 506
