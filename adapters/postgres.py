@@ -1161,7 +1161,8 @@ class PostgresStore(PostgresDatabase):
                 else:
                     await conn.execute(_UPSERT_META, name, json.dumps(value))
 
-        await self._tx(update)
+        # Read committed whatever the server's default: the read after the lock must see the last holder's write.
+        await self._tx(update, isolation="read_committed")
 
 
 _ERASED_TABLES = ("entries", "trace_events", "outcome_effects", "outcomes")

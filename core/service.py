@@ -79,10 +79,11 @@ MAX_HISTORY_PAGE = 1000  # versions per amfs_history call: a long history is rea
 # With min_confidence or depth, how many candidates each search may look through for entries that pass: past it
 # a retrieve would cost a scan of the store, so an entry that about 12,800 failing ones outrank is not found.
 FILTERED_POOL_MAX = 12_800
-# A retrieval reads its candidates' values up to this many characters of JSON, longer ones as a `ValueHead`: every
-# ranking input that looks at a value (copies, near copies, the speaker label) is decided within it, so the ranking
-# is the one whole values give, and 100 candidates of 1 MiB are not read to return ten (0.7.12). A string longer
-# than NEAR_COPY_MAX_CHARS is never a near copy; its head holds at least that many characters.
+# A retrieval reads its candidates' values up to this many characters of JSON, longer ones as a `ValueHead`, so 100
+# candidates of 1 MiB are not read to return ten (0.7.12). Copies, near copies and the speaker label are decided
+# within it as whole values would decide them (a string longer than NEAR_COPY_MAX_CHARS is never a near copy; its
+# head holds at least that many characters); the question discount (`passage_questions`) is not given to a value
+# read by its head.
 RANK_VALUE_HEAD = ValueHead.enough_for(NEAR_COPY_MAX_CHARS)
 
 MULTIPLIERS_META = "outcome_multipliers"
@@ -830,22 +831,29 @@ class MemoryService:
             admitted.update(await self._whole([admitted[key] for key, _, _ in fused]))
             # A version forgotten since it was ranked (its value gone) is not returned as a head.
             fused = [item for item in fused if not isinstance(admitted[item[0]].value, ValueHead)]
-        results: list[RetrievedEntry] = []
-        returned: list[MemoryEntry] = []
-        details: list[dict[str, Any]] = []
-        for rank, (key, score, hits) in enumerate(fused, start=1):
-            if not count_as_read:
-                results.append(RetrievedEntry(admitted[key], score, rank, hits if explain else None))
-                continue
-            entry = admitted[key].with_changes(recall_count=admitted[key].recall_count + 1)
-            returned.append(entry)
-            details.append({"query": query, "rank": rank, "ranks": {name: hit.rank for name, hit in hits.items()}})
-            results.append(RetrievedEntry(entry, score, rank, hits if explain else None))
+        results = [RetrievedEntry(admitted[key], score, rank, hits) for rank, (key, score, hits) in enumerate(fused, 1)]
         if count_as_read:
-            await self._track(actor, "retrieve", returned, now, details)
+            results = await self.record_retrieved(actor, query, results)
+        if not explain:
+            results = [replace(r, strategies=None) for r in results]
         copies = near_copies([r.entry.value for r in results])
         return [replace(r, near_copies=tuple(results[j].entry.entry_key for j in copies[i])) if copies[i] else r
                 for i, r in enumerate(results)]
+
+    async def record_retrieved(
+        self, actor: Actor, query: str, hits: Sequence[RetrievedEntry]
+    ) -> builtins.list[RetrievedEntry]:
+        """Count `hits` (of `retrieve(query, ..., count_as_read=False, explain=True)`) as the session's reads, as
+        `retrieve` does for what it returns: for a caller that uses only some of them (amfs_answer gives its model
+        the memories that fit; the others were not read, so outcomes must not be linked to them). Returns the hits
+        with their recall counts as now stored; a read-only actor leaves no trace."""
+        if actor.read_only or not hits:
+            return list(hits)
+        counted = [replace(hit, entry=hit.entry.with_changes(recall_count=hit.entry.recall_count + 1)) for hit in hits]
+        details = [{"query": query, "rank": hit.rank, "ranks": {name: s.rank for name, s in (hit.strategies or {}).items()}}
+                   for hit in counted]
+        await self._track(actor, "retrieve", [hit.entry for hit in counted], self.now(), details)
+        return counted
 
     async def _passing(
         self,

@@ -66,7 +66,7 @@ from amfs_server.core.models import Actor
 from amfs_server.core.retrieval import fuse_hybrid
 from amfs_server.core.service import MemoryService, ServiceConfig, WriteRequest
 from amfs_server.session_bench import close_store, open_store
-from amfs_server.session_bench.conversation_bench import load_conversations, score_question, turn_value, write_conversation
+from amfs_server.session_bench.conversation_bench import load_conversations, score_question, write_conversation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from near_copy_share import altered  # noqa: E402  (the red team's way of changing one fact, one rule for both)

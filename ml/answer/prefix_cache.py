@@ -49,8 +49,10 @@ README reports all three on reporting seeds.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import re
 import os
 import threading
 import time
@@ -82,6 +84,18 @@ _FORMAT = 3  # bump when the compiled layout on disk changes (2: the compiled li
 # ---------------------------------------------------------------------------
 # Prompt layout
 # ---------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=8)
+def _alternation(strings: tuple[str, ...]) -> re.Pattern[str]:
+    """One regex matching any of `strings`, tried in the order given (longest first for `PromptLayout.specials`)."""
+    return re.compile("|".join(re.escape(string) for string in strings))
+
+
+def _broken(token: str) -> str:
+    """`token` with a space after its first visible character (`< |im_start|>`, ` < x>` for ` <x>`)."""
+    at = len(token) - len(token.lstrip()) + 1
+    return token[:at] + " " + token[at:]
+
 
 @dataclass(frozen=True)
 class PromptLayout:
@@ -116,19 +130,19 @@ class PromptLayout:
         rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         head, rest = rendered.split(_NOTES_SENTINEL)
         mid, tail = rest.split(_QUESTION_SENTINEL)
+        # Every added token, special or not: the tokenizer splits each out as one token wherever it occurs.
         specials = set(getattr(tokenizer, "all_special_tokens", ()))
-        specials.update(token.content for token in getattr(tokenizer, "added_tokens_decoder", {}).values()
-                        if getattr(token, "special", False))
+        specials.update(token.content for token in getattr(tokenizer, "added_tokens_decoder", {}).values())
         return cls(head=head, mid=mid, tail=tail, system_prompt=system_prompt, user_template=user_template,
-                   specials=tuple(sorted((t for t in specials if t), key=len, reverse=True)))
+                   specials=tuple(sorted((t for t in specials if len(t.strip()) > 1), key=len, reverse=True)))
 
     def defused(self, text: str) -> str:
         """`text` (a memory, a question: anyone's words) with every special-token string broken by a space after
-        its first character (`< |im_start|>`), so the tokenizer reads it as plain text."""
-        while any(special in text for special in self.specials):  # again only if a break formed another
-            for special in self.specials:
-                text = text.replace(special, special[0] + " " + special[1:])
-        return text
+        its first visible character (`< |im_start|>`), so the tokenizer reads it as plain text. One pass over the text
+        (the longest token first where several start at one place): what a break inserts is never looked at again."""
+        if not any(special in text for special in self.specials):
+            return text
+        return _alternation(self.specials).sub(lambda found: _broken(found.group(0)), text)
 
     def memory_line(self, text: str) -> str:
         # One memory per line; newlines inside a memory would merge lines.

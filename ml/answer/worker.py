@@ -394,9 +394,10 @@ class LMWorker:
             # Oldest first: the memories as the session wrote them, a conversation's history (ties, as in
             # one write_many, keep list()'s path-and-key order).
             entries.sort(key=lambda e: e.provenance.written_at)
-        else:
-            entries = [hit.entry for hit in
-                       await service.retrieve(actor, query, entity_path=entity_path, limit=memories)]
+        else:  # counted as read below, once it is known which the model gets
+            hits = await service.retrieve(actor, query, entity_path=entity_path, limit=memories, count_as_read=False,
+                                          explain=True)
+            entries = [hit.entry for hit in hits]
         retrieve_ms = (time.perf_counter() - started) * 1000
         if not entries:  # the model would answer anyway, inventing (red-team finding, 0.7.12)
             where = f"under entity_path {entity_path!r}" if entity_path else "in the store"
@@ -412,8 +413,11 @@ class LMWorker:
             # instead of holding the one worker (and every key's calls behind it) until max_new_tokens.
             cancel.set()
             raise
+        used = [entries[i] for i in kept]
+        if mode != "full":  # only what the model was given was read: outcomes link to these, not to the left out
+            used = [hit.entry for hit in await service.record_retrieved(actor, query, [hits[i] for i in kept])]
         return WorkerAnswer(
-            answer=generated.answer, mode=mode, backbone=backbone_name, memories=[entries[i] for i in kept],
+            answer=generated.answer, mode=mode, backbone=backbone_name, memories=used,
             metrics=generated.metrics, retrieve_ms=retrieve_ms, compile_ms=generated.compile_ms,
             compiled_now=generated.compiled_now, load_ms=load_ms, queue_ms=queue_ms, cached_memories=cached,
             left_out=[entry for i, entry in enumerate(entries) if i not in kept],

@@ -87,11 +87,15 @@ async def test_memories_that_do_not_fit_the_context_are_left_out_best_first_and_
     for mode, fit in (("prefix", 2), ("text", 2), ("hybrid", 1)):  # hybrid reads its top memory twice
         compiled_before = len(worker.compiler) if worker.compiler is not None else 0
         answer = await worker.answer(service, ACTOR, "What do the notes say?", mode, "user/notes", 2, memories=12)
-        retrieved = [hit.entry.key for hit in await service.retrieve(ACTOR, "What do the notes say?",
-                                                                     entity_path="user/notes", limit=12)]
+        retrieved = [hit.entry.key for hit in await service.retrieve(ACTOR, "What do the notes say?", limit=12,
+                                                                     entity_path="user/notes", count_as_read=False)]
         assert [e.key for e in answer.memories] == retrieved[:fit], mode
         assert [e.key for e in answer.left_out] == retrieved[fit:], mode
         assert len(worker.compiler) - compiled_before <= fit  # nothing left out is compiled
+    # Only what the model got counts as read (outcomes link to reads): the top note three times, the second twice
+    # (prefix and text), the ten never given to the model not at all.
+    counts = {e.key: e.recall_count for e in await service.list("user/notes", limit=20)}
+    assert [counts[key] for key in retrieved] == [3, 2] + [0] * 10
     # A question that leaves no room for any memory is refused, naming the best one and what to change.
     long_question = "What do the notes say about " + " ".join(f"topic{j}" for j in range(200)) + "?"
     with pytest.raises(ValidationError, match=r"None of the 2 retrieved memories fits .*shorten the question"):
