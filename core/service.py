@@ -434,10 +434,6 @@ class MemoryService:
         """A named JSON value that lives in the store, so every process on it sees the same one (ML artifacts)."""
         return await self.store.get_meta(name)
 
-    async def set_shared_state(self, name: str, value: Any | None) -> None:
-        self._check_shared_names([name])
-        await self.store.set_meta(name, value)
-
     async def update_shared_state(
         self, names: Sequence[str], change: Callable[[dict[str, Any | None]], Mapping[str, Any | None]]
     ) -> None:

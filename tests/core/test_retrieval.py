@@ -657,6 +657,14 @@ async def test_a_retrieve_ranks_on_heads_of_long_values_and_reads_whole_only_the
     assert [(h.entry.key, h.score) for h in headed][:2] == [(h.entry.key, h.score) for h in whole]
     heads = [h.entry.value for h in headed if h.entry.key in long_notes]
     assert heads and all(isinstance(v, ValueHead) and len(v.json_head) == RANK_VALUE_HEAD for v in heads)
+    # The ranking whole values give, as before 0.7.12 (candidates read whole): the same.
+    from amfs_server.core import service as service_module
+
+    monkeypatch.setattr(service_module, "RANK_VALUE_HEAD", None)
+    read_whole.clear()
+    ranked_whole = await rsvc.retrieve(actor, question, limit=5, count_as_read=False)
+    assert not any(isinstance(h.entry.value, ValueHead) for h in ranked_whole)
+    assert [(h.entry.key, h.score) for h in ranked_whole] == [(h.entry.key, h.score) for h in headed]
 
 
 async def test_long_copies_collapse_only_when_their_whole_values_are_equal(store, actor: Actor) -> None:

@@ -153,7 +153,8 @@ async def test_a_per_entity_model_changes_only_the_retrievals_of_its_entity(sim_
 async def test_models_trained_on_other_features_are_not_loaded(sim_sqlite: MemoryService) -> None:
     await LearnedRanker(sim_sqlite).train()
     state = await sim_sqlite.get_shared_state(RANKER_MODELS)
-    await sim_sqlite.set_shared_state(RANKER_MODELS, {**state, "feature_names": state["feature_names"][:-1]})
+    await sim_sqlite.update_shared_state([RANKER_MODELS], lambda _: {
+        RANKER_MODELS: {**state, "feature_names": state["feature_names"][:-1]}})
     assert await LearnedRanker(sim_sqlite).load() == []
 
 
@@ -163,7 +164,7 @@ async def test_an_unreadable_stored_model_is_skipped_and_the_others_still_serve(
     await ranker.train(entity_path="svc-0")
     state = await sim_sqlite.get_shared_state(RANKER_MODELS)
     state["models"]["svc-0"]["model"] = "not a LightGBM model"
-    await sim_sqlite.set_shared_state(RANKER_MODELS, state)
+    await sim_sqlite.update_shared_state([RANKER_MODELS], lambda _: {RANKER_MODELS: state})
     assert [m.entity_path for m in await LearnedRanker(sim_sqlite).load()] == [None]
 
 
