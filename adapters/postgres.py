@@ -68,6 +68,7 @@ from ..core.ports import (
     nothing_read,
     vector_width,
 )
+from ..core.retrieval import distinct_words
 from .postgres_base import (
     DEFAULT_SCHEMA as DEFAULT_SCHEMA,
     MIGRATION_LOCK_KEY,
@@ -99,6 +100,7 @@ from .sql_common import (
     export_store,
     import_store,
     latest_versions,
+    WORD_COUNT_COLUMNS,
     length_scaled,
     outcome_filter,
     outcome_params,
@@ -234,7 +236,23 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX entries_superseded_ttl ON entries (ttl_at) WHERE NOT is_current AND ttl_at IS NOT NULL;
     """,
+    # 9: the distinct words of an entry's search text, counted when it is written, for the keyword length factor
+    # (rows written before are counted once, by `_count_words_of_older_rows`).
+    """
+    ALTER TABLE entries ADD COLUMN distinct_words integer;
+    """,
 ]
+WORD_COUNT_MIGRATION = 9
+
+
+
+async def _count_words_of_older_rows(conn: Any) -> None:
+    """Fill `distinct_words` for the rows of a store written before the column (once, when it is added)."""
+    rows = await conn.fetch("SELECT row_id, search_text FROM entries WHERE distinct_words IS NULL")
+    await conn.execute(
+        "UPDATE entries SET distinct_words = u.n FROM unnest($1::bigint[], $2::integer[]) AS u(id, n) WHERE row_id = u.id",
+        [row["row_id"] for row in rows], [distinct_words(row["search_text"]) for row in rows])
+
 
 _HNSW_INDEX_NAME = "entries_embedding_hnsw"
 _HNSW_INDEX = f"CREATE INDEX {_HNSW_INDEX_NAME} ON entries USING hnsw (embedding vector_cosine_ops) WHERE is_current;"
@@ -434,10 +452,12 @@ class PostgresStore(PostgresDatabase):
             await self._ensure_vector_extension(conn)
             await self._create_schema(conn)
             hnsw = _hnsw_index(self.embedding_dimension)
-            await self._migrate(
+            previous = await self._migrate(
                 conn, "schema_migrations", MIGRATIONS,
                 lambda script: script.replace("{dim}", str(self.embedding_dimension)).replace("{hnsw}", hnsw),
             )
+            if 0 < previous < WORD_COUNT_MIGRATION:
+                await _count_words_of_older_rows(conn)
             self._lock_namespace = await conn.fetchval("SELECT hashtext($1)", self.schema)
             self._rows_at_analyze = max(0.0, float(await conn.fetchval(_ROW_ESTIMATE_SQL)))
             width = await self._column_width(conn)
@@ -723,7 +743,7 @@ class PostgresStore(PostgresDatabase):
         scope_size = _ROW_ESTIMATE_SQL if flt.entity_path is None else _scope_size_sql(params.add(flt.entity_path))
         sql = _KEYWORD_SQL.format(
             query=q, pieces=pieces, filters=" AND ".join(clauses),
-            columns=read_columns(values, value_head) + ", search_text", limit=params.add(int(limit)),
+            columns=f"{read_columns(values, value_head)}, {WORD_COUNT_COLUMNS}", limit=params.add(int(limit)),
             scope_size=f"({scope_size})",
         )
 
@@ -734,9 +754,7 @@ class PostgresStore(PostgresDatabase):
             return rows
 
         rows = await self._tx(search, readonly=True)
-        # Off the event loop: a filtered retrieval widens this search to thousands of rows.
-        return await asyncio.to_thread(length_scaled, [
-            (_row_to_entry(row, with_embedding=False), float(row["score"]), row["search_text"]) for row in rows])
+        return length_scaled([(_row_to_entry(row, with_embedding=False), float(row["score"]), row) for row in rows])
 
     async def common_terms(self, terms: list[str], max_matches: int, entity_path: str | None = None) -> set[str]:
         """From the planner's statistics (`pg_stats.most_common_elems` of `search_tsv`, kept by ANALYZE and

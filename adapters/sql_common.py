@@ -38,7 +38,7 @@ from ..core.models import (
     ValueHead,
 )
 from ..core.ports import StoreSnapshot, vector_width
-from ..core.retrieval import keyword_length_factor, search_form
+from ..core.retrieval import distinct_words, keyword_length_factor, search_form
 
 T = TypeVar("T")
 
@@ -232,13 +232,23 @@ def read_columns(values: bool, value_head: int | None) -> str:
     return entry_columns(value_head) if values else ENTRY_COLUMNS_WITHOUT_VALUES
 
 
-def length_scaled(hits: list[tuple[MemoryEntry, float, str]]) -> list[tuple[MemoryEntry, float]]:
-    """Keyword candidates (entry, share, search text) in the stores' order, each share times the length factor of
-    the text it was matched on, re-sorted stably: an entry of very many distinct words no longer holds the
-    question's words by its length alone. On the stored search text, not the value: a value of 1 MiB is neither
-    read nor serialised to rank it (both stores, so they rank alike)."""
-    scaled = [(entry, share * keyword_length_factor(text)) for entry, share, text in hits]
+# What `length_scaled` reads of a keyword candidate's row: its word count, and its search text only where a server
+# before 0.7.13 wrote it without one.
+WORD_COUNT_COLUMNS = "distinct_words, CASE WHEN distinct_words IS NULL THEN search_text END AS search_text"
+
+
+def length_scaled(hits: list[tuple[MemoryEntry, float, Any]]) -> list[tuple[MemoryEntry, float]]:
+    """Keyword candidates (entry, share, row read with `WORD_COUNT_COLUMNS`) in the stores' order, each share times
+    the length factor of the text it was matched on, re-sorted stably: an entry of very many distinct words no longer
+    holds the question's words by its length alone. Counted on the stored search text when it was written, not on
+    the value: a value of 1 MiB is neither read nor serialised to rank it (both stores, so they rank alike)."""
+    scaled = [(entry, share * keyword_length_factor(_words_of(row))) for entry, share, row in hits]
     return sorted(scaled, key=lambda pair: -pair[1])
+
+
+def _words_of(row: Any) -> int:
+    count = row["distinct_words"]
+    return distinct_words(row["search_text"]) if count is None else int(count)
 
 
 def value_from_row(row: Any) -> Any:
@@ -250,7 +260,7 @@ ENTRY_INSERT_COLUMNS = (
     "entity_path", "key", "version", "is_current", "value_json", "confidence", "agent_id", "session_id",
     "written_at", "outcome_count", "recall_count", "ttl_at", "memory_type", "tier", "priority_score",
     "importance_score", "importance_dimensions", "embedding", "amfs_version", "search_text", "event_at",
-    "passage_embeddings", "context_key",
+    "passage_embeddings", "context_key", "distinct_words",
 )
 
 
@@ -295,12 +305,13 @@ def entry_from_row(row: Any, d: Dialect, with_embedding: bool = True) -> MemoryE
 
 def draft_params(draft: NewEntry, version: int, d: Dialect) -> tuple[Any, ...]:
     """`ENTRY_INSERT_COLUMNS` values of a new current version."""
+    search_text = d.search_text(draft.search_text)
     return (
         draft.entity_path, draft.key, version, d.flag(True), draft.value_json, float(draft.confidence),
         draft.agent_id, draft.session_id, d.ts(draft.written_at), 0, 0, d.ts(draft.ttl_at), draft.memory_type.value,
         int(draft.tier), draft.priority_score, draft.importance_score, _dimensions_json(draft.importance_dimensions),
-        d.embedding_param(draft.embedding), AMFS_VERSION, d.search_text(draft.search_text), d.ts(draft.event_at),
-        d.passages_param(draft.passage_embeddings, draft.embedding), draft.context_key,
+        d.embedding_param(draft.embedding), AMFS_VERSION, search_text, d.ts(draft.event_at),
+        d.passages_param(draft.passage_embeddings, draft.embedding), draft.context_key, distinct_words(search_text),
     )
 
 
@@ -308,15 +319,15 @@ def entry_params(entry: MemoryEntry, is_current: bool, d: Dialect) -> tuple[Any,
     """`ENTRY_INSERT_COLUMNS` values of an imported version, as it was exported."""
     from ..core.embedding import embedding_text
 
-    search_text = embedding_text(entry.entity_path, entry.key, entry.value, entry.event_at)
+    search_text = d.search_text(embedding_text(entry.entity_path, entry.key, entry.value, entry.event_at))
     return (
         entry.entity_path, entry.key, entry.version, d.flag(is_current), dump_json(entry.value),
         float(entry.confidence), entry.provenance.agent_id, entry.provenance.session_id,
         d.ts(entry.provenance.written_at), entry.outcome_count, entry.recall_count, d.ts(entry.ttl_at),
         entry.memory_type.value, int(entry.tier), entry.priority_score, entry.importance_score,
         _dimensions_json(entry.importance_dimensions), d.embedding_param(entry.embedding), entry.amfs_version,
-        d.search_text(search_text), d.ts(entry.event_at), d.passages_param(entry.passage_embeddings, entry.embedding),
-        entry.context_key,
+        search_text, d.ts(entry.event_at), d.passages_param(entry.passage_embeddings, entry.embedding),
+        entry.context_key, distinct_words(search_text),
     )
 
 

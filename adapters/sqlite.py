@@ -39,6 +39,7 @@ from ..core.models import (
     entry_key,
 )
 from ..core.ports import IMPORT_PENDING_META, OutcomeTarget, StoreSnapshot, TierUpdate, missing_causal_entry, nothing_read
+from ..core.retrieval import distinct_words
 from .sql_common import (
     ENTRY_BASE_COLUMNS,
     ENTRY_COLUMNS,
@@ -58,6 +59,7 @@ from .sql_common import (
     entry_from_row,
     export_store,
     import_store,
+    WORD_COUNT_COLUMNS,
     length_scaled,
     outcome_filter,
     outcome_params,
@@ -152,7 +154,11 @@ MIGRATIONS: list[str] = [
     "ALTER TABLE entries ADD COLUMN context_key TEXT;",
     # 6: superseded versions whose own TTL passed, found by the expiry sweep without reading every row.
     "CREATE INDEX entries_superseded_ttl ON entries (ttl_at) WHERE is_current = 0 AND ttl_at IS NOT NULL;",
+    # 7: the distinct words of an entry's search text, counted when it is written, for the keyword length factor
+    # (rows written before are counted once, by `_count_words_of_older_rows`).
+    "ALTER TABLE entries ADD COLUMN distinct_words INTEGER;",
 ]
+WORD_COUNT_MIGRATION = 7
 
 _BASE_COLUMNS = ENTRY_BASE_COLUMNS
 _ENTRY_COLUMNS = ENTRY_COLUMNS
@@ -294,6 +300,13 @@ def _row_to_entry(row: sqlite3.Row, with_embedding: bool = True) -> MemoryEntry:
     return entry_from_row(row, SQLITE, with_embedding)
 
 
+def _count_words_of_older_rows(conn: sqlite3.Connection) -> None:
+    """Fill `distinct_words` for the rows of a store written before the column (once, when it is added)."""
+    rows = conn.execute("SELECT row_id, search_text FROM entries WHERE distinct_words IS NULL").fetchall()
+    conn.executemany("UPDATE entries SET distinct_words = ? WHERE row_id = ?",
+                     [(distinct_words(text), row_id) for row_id, text in rows])
+
+
 class SQLiteStore(SQLiteDatabase):
     """MemoryStore on one SQLite file (`<data_dir>/amfs.db`)."""
 
@@ -305,6 +318,10 @@ class SQLiteStore(SQLiteDatabase):
     def __init__(self, path: Path | str) -> None:
         super().__init__(path)
         self._vectors = VectorSync(self.path.with_suffix(".vectors.usearch"))
+
+    def _migrated(self, conn: sqlite3.Connection, previous: int) -> None:
+        if 0 < previous < WORD_COUNT_MIGRATION:
+            _count_words_of_older_rows(conn)
 
     def _before_close(self) -> None:
         self._vectors.save(self._connection())
@@ -711,9 +728,9 @@ class SQLiteStore(SQLiteDatabase):
             reference = sum(weights)
             columns = read_columns(values, value_head)
             found = {row["row_id"]: row for row in select_by_ids(
-                conn, f"SELECT {columns}, search_text FROM entries WHERE row_id IN (?ids)", best)}
+                conn, f"SELECT {columns}, {WORD_COUNT_COLUMNS} FROM entries WHERE row_id IN (?ids)", best)}
             return length_scaled([(_row_to_entry(found[row_id], with_embedding=False), scores[row_id] / reference,
-                                   found[row_id]["search_text"]) for row_id in best])
+                                   found[row_id]) for row_id in best])
 
         return await self._run(fetch)
 

@@ -198,8 +198,9 @@ class MemoryStore(Protocol):
         word, near 0 for one holding only common words. It means the same for every query, so the hybrid fusion
         can use it as it is. With `flt.entity_path`, the IDF counts entries at that path and below only (df and N),
         so scores within a scope do not depend on entries outside it. The `limit` best shares are then multiplied
-        by `keyword_length_factor` of the text the entry was matched on (its stored search text), so an entry of
-        very many distinct words does not hold a question's words by its length alone, and re-sorted (stably).
+        by `keyword_length_factor` of the distinct words of the text the entry was matched on (its stored search
+        text, counted when it was written), so an entry of very many distinct words does not hold a question's words
+        by its length alone, and re-sorted (stably).
 
         Entries come back without embeddings. `values=False`: without values (JSON null); `value_head` as in
         `find_current`.

@@ -92,13 +92,19 @@ def search_form(text: str) -> str:
 KEYWORD_LENGTH_PIVOT = 80
 
 
-def keyword_length_factor(search_text: str) -> float:
-    """1 for an entry of up to KEYWORD_LENGTH_PIVOT distinct words (stop words aside), (pivot / n)^2 for one of n more."""
+def distinct_words(search_text: str) -> int:
+    """The distinct words of a search text (stop words aside) as the length factor counts them. The stores count
+    them once, when they write the text (`distinct_words` column): counting at read cost up to 0.85 s of CPU for a
+    filtered retrieval that widened its keyword search to 12,800 rows."""
     # Split wherever either store's index splits words: at underscores (PostgreSQL's parser) and at the characters
     # `_index_word_breaks` names, so words joined by them cannot count as one while each stays searchable.
     text = search_form(search_text).lower().translate(_index_word_breaks())
-    words = {word for word in _ALNUM.findall(text) if word not in _STOPWORDS}
-    return min(1.0, (KEYWORD_LENGTH_PIVOT / len(words)) ** 2) if words else 1.0
+    return len({word for word in _ALNUM.findall(text) if word not in _STOPWORDS})
+
+
+def keyword_length_factor(words: int) -> float:
+    """1 for an entry of up to KEYWORD_LENGTH_PIVOT distinct words (`distinct_words`), (pivot / n)^2 for one of n more."""
+    return min(1.0, (KEYWORD_LENGTH_PIVOT / words) ** 2) if words else 1.0
 
 
 # SQLite FTS5's unicode61 tables (Unicode 6.1) take these for separators; Python's (newer) tables for letters.

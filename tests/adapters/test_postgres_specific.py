@@ -707,7 +707,7 @@ async def test_every_character_the_english_parser_splits_words_at_breaks_them_fo
     """A red-team finding: '\u00b2' (and 894 more of category No) joined words that PostgreSQL's parser indexes one by
     one, and the length factor counted one word. Probed here against the server's own `english` configuration,
     as the store's generated search column uses it."""
-    from amfs_server.core.retrieval import KEYWORD_LENGTH_PIVOT, keyword_length_factor
+    from amfs_server.core.retrieval import KEYWORD_LENGTH_PIVOT, distinct_words
 
     split = await _fetch(pg_dsn, """
         SELECT cp FROM generate_series(128, 196607) AS cp
@@ -717,7 +717,7 @@ async def test_every_character_the_english_parser_splits_words_at_breaks_them_fo
     joiners = [chr(row["cp"]) for row in split if re.fullmatch(r"[^\W_]", chr(row["cp"]))]
     assert len(joiners) > 800  # the other numbers (category No) at least: the probe really ran
     words = [f"word{n}x" for n in range(2 * KEYWORD_LENGTH_PIVOT)]
-    counted_as_one = [hex(ord(c)) for c in joiners if keyword_length_factor(c.join(words)) != pytest.approx(0.25)]
+    counted_as_one = [hex(ord(c)) for c in joiners if distinct_words(c.join(words)) != 2 * KEYWORD_LENGTH_PIVOT]
     assert counted_as_one == []
 
 
@@ -754,3 +754,37 @@ async def test_a_vacuum_a_killed_process_left_undone_runs_at_the_next_sweep(pg_s
         assert len(ran) == 1  # no mark, no VACUUM: a sweep costs one meta read
     finally:
         await other.close()
+
+
+@pytestmark_pg
+async def test_word_counts_are_filled_for_older_rows_and_counted_at_read_where_missing(pg_dsn: str) -> None:
+    """Since schema 9 a row carries its search text's distinct-word count, so the keyword length factor reads no text.
+    A schema-8 store gets the counts of its rows when it is opened; a row without one (written by an older server
+    still running) is counted from its text at read, so it ranks the same."""
+    from amfs_server.core.retrieval import KEYWORD_LENGTH_PIVOT, distinct_words
+
+    schema = fresh_schema()
+    stuffed = "flamegraph " + " ".join(f"word{i}" for i in range(2 * KEYWORD_LENGTH_PIVOT - 1))
+    store = PostgresStore(pg_dsn, embedding_dimension=DIM, schema=schema)
+    await store.open()
+    try:
+        await store.insert_versions([draft("svc", "plain", search_text="flamegraph of the deploy dashboard")], ACTOR)
+        await store.insert_versions([draft("svc", "stuffed", search_text=stuffed)], ACTOR)
+        await store.close()
+        await _fetch(pg_dsn, f'ALTER TABLE "{schema}".entries DROP COLUMN distinct_words')  # as schema 8 left it
+        await _fetch(pg_dsn, f'DELETE FROM "{schema}".schema_migrations WHERE version >= $1', pg.WORD_COUNT_MIGRATION)
+        store = PostgresStore(pg_dsn, embedding_dimension=DIM, schema=schema)
+        await store.open()
+        counts = {r["key"]: r["distinct_words"] for r in await _fetch(pg_dsn, f'SELECT key, distinct_words FROM "{schema}".entries')}
+        assert counts == {"plain": distinct_words("flamegraph of the deploy dashboard"), "stuffed": 2 * KEYWORD_LENGTH_PIVOT}
+        hits = await store.keyword_candidates(["flamegraph"], EntryFilter(), utcnow(), 10)
+        assert [e.key for e, _ in hits] == ["plain", "stuffed"] and hits[1][1] == pytest.approx(hits[0][1] * 0.25)
+        await _fetch(pg_dsn, f'UPDATE "{schema}".entries SET distinct_words = NULL')
+        assert await store.keyword_candidates(["flamegraph"], EntryFilter(), utcnow(), 10) == hits
+        # a stored count is what is used: the text is not counted again
+        await _fetch(pg_dsn, f'UPDATE "{schema}".entries SET distinct_words = $1 WHERE key = \'plain\'', 4 * KEYWORD_LENGTH_PIVOT)
+        scaled = await store.keyword_candidates(["flamegraph"], EntryFilter(), utcnow(), 10)
+        assert [(e.key, score) for e, score in scaled] == [("stuffed", hits[1][1]), ("plain", pytest.approx(hits[0][1] / 16))]
+    finally:
+        await store.drop_schema()
+        await store.close()

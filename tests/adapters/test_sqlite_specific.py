@@ -244,7 +244,7 @@ async def test_every_character_fts5_splits_words_at_breaks_them_for_the_length_f
     the tokenizer of the store's own keyword index."""
     import re
 
-    from amfs_server.core.retrieval import KEYWORD_LENGTH_PIVOT, keyword_length_factor
+    from amfs_server.core.retrieval import KEYWORD_LENGTH_PIVOT, distinct_words
 
     store = SQLiteStore(tmp_path / "amfs.db")
     await store.open()
@@ -260,6 +260,53 @@ async def test_every_character_fts5_splits_words_at_breaks_them_for_the_length_f
     joiners = [chr(cp) for (cp,) in probe.execute("SELECT rowid FROM probe WHERE probe MATCH 'alpha'")]
     assert len(joiners) >= 21  # the probe really ran: FTS5 split at these when this was written
     words = [f"word{n}x" for n in range(2 * KEYWORD_LENGTH_PIVOT)]
-    counted_as_one = [hex(ord(c)) for c in joiners if keyword_length_factor(c.join(words)) != pytest.approx(0.25)]
+    counted_as_one = [hex(ord(c)) for c in joiners if distinct_words(c.join(words)) != 2 * KEYWORD_LENGTH_PIVOT]
     assert counted_as_one == []
 
+
+
+async def test_word_counts_are_filled_for_older_rows_and_counted_at_read_where_missing(tmp_path: Path) -> None:
+    """Since schema 7 a row carries its search text's distinct-word count, so the keyword length factor reads no text.
+    A file of schema 6 gets the counts of its rows when it is opened; a row without one (written by an older server
+    still running) is counted from its text at read, so it ranks the same."""
+    from amfs_server.core.retrieval import KEYWORD_LENGTH_PIVOT, distinct_words
+
+    actor = Actor("agent/test", "session-1")
+    now = utcnow()
+    stuffed = "flamegraph " + " ".join(f"word{i}" for i in range(2 * KEYWORD_LENGTH_PIVOT - 1))
+
+    def entry(key: str, text: str, age_s: float) -> NewEntry:
+        return NewEntry(entity_path="svc", key=key, value="x", value_json='"x"', confidence=1.0, memory_type=MemoryType.FACT,
+                        agent_id=actor.agent_id, session_id=actor.session_id, written_at=now - timedelta(seconds=age_s),
+                        ttl_at=None, importance_score=None, importance_dimensions=None, tier=Tier.HOT,
+                        priority_score=0.5, embedding=None, search_text=text)
+
+    path = tmp_path / "amfs.db"
+    store = SQLiteStore(path)
+    await store.open()
+    await store.insert_versions([entry("plain", "flamegraph of the deploy dashboard", 1), entry("stuffed", stuffed, 0)], actor)
+    await store.close()
+    with closing(sqlite3.connect(path)) as conn:  # the file as schema 6 left it
+        conn.execute("ALTER TABLE entries DROP COLUMN distinct_words")
+        conn.execute(f"PRAGMA user_version = {sqlite_adapter.WORD_COUNT_MIGRATION - 1}")
+        conn.commit()
+    store = SQLiteStore(path)
+    await store.open()
+    try:
+        with closing(sqlite3.connect(path)) as conn:
+            counts = dict(conn.execute("SELECT key, distinct_words FROM entries"))
+            assert conn.execute("PRAGMA user_version").fetchone()[0] == len(sqlite_adapter.MIGRATIONS)
+        assert counts == {"plain": distinct_words("flamegraph of the deploy dashboard"), "stuffed": 2 * KEYWORD_LENGTH_PIVOT}
+        hits = await store.keyword_candidates(["flamegraph"], EntryFilter(), now, 10)
+        assert [e.key for e, _ in hits] == ["plain", "stuffed"] and hits[1][1] == pytest.approx(hits[0][1] * 0.25)
+        with closing(sqlite3.connect(path)) as conn:
+            conn.execute("UPDATE entries SET distinct_words = NULL")
+            conn.commit()
+        assert await store.keyword_candidates(["flamegraph"], EntryFilter(), now, 10) == hits
+        with closing(sqlite3.connect(path)) as conn:  # a stored count is what is used: the text is not counted again
+            conn.execute("UPDATE entries SET distinct_words = ? WHERE key = 'plain'", (4 * KEYWORD_LENGTH_PIVOT,))
+            conn.commit()
+        scaled = await store.keyword_candidates(["flamegraph"], EntryFilter(), now, 10)
+        assert [(e.key, score) for e, score in scaled] == [("stuffed", hits[1][1]), ("plain", pytest.approx(hits[0][1] / 16))]
+    finally:
+        await store.close()

@@ -9,8 +9,8 @@ import pytest
 from amfs_server.core.errors import ValidationError
 from amfs_server.core.models import Actor, EntryFilter, ValueHead, utcnow
 from amfs_server.core.retrieval import (
-    KEYWORD_LENGTH_PIVOT, RankedList, fuse, fuse_hybrid, keyword_length_factor, keyword_terms, names_an_identifier,
-    near_copies, normalised, resolve_weights,
+    KEYWORD_LENGTH_PIVOT, RankedList, distinct_words, fuse, fuse_hybrid, keyword_length_factor, keyword_terms,
+    names_an_identifier, near_copies, normalised, resolve_weights,
 )
 from amfs_server.core.service import MemoryService, ServiceConfig, WriteRequest
 
@@ -481,19 +481,21 @@ async def test_a_reply_is_found_through_the_turn_it_answers(store, actor: Actor)
 
 def test_the_keyword_length_factor_leaves_ordinary_entries_alone_and_shrinks_long_ones() -> None:
     words = [f"topic{n}" for n in range(320)]
-    assert keyword_length_factor("svc retry: " + " ".join(words[:KEYWORD_LENGTH_PIVOT - 2])) == 1.0
-    assert keyword_length_factor(" ".join(words[:2 * KEYWORD_LENGTH_PIVOT])) == pytest.approx(0.25)
-    assert keyword_length_factor(" ".join(words[:KEYWORD_LENGTH_PIVOT] * 5 + ["the", "a", "of"] * 50)) == 1.0
-    assert keyword_length_factor("") == 1.0
+    assert distinct_words("svc retry: " + " ".join(words[:KEYWORD_LENGTH_PIVOT - 2])) == KEYWORD_LENGTH_PIVOT
+    assert keyword_length_factor(KEYWORD_LENGTH_PIVOT) == 1.0
+    assert distinct_words(" ".join(words[:2 * KEYWORD_LENGTH_PIVOT])) == 2 * KEYWORD_LENGTH_PIVOT
+    assert keyword_length_factor(2 * KEYWORD_LENGTH_PIVOT) == pytest.approx(0.25)
+    assert distinct_words(" ".join(words[:KEYWORD_LENGTH_PIVOT] * 5 + ["the", "a", "of"] * 50)) == KEYWORD_LENGTH_PIVOT
+    assert distinct_words("") == 0 and keyword_length_factor(0) == 1.0
     # words joined by underscores count one by one, as PostgreSQL's parser splits them
-    assert keyword_length_factor("_".join(words[:2 * KEYWORD_LENGTH_PIVOT])) == pytest.approx(0.25)
+    assert distinct_words("_".join(words[:2 * KEYWORD_LENGTH_PIVOT])) == 2 * KEYWORD_LENGTH_PIVOT
 
 
 @pytest.mark.parametrize("joiner", ["\u00b2", "\u00bd", "\u0f2a", "\u2460", "\u19b0", "\u1cf2"])
 def test_words_joined_by_a_character_an_index_splits_at_count_one_by_one(joiner: str) -> None:
     """A red-team finding: a store's index split 'what\u00b2did' into two words, the length factor counted one."""
     words = [f"word{n}x" for n in range(2 * KEYWORD_LENGTH_PIVOT)]
-    assert keyword_length_factor(joiner.join(words)) == pytest.approx(0.25)
+    assert distinct_words(joiner.join(words)) == 2 * KEYWORD_LENGTH_PIVOT
 
 
 async def test_a_memory_stuffed_with_many_words_does_not_outrank_the_one_that_answers(
