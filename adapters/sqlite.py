@@ -8,6 +8,7 @@ behind a lock so the event loop never blocks on disk.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import logging
@@ -992,6 +993,7 @@ class SQLiteStore(SQLiteDatabase):
     async def open(self, *, reembedding: bool = False) -> None:  # vectors of any width: nothing to allow
         await super().open()
         await self._run(self._finish_interrupted_scrub)
+        await self._run(self._vectors.remove_stale_temporaries)
 
     def _finish_interrupted_scrub(self) -> None:
         """A process stopped between deleting rows and scrubbing their vectors from the index file: scrub now."""
@@ -1328,6 +1330,22 @@ class VectorSync:
             self.dirty = True
             for path in (self.path, self.meta_path):
                 path.unlink(missing_ok=True)
+
+    def remove_stale_temporaries(self) -> None:
+        """Delete the temporary files a process killed while saving left beside the index files: a copy of the
+        whole index, vectors of memories forgotten since included, that nothing else would remove (red-team
+        finding, 0.7.13). Every save holds the lock, so once it is ours such a file is no one's."""
+        if not self._temporaries():
+            return
+        with self.locked():
+            for path in self._temporaries():
+                log.warning("Removing %s, left by a process stopped while saving the vector index", path)
+                path.unlink(missing_ok=True)
+
+    def _temporaries(self) -> list[Path]:
+        # The names VectorIndex.save and _save_meta give their temporary files: ".<name>.<pid>.<thread>.tmp".
+        return [path for name in (self.path.name, self.meta_path.name)
+                for path in self.path.parent.glob(f".{glob.escape(name)}.*.tmp")]
 
     def _saved_dimension(self) -> int | None:
         try:

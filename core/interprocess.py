@@ -6,6 +6,7 @@ and SDK processes may rewrite at once. On a platform without `fcntl` (Windows) i
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import IO
@@ -50,3 +51,30 @@ def acquire_exclusive(path: Path, what: str, timeout_s: float = LOCK_WAIT_S) -> 
         except BaseException:
             handle.close()
             raise
+
+
+def hold_while_open(fd: int) -> None:
+    """Mark a file being written by this process (an exclusive `flock` on `fd`, gone when the process is, however it
+    ends), so that `abandoned` can tell a leftover of a killed writer from a file still being written."""
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def abandoned(path: Path) -> bool:
+    """Whether no process holds `path` by `hold_while_open` (a link is never held: True). Without `fcntl` nothing
+    can be told: False."""
+    if fcntl is None:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # a link (O_NOFOLLOW) or something unreadable: no writer of ours holds it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)

@@ -26,7 +26,7 @@ import json
 import logging
 import os
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from itertools import islice
 from pathlib import Path, PurePath
@@ -35,7 +35,7 @@ from typing import IO, Any
 from ..core.ports import MemoryStore
 from ..core import validation as v
 from ..core.errors import InsufficientDataError, StoreError, ValidationError
-from ..core.interprocess import acquire_exclusive
+from ..core.interprocess import abandoned, acquire_exclusive, hold_while_open
 from ..core.models import MemoryEntry, OutcomeType, split_entry_key, utcnow
 from ..core.service import MemoryService
 from ._common import Progress, no_progress, resolve_service
@@ -138,12 +138,12 @@ class TrainingDataExporter:
                 raise self._missing(fmt, history, entity_path)
             name, partial = relative.name, relative.name + ".partial"
             sources, sources_partial = name + SOURCES_SUFFIX, name + SOURCES_SUFFIX + ".partial"
-            if name == EXPORTS_LOCK or name.endswith((SOURCES_SUFFIX, ".partial", ".scrub")):
+            if name in (EXPORTS_LOCK, EXPORTS_PENDING) or name.endswith((SOURCES_SUFFIX, ".partial", ".scrub")):
                 # These names are the exports' own bookkeeping: taking one over would hide an export from the scrub
                 # (its sources file replaced) or unlock it.
                 raise ValidationError(
                     f"output_path: {name!r} is a name the exports keep for their own files (ending in "
-                    f"{SOURCES_SUFFIX}, .partial or .scrub, or {EXPORTS_LOCK}); pick another, e.g. train.jsonl. "
+                    f"{SOURCES_SUFFIX}, .partial or .scrub, or {EXPORTS_LOCK} or {EXPORTS_PENDING}); pick another, e.g. train.jsonl. "
                     "Nothing was written.")
             try:
                 folder = _open_beneath(root, relative.parts[:-1])
@@ -158,7 +158,9 @@ class TrainingDataExporter:
                     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                     try:
                         fd = os.open(partial, flags, 0o644, dir_fd=folder)
+                        hold_while_open(fd)  # a scrub removes .partial files no live writer holds
                         sources_fd = os.open(sources_partial, flags, 0o644, dir_fd=folder)
+                        hold_while_open(sources_fd)
                         with os.fdopen(fd, "w", encoding="utf-8") as handle, \
                                 os.fdopen(sources_fd, "w", encoding="utf-8") as sources_handle:
                             for example in islice(_chain(first, examples), limit):
@@ -166,10 +168,14 @@ class TrainingDataExporter:
                                 handle.write(json.dumps(example, ensure_ascii=False) + "\n")
                                 sources_handle.write(json.dumps(made_from, ensure_ascii=False) + "\n")
                                 count += 1
-                        # rename(2) replaces a link at `name` itself, never what it points to. The examples first: a
-                        # crash in between leaves an old or missing sources file, which a scrub leaves alone.
-                        os.replace(partial, name, src_dir_fd=folder, dst_dir_fd=folder)
-                        os.replace(sources_partial, sources, src_dir_fd=folder, dst_dir_fd=folder)
+                            for written in (handle, sources_handle):
+                                written.flush()
+                                os.fsync(written.fileno())
+                            # rename(2) replaces a link at `name` itself, never what it points to. Renamed while
+                            # still held, under the exports' lock: no scrub sees the pair half renamed.
+                            _replace_pair(root, relative, (
+                                lambda: os.replace(partial, name, src_dir_fd=folder, dst_dir_fd=folder),
+                                lambda: os.replace(sources_partial, sources, src_dir_fd=folder, dst_dir_fd=folder)))
                     except BaseException:
                         # A failed write (the name is a folder, the disk is full) leaves no half export behind: the
                         # scrub does not read .partial files, so a memory forgotten later would stay in one.
@@ -359,6 +365,7 @@ logger = logging.getLogger(__name__)
 SOURCES = "amfs_sources"
 SOURCES_SUFFIX = ".amfs-sources"
 EXPORTS_LOCK = ".amfs-exports.lock"
+EXPORTS_PENDING = ".amfs-exports.pending"
 
 
 def _sources(entries: list[MemoryEntry]) -> list[list[Any]]:
@@ -383,6 +390,57 @@ def export_files(root: Path) -> list[Path]:
     return sorted(found)
 
 
+def _replace_pair(root: Path, export: PurePath, renames: tuple[Callable[[], None], Callable[[], None]],
+                  locked: bool = False) -> None:
+    """The two renames that put an export and its sources file in place, under the exports' lock (unless the caller
+    holds it) and a mark in `root` naming the export between the first and the second. A process killed in between
+    left a new export beside an old or missing sources file, which the scrub could not check or did not see at all,
+    so a memory forgotten later stayed in it (red-team finding, 0.7.13); the next scrub finds the mark and deletes
+    that export and its sources file (`_remove_leftovers`)."""
+    lock = None if locked else acquire_exclusive(root / EXPORTS_LOCK, "the training exports")
+    try:
+        mark = root / EXPORTS_PENDING
+        with _create(mark) as handle:
+            handle.write(export.as_posix())
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            renames[0]()
+        except BaseException:
+            mark.unlink()  # nothing was replaced
+            raise
+        renames[1]()  # should this fail, the mark stays: the pair is half replaced
+        mark.unlink()
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _remove_leftovers(root: Path) -> None:
+    """What killed processes left under `root` (the exports' lock held): the export a mark names (its renames may be
+    half done), `.scrub` temporaries (scrubs hold the lock: every one is a leftover), and `.partial` files no live
+    export holds. Each may hold examples of memories forgotten since."""
+    mark = root / EXPORTS_PENDING
+    if mark.is_file() and not mark.is_symlink():
+        named = PurePath(mark.read_text(encoding="utf-8", errors="replace"))
+        if not named.is_absolute() and ".." not in named.parts and named.parts:
+            for leftover in (root / named, _sources_file(root / named)):
+                _delete(leftover, "a process stopped while replacing it, so it cannot be checked for erased memories "
+                                  "(export again)")
+    mark.unlink(missing_ok=True)
+    for leftover in [*root.rglob(".*.scrub"), *(p for p in root.rglob("*.partial") if abandoned(p))]:
+        _delete(leftover, "left by a process stopped while writing it")
+
+
+def _delete(path: Path, why: str) -> None:
+    if path.is_symlink() or path.is_file():
+        logger.warning("Deleting %s: %s", path, why)
+        try:
+            path.unlink()
+        except OSError as error:  # a scrub that stops here would leave every other export unscrubbed
+            logger.warning("Could not delete %s: %s", path, error)
+
+
 def _sources_file(path: Path) -> Path:
     return path.with_name(path.name + SOURCES_SUFFIX)
 
@@ -405,6 +463,7 @@ async def scrub_exports(service: MemoryService, root: Path) -> int:
         return 0
     lock = await asyncio.to_thread(acquire_exclusive, root / EXPORTS_LOCK, "the training exports")
     try:
+        await asyncio.to_thread(_remove_leftovers, root)
         files = await asyncio.to_thread(export_files, root)
         made_from: dict[Path, set[tuple[str, int]]] = {}
         for path in files:
@@ -419,7 +478,7 @@ async def scrub_exports(service: MemoryService, root: Path) -> int:
         dropped = 0
         for path, sources in made_from.items():
             if not sources <= alive:
-                dropped += await asyncio.to_thread(drop_dead_examples, path, alive)
+                dropped += await asyncio.to_thread(drop_dead_examples, path, alive, root)
         return dropped
     finally:
         if lock is not None:
@@ -478,11 +537,10 @@ def sources_in(path: Path) -> set[tuple[str, int]] | None:
     return _read_as[path][1]
 
 
-def drop_dead_examples(path: Path, alive: set[tuple[str, int]]) -> int:
-    """Rewrite the file and its sources file without the examples made from a version not in `alive`, streaming
-    through temporary files renamed over them. The examples first: a crash in between leaves them already without
-    the erased memory, beside a sources file that no longer matches them (and is then not trusted again). Returns
-    how many examples went."""
+def drop_dead_examples(path: Path, alive: set[tuple[str, int]], root: Path) -> int:
+    """Rewrite the file and its sources file (an export under `root`, whose lock the caller holds) without the
+    examples made from a version not in `alive`, streaming through temporary files renamed over them
+    (`_replace_pair`). Returns how many examples went."""
     sources = _sources_file(path)
     partial, sources_partial = (p.with_name(f".{p.name}.{os.getpid()}.scrub") for p in (path, sources))
     dropped = 0
@@ -500,8 +558,8 @@ def drop_dead_examples(path: Path, alive: set[tuple[str, int]]) -> int:
                 handle.flush()
                 os.fsync(handle.fileno())
         if dropped:
-            os.replace(partial, path)
-            os.replace(sources_partial, sources)
+            _replace_pair(root, path.relative_to(root), (lambda: os.replace(partial, path),
+                                                         lambda: os.replace(sources_partial, sources)), locked=True)
     finally:
         partial.unlink(missing_ok=True)
         sources_partial.unlink(missing_ok=True)

@@ -135,11 +135,13 @@ def http_options(host: str, allowed_origins: Sequence[str] = (), limits: ServerL
     without a valid key unread (server/json_guard.py)."""
     from .ui import UI_PATH
 
+    limits = limits or ServerLimits()
     return {
         "middleware": [
             Middleware(OriginGuard, allowed_origins=allowed_origins, loopback_bind=is_loopback(host)),
-            Middleware(JsonRpcGuard, not_json_rpc=UI_PATH + "/"),  # the browser's API answers its own errors
-            Middleware(SessionGuard, limits=limits or ServerLimits()),
+            # the browser's API answers its own errors
+            Middleware(JsonRpcGuard, max_bytes=limits.max_request_bytes, not_json_rpc=UI_PATH + "/"),
+            Middleware(SessionGuard, limits=limits),
         ],
         "host_origin_protection": False,  # OriginGuard does this, with AMFS_ALLOWED_ORIGINS
     }

@@ -7,6 +7,10 @@
 * A request whose id is already in progress in the same session is refused (400): the MCP SDK answers only one of
   two requests that share an id and leaves the other's connection open for good, so a client reusing ids (a bug,
   or on purpose) would hold connections until the connection cap locked everyone out.
+* A body over the request limit (`ServerLimits.max_request_bytes`, the MCP SDK's own 4 MiB) is refused (413) as
+  soon as its Content-Length says so, or, sent without one, as soon as that much has come: this guard reads the body
+  before the SDK's own check, and read up to 8 MiB it let every connection of one key hold 24 MiB (red-team finding,
+  0.7.13).
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .stdio import MessageProblem, _no_duplicate_keys, shape_problem, top_level_id
 
-MAX_CHECKED_BYTES = 8 * 1024 * 1024  # larger bodies pass unchecked to the transport, which has its own limits
 INVALID_REQUEST = -32600
 
 
@@ -27,8 +30,9 @@ class JsonRpcGuard:
     so it leaves the body of a request without a valid key unread: reading it first let a keyless client hold
     a connection by sending a body slowly, and the route refuses that request anyway."""
 
-    def __init__(self, app: ASGIApp, not_json_rpc: str | None = None) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, not_json_rpc: str | None = None) -> None:
         self.app = app
+        self._max_bytes = max_bytes
         self._not_json_rpc = not_json_rpc  # a path prefix whose POSTs are not MCP's (the memory browser's API)
         self._in_progress: set[tuple[str, str]] = set()  # (session, the id's JSON text) of requests being answered
 
@@ -37,17 +41,24 @@ class JsonRpcGuard:
                 or (self._not_json_rpc is not None and scope["path"].startswith(self._not_json_rpc))):
             await self.app(scope, receive, send)
             return
-        messages: list[Message] = []
-        body = b""
+        if _declared_length(scope) > self._max_bytes:
+            await _too_large(send)
+            return
+        received = bytearray()
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return  # gone before its body was in (or cut off at the body deadline): no one to answer
-            messages.append(message)
-            body += message.get("body", b"")
-            if not message.get("more_body", False) or len(body) > MAX_CHECKED_BYTES:
+            received += message.get("body", b"")
+            if len(received) > self._max_bytes:
+                await _too_large(send)
+                return
+            if not message.get("more_body", False):
                 break
-        parsed, problem = _parse(body) if len(body) <= MAX_CHECKED_BYTES else (None, None)
+        body = bytes(received)
+        del received  # one copy of the body, handed on as one message
+        messages: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+        parsed, problem = _parse(body)
         problem = problem or shape_problem(parsed)
         if problem is not None:
             await _refuse(send, top_level_id(body.decode("utf-8", errors="replace")), problem.code, str(problem))
@@ -78,6 +89,19 @@ def _request_in_session(scope: Scope, parsed: Any) -> tuple[str, str] | None:
     if session is None or not isinstance(parsed, dict) or "method" not in parsed or parsed.get("id") is None:
         return None
     return session, json.dumps(parsed["id"], sort_keys=True)
+
+
+def _declared_length(scope: Scope) -> int:
+    """The request's Content-Length (0 when it has none or an unreadable one: the body's size is then counted)."""
+    value = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
+    return int(value) if value.isdigit() else 0
+
+
+async def _too_large(send: Send) -> None:
+    """The MCP SDK's own answer to a body over its limit."""
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"22")]})
+    await send({"type": "http.response.body", "body": b"Request body too large"})
 
 
 def _refused_by_auth(scope: Scope) -> bool:

@@ -234,6 +234,34 @@ async def test_vectors_of_deleted_rows_leave_the_index_file_on_the_next_open_aft
     await store.close()
 
 
+async def test_a_save_killed_before_its_rename_leaves_no_copy_of_the_index_past_the_next_open(tmp_path: Path) -> None:
+    """Red-team finding (0.7.13): a save killed (kill -9) between writing its temporary file and renaming it left
+    that file, a copy of the whole index, in the data dir for good, and a later forget scrubbed only
+    amfs.vectors.usearch. The next open removes such files."""
+    stored = vectors(5, seed=6)
+    store = SQLiteStore(tmp_path / "amfs.db")
+    await store.open()
+    await insert(store, "k", stored)
+    await top_key(store, stored[0])
+    await store.close()
+    # What a killed save leaves, under the names VectorIndex.save and the sidecar's save give their temporaries.
+    left = [tmp_path / ".amfs.vectors.usearch.4242.1.tmp", tmp_path / ".amfs.vectors.json.4242.1.tmp"]
+    left[0].write_bytes((tmp_path / "amfs.vectors.usearch").read_bytes())
+    left[1].write_text("{}")
+    assert stored[2].tobytes() in left[0].read_bytes()
+    unrelated = tmp_path / ".other.4242.1.tmp"
+    unrelated.write_text("not ours")
+
+    store = SQLiteStore(tmp_path / "amfs.db")
+    await store.open()
+    try:
+        assert not any(path.exists() for path in left) and unrelated.exists()
+        await store.forget("svc", "k2")
+        assert not any(stored[2].tobytes() in path.read_bytes() for path in tmp_path.iterdir() if path.is_file())
+    finally:
+        await store.close()
+
+
 async def test_forgetting_the_newest_memories_does_not_make_the_next_open_rebuild_the_index(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

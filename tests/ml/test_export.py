@@ -104,8 +104,9 @@ async def test_an_empty_export_explains_which_data_is_missing(sqlite_service: Me
 
 
 def test_an_export_whose_sources_file_does_not_match_it_line_for_line_is_not_trusted(tmp_path) -> None:
-    """A crash between an export's two renames, or an edited file: its lines can no longer be told apart, so a
-    scrub leaves it alone (the server logs it) rather than drop the wrong examples."""
+    """An edited file: its lines can no longer be told apart, so a scrub leaves it alone (the server logs it) rather
+    than drop the wrong examples. (A crash between an export's two renames is found by its mark and the pair
+    deleted: tests/ml/test_export_confinement.py.)"""
     from amfs_server.ml.export import drop_dead_examples, export_files, sources_in
 
     export = tmp_path / "sft.jsonl"
@@ -115,7 +116,7 @@ def test_an_export_whose_sources_file_does_not_match_it_line_for_line_is_not_tru
     assert export_files(tmp_path) == [export] and sources_in(export) is None
     sources.write_text('[["svc/a", 1]]\n[["svc/b", 2], ["svc/a", 1]]\n')
     assert sources_in(export) == {("svc/a", 1), ("svc/b", 2)}
-    assert drop_dead_examples(export, {("svc/a", 1)}) == 1
+    assert drop_dead_examples(export, {("svc/a", 1)}, tmp_path) == 1
     assert export.read_text() == '{"messages": ["a"]}\n' and sources.read_text() == '[["svc/a", 1]]\n'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sft.jsonl", "sft.jsonl.amfs-sources"]
     (tmp_path / "other.jsonl").write_text("{}\n")  # no sources file: not an export this server can scrub

@@ -104,7 +104,8 @@ async def test_each_namespace_gets_its_own_export_folder(ml: MLService) -> None:
     assert json.loads(Path(first.output_path).read_text())["outcome_count"] >= 1
 
 
-@pytest.mark.parametrize("name", ["train.jsonl.amfs-sources", "x.partial", ".amfs-exports.lock", "y.scrub"])
+@pytest.mark.parametrize(
+    "name", ["train.jsonl.amfs-sources", "x.partial", ".amfs-exports.lock", ".amfs-exports.pending", "y.scrub"])
 async def test_an_export_may_not_take_the_name_of_the_exports_own_files(ml: MLService, name: str) -> None:
     await ml.export_training_data("reward_model", limit=3, output_path="train.jsonl")
     before = {p.name: p.read_bytes() for p in ml.export_dir.iterdir()}
@@ -143,3 +144,64 @@ async def test_a_history_without_outcomes_reads_no_version(service: MemoryServic
     await service.read(actor, "team-a", "x")
     history = await OutcomeHistory.load(service)
     assert history.events and not history.outcomes and history.versions == {}
+
+
+# -- what a killed process leaves -----------------------------------------------------------------
+
+
+@pytest.fixture
+def mixed_ml(mixed_history: MemoryService, tmp_path: Path) -> MLService:
+    return MLService(mixed_history, tmp_path / "exports")
+
+
+def _holding_the_secret(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes())
+
+
+async def test_an_export_killed_between_its_two_renames_is_deleted_by_the_next_scrub(
+    mixed_ml: MLService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red-team finding (0.7.13): killed after the export was renamed into place and before its sources file was,
+    the export held a memory the scrub never found (no sources file beside it), so forgetting the memory left it."""
+    real = os.replace
+
+    def killed_at_the_sources(src: object, dst: object, **kwargs: object) -> None:
+        if str(dst).endswith(".amfs-sources"):
+            raise KeyboardInterrupt("killed between the two renames")
+        real(src, dst, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "replace", killed_at_the_sources)
+    with pytest.raises(KeyboardInterrupt):
+        await mixed_ml.export_training_data("sft", output_path="train.jsonl")
+    monkeypatch.undo()
+    assert _holding_the_secret(mixed_ml.export_dir) == ["train.jsonl"]  # and no sources file beside it
+    assert (mixed_ml.export_dir / ".amfs-exports.pending").read_text() == "train.jsonl"
+    from amfs_server.ml.export import scrub_exports
+
+    await mixed_ml.service.forget("team-b", "secret")
+    await scrub_exports(mixed_ml.service, mixed_ml.export_dir)  # as every front end runs after an erase
+    assert _holding_the_secret(mixed_ml.export_dir) == []
+    assert sorted(p.name for p in mixed_ml.export_dir.iterdir()) == [".amfs-exports.lock"]
+
+
+async def test_files_a_killed_export_or_scrub_was_writing_go_at_the_next_scrub_and_one_being_written_stays(
+    mixed_ml: MLService,
+) -> None:
+    from amfs_server.core.interprocess import hold_while_open
+    from amfs_server.ml.export import scrub_exports
+
+    folder = mixed_ml.export_dir / "key-aaaa"
+    folder.mkdir(parents=True)
+    left = [folder / "train.jsonl.partial", folder / "train.jsonl.amfs-sources.partial", folder / ".train.jsonl.77.scrub"]
+    for path in left:
+        path.write_text(f'{{"messages": ["{SECRET}"]}}\n')
+    being_written = folder / "other.jsonl.partial"
+    fd = os.open(being_written, os.O_WRONLY | os.O_CREAT)
+    hold_while_open(fd)  # as a live export holds its partial file
+    try:
+        await scrub_exports(mixed_ml.service, mixed_ml.export_dir)
+        assert not any(path.exists() for path in left) and being_written.exists()
+    finally:
+        os.close(fd)
+    await scrub_exports(mixed_ml.service, mixed_ml.export_dir)
+    assert not being_written.exists()  # its writer is gone

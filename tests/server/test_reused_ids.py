@@ -34,7 +34,7 @@ async def test_a_request_reusing_an_id_in_progress_in_its_session_is_refused_and
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": body})
 
-    guard = JsonRpcGuard(transport)
+    guard = JsonRpcGuard(transport, max_bytes=4 * 1024 * 1024)
 
     async def post(session: str, request_id: object) -> tuple[int, bytes]:
         sent: list[dict] = []
