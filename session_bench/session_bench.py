@@ -35,6 +35,13 @@ a machine that gets busier mid-run slows every mode alike. In process, memories 
 written (a write-time cost, reported apart) and a query's ``compile_ms`` is the cache lookup. What the
 prefix channel saves in time as memories grow is ``prefix_cost``'s subject.
 
+Nothing measured is lost to one answer that cannot run. Full history reads every fact and the reference the gold
+fact, so whether their prompts fit the model's context is known before anything runs: the run stops then, naming
+every question and mode. A retrieval mode learns what it reads only when it retrieves: as in ``amfs_answer``,
+memories that do not fit beside those before them are left out, best first (``left_out``), and an answer with
+none that fits (or any refused ``amfs_answer`` call) is refused: listed in the report (``refused``), counted in no
+rate, and the run goes on.
+
 ``--via-server`` runs the same session through the server instead: the facts are written with the
 ``amfs_write`` tool and D/B_ams_text/A/C answered by ``amfs_answer`` (mode
 full/text/prefix/hybrid) of an app from ``server.app.create_app`` with the backbone
@@ -64,7 +71,7 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -78,16 +85,16 @@ from . import pyplot
 from .served import ServedApp
 from .session_data import (REPORTING_SEEDS, TUNING_SEEDS, Fact, Session, SessionFileError, check_seeds,
                            generated_session, load_session_file, report_session)
-from ..ml.answer.worker import (MAX_FULL_ENTRIES, MAX_MEMORIES, AnswerMode, Generated, MemoryText, answer_from_memories,
-                                memory_text)
+from ..ml.answer.worker import (MAX_FULL_ENTRIES, MAX_MEMORIES, AnswerMode, MemoryText, answer_from_memories,
+                                fits_unread, fitting_memories, memory_text, prompt_read)
 
 # A mode name is a base mode, or a prefix mode at another key scale: "A_ams_prefix@ks1.0".
 ModeName = str
 MODES: tuple[ModeName, ...] = ("D_full_history", "B_flat_cos", "B_ams_text", "B_text_top1", "A_ams_prefix",
                                "C_ams_hybrid")
-# The reader's ceiling under perfect retrieval: only the gold fact, as text. A reference reported beside
-# the five modes (each mode's hit-rate is also shown relative to it), never one of them: no system can
-# know the gold fact.
+# The reader's ceiling under perfect retrieval: only the gold fact, as text. A reference reported beside the five
+# modes (each is also scored on the questions the reference answers, and beyond them), never one of them: no
+# system can know the gold fact.
 ORACLE: ModeName = "O_gold_text"
 ALL_MODES: tuple[ModeName, ...] = (*MODES, ORACLE)
 # How each benchmark mode is served: which generation mode, and where its memories come from.
@@ -198,6 +205,25 @@ class QueryResult:
     served_by: ServedBy = "in-process"
     hit_lenient: bool = False  # the report's original rule: the keyword as a substring
     distractors: list[str] = field(default_factory=list)
+    # Retrieved but not given: too long for the model's context beside those before it (amfs_answer's `left_out`).
+    left_out: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RefusedAnswer:
+    """A question one mode could not answer (its prompt past the model's context, a refused tool call): kept out
+    of every rate and listed in the report, so the rest of the run stands."""
+
+    session: str
+    query_index: int  # its place in the session's queries, from 0, as a session file counts them
+    question: str
+    mode: ModeName
+    reason: str
+    served_by: ServedBy = "in-process"
+
+
+class _Refused(Exception):
+    """One answer refused; the run records it and goes on."""
 
 
 @dataclass
@@ -211,6 +237,7 @@ class SessionRun:
     served_by: str = "in-process"
     backbone_load_ms: float = 0.0  # --via-server: the server worker's load, on its first (warm-up) call
     results: list[QueryResult] = field(default_factory=list)
+    refused: list[RefusedAnswer] = field(default_factory=list)
 
 
 class FlatCosine:
@@ -239,12 +266,28 @@ class _Answered:
     compile_ms: float
     ttft_ms: float
     generate_ms: float
+    left_out: list[str] = field(default_factory=list)
 
 
-def _answered(gen: Generated, memories: list[str], retrieve_ms: float) -> _Answered:
+def _answer_in_process(backbone: Any, compiler: Any, mode: ModeName, question: str, given: Sequence[MemoryText],
+                       max_new_tokens: int, retrieve_ms: float) -> _Answered:
+    """Answer as amfs_answer does: memories that do not fit the context beside those before them are left out, best
+    first (full history reads everything or nothing); `_Refused` when nothing fits or the prompt is refused."""
+    generation = GENERATION_MODE[base_mode(mode)]
+    kept = (list(range(len(given))) if generation == "full" else
+            fitting_memories(backbone, compiler, generation, given, question, max_new_tokens))
+    if given and not kept:
+        raise _Refused(f"None of the {len(given)} memories given fits {backbone.name}'s context beside the question "
+                       f"and max_new_tokens={max_new_tokens}: the best is {given[0].memory_id}")
+    try:
+        gen = answer_from_memories(backbone, compiler, question, generation, [given[i] for i in kept], max_new_tokens,
+                                   key_scale=mode_key_scale(mode))
+    except ValidationError as error:  # the prompt past the context, as amfs_answer refuses it
+        raise _Refused(str(error)) from None
     m = gen.metrics
-    return _Answered(gen.answer, memories, m.input_tokens, m.prefix_tokens, m.new_tokens, retrieve_ms,
-                     gen.compile_ms, m.ttft_ms, m.generate_ms)
+    return _Answered(gen.answer, [_entry_path(given[i].memory_id) for i in kept], m.input_tokens, m.prefix_tokens,
+                     m.new_tokens, retrieve_ms, gen.compile_ms, m.ttft_ms, m.generate_ms,
+                     left_out=[_entry_path(g.memory_id) for i, g in enumerate(given) if i not in kept])
 
 
 class _InProcess:
@@ -292,10 +335,7 @@ class _InProcess:
             retrieved = await self.memory.retrieve(question, limit=top_k)
             retrieve_ms = (time.perf_counter() - started) * 1000
             given = [MemoryText.of(hit.entry) for hit in retrieved][:GIVEN.get(base, top_k)]
-        gen = _answer_or_stop(f"mode {mode}, question {question[:80]!r}", lambda: answer_from_memories(
-            self.backbone, self.compiler, question, GENERATION_MODE[base], given, max_new_tokens,
-            key_scale=mode_key_scale(mode)))
-        return _answered(gen, [_entry_path(g.memory_id) for g in given], retrieve_ms)
+        return _answer_in_process(self.backbone, self.compiler, mode, question, given, max_new_tokens, retrieve_ms)
 
 
 class _ViaServer:
@@ -336,22 +376,18 @@ class _ViaServer:
 
     async def answer(self, mode: ModeName, question: str, texts: Sequence[MemoryText], top_k: int,
                      max_new_tokens: int) -> _Answered:
-        result = await self.server.call("amfs_answer", {"query": question, "mode": GENERATION_MODE[mode],
-                                                        "max_new_tokens": max_new_tokens,
-                                                        "memories": GIVEN.get(base_mode(mode), top_k)})
+        # The client itself, not `ServedApp.call`: a refused answer is one item of the run, not the run's end.
+        called = await self.server.client.call_tool(
+            "amfs_answer", {"query": question, "mode": GENERATION_MODE[mode], "max_new_tokens": max_new_tokens,
+                            "memories": GIVEN.get(base_mode(mode), top_k)}, raise_on_error=False)
+        if called.is_error:
+            raise _Refused(f"amfs_answer: {called.content[0].text}")
+        result = called.structured_content
         m = result["metrics"]
         return _Answered(result["answer"], [u["entry_key"] for u in result["memories"]], m["input_tokens"],
                          m["prefix_tokens"], m["new_tokens"], m["retrieve_ms"] if mode != "D_full_history" else 0.0,
-                         m["compile_ms"], m["ttft_ms"], m["generate_ms"])
-
-
-def _answer_or_stop(where: str, answer: Callable[[], Generated]) -> Generated:
-    """`answer()`, or the benchmark stopped naming `where` when it refuses (a prompt past the model's context, as
-    amfs_answer refuses it)."""
-    try:
-        return answer()
-    except ValidationError as error:
-        raise SystemExit(f"session bench: {where}: {error}") from None
+                         m["compile_ms"], m["ttft_ms"], m["generate_ms"],
+                         left_out=[u["entry_key"] for u in result.get("left_out", [])])
 
 
 def _entry_path(memory_id: str) -> str:
@@ -362,17 +398,71 @@ def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _refuse_facts_past_the_context(backbone: Any, compiler: Any, texts: Sequence[Any]) -> None:
-    """Stop, naming the fact, when one fact alone is longer than the backbone's context: compiling it ran for 10
-    minutes at 5 GB (23,000 tokens), or asked for 71 GB and died with a traceback (427 KB; red-team finding, 0.7.12)."""
+def _prompt_tokens_past_the_context(backbone: Any, compiler: Any, mode: AnswerMode, texts: Sequence[str],
+                                    question: str, max_new_tokens: int) -> int | None:
+    """The prompt's token count when it and ``max_new_tokens`` do not fit the backbone's context, else None: what
+    ``check_prompt_fits`` refuses, counted the same way."""
     from ..ml.answer.prefix_cache import encode
 
     limit = getattr(backbone.config, "max_position_embeddings", None)
-    for t in texts:
-        line = compiler.layout.memory_line(t.text)
-        if limit is not None and len(line.encode("utf-8")) >= limit and len(encode(backbone, line)) > limit:
-            raise SystemExit(f"session bench: fact {t.memory_id} is longer than {backbone.name}'s context "
-                             f"({limit} tokens) on its own; shorten it or split it into several facts")
+    if limit is None:
+        return None
+    prompt = prompt_read(compiler.layout, mode, texts, question)
+    if fits_unread(prompt, max_new_tokens, limit):
+        return None
+    n = len(encode(backbone, prompt))
+    return n if n + max_new_tokens > limit else None
+
+
+def check_before_running(sessions: Sequence[Session], backbone: Any, compiler: Any, embedder: Embedder | None,
+                         modes: Sequence[ModeName], max_new_tokens: int, *, in_process: bool) -> None:
+    """Stop before any session runs on what would be refused whatever retrieval returns, naming all of it: a refusal
+    mid-run ended the run and threw away every answer before it (red-team finding, 0.7.12). Full history reads
+    every fact and the reference the gold fact, so their prompts are known now; what the retrieval modes read is
+    known only once they retrieve, and a refusal there is recorded and the run goes on (``RefusedAnswer``)."""
+    from ..ml.answer.prefix_cache import encode
+
+    if "B_flat_cos" in modes and embedder is None:
+        raise SystemExit(f"session bench: B_flat_cos needs an embedder; pass --embedder {DEFAULT_EMBEDDER} "
+                         "or leave B_flat_cos out of --modes")
+    limit = getattr(backbone.config, "max_position_embeddings", None)
+    if limit is None:
+        return
+    compiles = in_process and bool(set(PREFIX_MODES) & {base_mode(m) for m in modes})
+    fixed = [m for m in ("D_full_history", ORACLE) if m in modes]
+    problems: list[str] = []
+    refused_modes: set[ModeName] = set()
+    for session in sessions:
+        texts = [memory_text(f.text) for f in session.facts]
+        if compiles:  # in process every fact is compiled before the first question
+            for fact, text in zip(session.facts, texts):
+                line = compiler.layout.memory_line(text)
+                # Compiling such a fact ran for 10 minutes at 5 GB (23,000 tokens), or asked for 71 GB and died with
+                # a traceback (427 KB; red-team finding, 0.7.12).
+                if len(line.encode("utf-8")) >= limit and len(encode(backbone, line)) > limit:
+                    raise SystemExit(f"session bench: {session.name}: fact {fact.path} is longer than "
+                                     f"{backbone.name}'s context ({limit} tokens) on its own, so nothing has run; "
+                                     "shorten it or split it into several facts")
+        for i, query in enumerate(session.queries):
+            needs = []
+            for mode in fixed:
+                given = texts if mode == "D_full_history" else [memory_text(session.fact(query.fact_path).text)]
+                n = _prompt_tokens_past_the_context(backbone, compiler, GENERATION_MODE[mode], given, query.question,
+                                                    max_new_tokens)
+                if n is not None:
+                    needs.append(f"{mode} needs {n} prompt tokens")
+                    refused_modes.add(mode)
+            if needs:
+                problems.append(f"{session.name} queries[{i}]: {', '.join(needs)} ({query.question[:60]!r})")
+    if problems:
+        shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
+        leave = [f"leave {m} out of --modes ({'it reads every fact' if m == 'D_full_history' else 'the gold fact'})"
+                 for m in fixed if m in refused_modes]
+        raise SystemExit(
+            f"session bench: {len(problems)} question(s) cannot be asked in every mode: with up to {max_new_tokens} "
+            f"new tokens their prompts are longer than {backbone.name}'s context ({limit} tokens), so nothing has "
+            "run:\n  " + "\n  ".join(shown) + "\nTo run: " + "; ".join(leave)
+            + "; or shorten those questions or their facts, or lower --max-new-tokens.")
 
 
 async def run_session(session: Session, backbone: Any, compiler: Any, embedder: Embedder | None,
@@ -394,8 +484,9 @@ async def run_session(session: Session, backbone: Any, compiler: Any, embedder: 
             before = compiler.stats.compiled
             started = time.perf_counter()
             if server is None and set(PREFIX_MODES) & {base_mode(m) for m in modes}:
-                _refuse_facts_past_the_context(backbone, compiler, texts)
-                for t in texts:  # what the product does when a memory is written or first used
+                # What the product does when a memory is written or first used (check_before_running has refused a
+                # fact longer than the context on its own).
+                for t in texts:
                     compiler.compile(t.memory_id, t.text)
             # Via the server, memories compile on first use inside the worker (each query's compile_ms).
             run = SessionRun(session.name, len(session.facts), len(session.queries), write_ms,
@@ -408,27 +499,36 @@ async def run_session(session: Session, backbone: Any, compiler: Any, embedder: 
                                      "or leave B_flat_cos out of --modes")
                 flat = FlatCosine(embedder, texts)
             hits = {m: 0 for m in modes}
+            answered = {m: 0 for m in modes}
             for qi, query in enumerate(session.queries, start=1):
                 for mode in modes:
                     started = time.perf_counter()
                     kind = RETRIEVAL[base_mode(mode)]
                     served_by: ServedBy = "in-process"
-                    if base_mode(mode) in SERVER_MODES:  # D and the retrieval modes: the store's path (here, or the server)
-                        got = await store.answer(mode, query.question, texts, top_k, max_new_tokens)
-                        served_by = store.served_by
-                    else:  # B_flat_cos and the oracle: in process on either path
-                        if kind == "flat_cos":
-                            assert flat is not None
-                            given = [texts[i] for i in flat.top(query.question, top_k)]
-                        else:
-                            given = [by_path[query.fact_path]]
-                        retrieve_ms = (time.perf_counter() - started) * 1000 if kind == "flat_cos" else 0.0
-                        gen = _answer_or_stop(f"{session.name}, question {qi}, mode {mode}", lambda: answer_from_memories(
-                            backbone, compiler, query.question, GENERATION_MODE[mode], given, max_new_tokens))
-                        got = _answered(gen, [_entry_path(g.memory_id) for g in given], retrieve_ms)
+                    try:
+                        # D and the retrieval modes: the store's path (here, or the server).
+                        if base_mode(mode) in SERVER_MODES:
+                            served_by = store.served_by
+                            got = await store.answer(mode, query.question, texts, top_k, max_new_tokens)
+                        else:  # B_flat_cos and the oracle: in process on either path
+                            if kind == "flat_cos":
+                                assert flat is not None
+                                given = [texts[i] for i in flat.top(query.question, top_k)]
+                            else:
+                                given = [by_path[query.fact_path]]
+                            retrieve_ms = (time.perf_counter() - started) * 1000 if kind == "flat_cos" else 0.0
+                            got = _answer_in_process(backbone, compiler, mode, query.question, given, max_new_tokens,
+                                                     retrieve_ms)
+                    except _Refused as refusal:
+                        run.refused.append(RefusedAnswer(session.name, qi - 1, query.question, mode, str(refusal),
+                                                         served_by))
+                        _progress(f"[{session.name}] {mode:<15} query {qi}/{len(session.queries)} REFUSED, left out "
+                                  f"of the rates: {refusal}")
+                        continue
                     total_ms = (time.perf_counter() - started) * 1000
                     hit = query.hit(got.answer)
                     hits[mode] += hit
+                    answered[mode] += 1
                     retrieved = kind not in ("none", "gold")
                     run.results.append(QueryResult(
                         mode=mode, session=session.name, question=query.question, expected=query.expected, hit=hit,
@@ -439,8 +539,8 @@ async def run_session(session: Session, backbone: Any, compiler: Any, embedder: 
                         distractors=list(query.distractors), **asdict(got),
                     ))
                     _progress(f"[{session.name}] {mode:<15} query {qi}/{len(session.queries)} "
-                              f"{'hit ' if hit else 'miss'} running hit-rate {hits[mode]}/{qi} "
-                              f"({hits[mode] / qi:.0%}) gen {got.generate_ms:.0f} ms  {got.answer[:60]!r}")
+                              f"{'hit ' if hit else 'miss'} running hit-rate {hits[mode]}/{answered[mode]} "
+                              f"({hits[mode] / answered[mode]:.0%}) gen {got.generate_ms:.0f} ms  {got.answer[:60]!r}")
     return run
 
 
@@ -462,10 +562,12 @@ def _hits_by_question(results: Sequence[QueryResult], mode: str) -> dict[tuple[s
     return {(r.session, r.question): r.hit for r in results if r.mode == mode}
 
 
-def summarize(results: Sequence[QueryResult], modes: Sequence[ModeName]) -> dict[str, dict[str, Any]]:
+def summarize(results: Sequence[QueryResult], modes: Sequence[ModeName],
+              refused: Sequence[RefusedAnswer] = ()) -> dict[str, dict[str, Any]]:
+    """Per mode, over the questions it answered (``n``); ``refused`` ones are counted apart and in no rate (None
+    where a mode answered nothing)."""
     summary: dict[str, dict[str, Any]] = {}
     oracle = _hits_by_question(results, ORACLE) if ORACLE in modes else None
-    oracle_rate = (sum(oracle.values()) / len(oracle)) if oracle else None
     for i, mode in enumerate(modes):
         rows = [r for r in results if r.mode == mode]
         n = len(rows)
@@ -473,16 +575,21 @@ def summarize(results: Sequence[QueryResult], modes: Sequence[ModeName]) -> dict
         gold = [r.gold_retrieved for r in rows if r.gold_retrieved is not None]
         first = [r for r in rows if r.gold_rank == 1]
 
-        def mean(attr: str) -> float:
-            return float(np.mean([getattr(r, attr) for r in rows])) if rows else float("nan")
+        def mean(attr: str) -> float | None:
+            return float(np.mean([getattr(r, attr) for r in rows])) if rows else None
+
+        def interval(values: list[float], seed: int) -> list[float] | None:
+            return list(bootstrap_mean_interval(values, seed=seed)) if values else None
 
         summary[mode] = {
             "reference": mode == ORACLE,
             "served_by": sorted({r.served_by for r in rows}),
-            "n": n, "hits": hits, "hit_rate": hits / n if n else float("nan"),
+            "n": n, "hits": hits, "hit_rate": hits / n if n else None,
             "hit_rate_ci95": list(wilson_interval(hits, n)),
+            "refused": sum(1 for r in refused if r.mode == mode),
             "hits_lenient": sum(r.hit_lenient for r in rows),
-            "hit_rate_lenient": sum(r.hit_lenient for r in rows) / n if n else float("nan"),
+            "hit_rate_lenient": sum(r.hit_lenient for r in rows) / n if n else None,
+            "answers_with_memories_left_out": sum(1 for r in rows if r.left_out),
             "retrieval_recall": (sum(gold) / len(gold)) if gold else None,
             # The prefix channel bets on the top-1 (key scale): how often retrieval put the gold fact first,
             # and the hit-rate on those questions.
@@ -491,52 +598,67 @@ def summarize(results: Sequence[QueryResult], modes: Sequence[ModeName]) -> dict
             "avg_input_tokens": mean("input_tokens"), "avg_prefix_tokens": mean("prefix_tokens"),
             "avg_new_tokens": mean("new_tokens"),
             "avg_retrieve_ms": mean("retrieve_ms"),
-            "avg_retrieve_ms_ci95": list(bootstrap_mean_interval([r.retrieve_ms for r in rows], seed=i)),
+            "avg_retrieve_ms_ci95": interval([r.retrieve_ms for r in rows], i),
             "avg_compile_ms": mean("compile_ms"), "avg_ttft_ms": mean("ttft_ms"),
             "avg_generate_ms": mean("generate_ms"),
-            "avg_generate_ms_ci95": list(bootstrap_mean_interval([r.generate_ms for r in rows], seed=100 + i)),
+            "avg_generate_ms_ci95": interval([r.generate_ms for r in rows], 100 + i),
             "avg_total_ms": mean("total_ms"),
             "avg_ms_per_new_token": (sum(r.generate_ms for r in rows) / max(1, sum(r.new_tokens for r in rows))),
         }
         if oracle is not None:
-            # Against the reader's ceiling: the rate as a fraction of the oracle's, and the rate on the
-            # questions the reader answers when handed the gold fact alone.
-            on_oracle_hits = [r.hit for r in rows if oracle.get((r.session, r.question))]
-            summary[mode]["hit_rate_vs_oracle"] = (summary[mode]["hit_rate"] / oracle_rate) if oracle_rate else None
-            summary[mode]["hit_rate_on_oracle_hits"] = (sum(on_oracle_hits) / len(on_oracle_hits)
-                                                        if on_oracle_hits else None)
+            # Against the reader given the gold fact alone, question by question. Not a ratio of rates: that read
+            # 125% where a mode answered a question the reference missed (a weak reader can answer better beside
+            # other memories, or by chance; red-team finding, 0.7.12). Two counts that cannot mislead instead: of
+            # the reference's hits, how many this mode kept (at most all), and how many it answered beyond them.
+            on_hits = [r.hit for r in rows if oracle.get((r.session, r.question))]
+            summary[mode]["oracle_hits"] = len(on_hits)
+            summary[mode]["hits_on_oracle_hits"] = sum(on_hits)
+            summary[mode]["hit_rate_on_oracle_hits"] = sum(on_hits) / len(on_hits) if on_hits else None
+            summary[mode]["hits_beyond_oracle"] = sum(
+                1 for r in rows if r.hit and oracle.get((r.session, r.question)) is False)
     return summary
 
 
-def targets(summary: dict[str, dict[str, Any]], results: Sequence[QueryResult] = ()) -> dict[str, Any]:
-    """The issue's bar, where the modes it compares were run."""
+def _paired_difference(results: Sequence[QueryResult], mode: ModeName, other: ModeName) -> dict[str, Any] | None:
+    """``mode`` minus ``other`` on the questions both answered (all of them, unless some were refused): the mean
+    difference, its paired bootstrap CI, and how many questions."""
+    mine, theirs = _hits_by_question(results, mode), _hits_by_question(results, other)
+    paired = [q for q in mine if q in theirs]
+    if not paired:
+        return None
+    a, b = [mine[q] for q in paired], [theirs[q] for q in paired]
+    return {"minus": float(np.mean(a) - np.mean(b)), "paired_ci95": list(paired_difference_interval(a, b)),
+            "questions": len(paired)}
+
+
+def targets(summary: dict[str, dict[str, Any]], results: Sequence[QueryResult]) -> dict[str, Any]:
+    """The issue's bar, where the modes it compares were run and answered. Differences of hit-rates are taken on the
+    questions both modes answered, so a refused question counts for neither."""
     out: dict[str, Any] = {}
-    a, b, c, d = (summary.get(m) for m in ("A_ams_prefix", "B_ams_text", "C_ams_hybrid", "D_full_history"))
+    answered = {m: s for m, s in summary.items() if s["n"]}
+    a, b, c, d = (answered.get(m) for m in ("A_ams_prefix", "B_ams_text", "C_ams_hybrid", "D_full_history"))
     # A (and C, and their other key scales) against the best text mode run, not only B_ams_text: a prefix
     # channel that wins only against a weaker text baseline has not earned its place.
-    text_run = [m for m in TEXT_MODES if m in summary]
+    text_run = [m for m in TEXT_MODES if m in answered]
     if text_run:
         best = max(text_run, key=lambda m: (summary[m]["hit_rate"], -TEXT_MODES.index(m)))
         out["best_text_mode"] = best
-        best_hits = _hits_by_question(results, best)
-        for mode in summary:
+        for mode in answered:
             if base_mode(mode) not in PREFIX_MODES:
                 continue
-            mine = _hits_by_question(results, mode)
-            paired = [q for q in mine if q in best_hits]
-            entry: dict[str, Any] = {"minus_best_text": summary[mode]["hit_rate"] - summary[best]["hit_rate"]}
-            if paired:
-                entry["paired_ci95"] = list(paired_difference_interval(
-                    [mine[q] for q in paired], [best_hits[q] for q in paired]))
+            difference = _paired_difference(results, mode, best)
+            if difference is None:
+                continue
+            entry: dict[str, Any] = {"minus_best_text": difference["minus"], "paired_ci95": difference["paired_ci95"],
+                                     "paired_questions": difference["questions"]}
             out.setdefault("vs_best_text", {})[mode] = entry
     if a and b:
-        out["A_hit_rate_minus_B_ams_text"] = a["hit_rate"] - b["hit_rate"]
-        out["A_hit_rate_at_least_B_ams_text"] = a["hit_rate"] >= b["hit_rate"]
-        a_hits, b_hits = _hits_by_question(results, "A_ams_prefix"), _hits_by_question(results, "B_ams_text")
-        paired = [q for q in a_hits if q in b_hits]
-        if paired:
-            out["A_minus_B_ams_text_paired_ci95"] = list(paired_difference_interval(
-                [a_hits[q] for q in paired], [b_hits[q] for q in paired]))
+        difference = _paired_difference(results, "A_ams_prefix", "B_ams_text")
+        if difference is not None:
+            out["A_hit_rate_minus_B_ams_text"] = difference["minus"]
+            out["A_hit_rate_at_least_B_ams_text"] = difference["minus"] >= 0
+            out["A_minus_B_ams_text_paired_ci95"] = difference["paired_ci95"]
+            out["A_minus_B_ams_text_paired_questions"] = difference["questions"]
         out["A_generate_ms_vs_B_ams_text"] = a["avg_generate_ms"] / b["avg_generate_ms"]
         out["A_generate_within_1.1x"] = out["A_generate_ms_vs_B_ams_text"] <= TARGET_GENERATE_RATIO
     if c and b:
@@ -552,6 +674,20 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.0f}%"
 
 
+def _num(x: float | None, digits: int = 0) -> str:
+    """A mean, or "-" for a mode that answered nothing."""
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _cell(text: str) -> str:
+    """Text (a question, a refusal's reason) as one markdown table cell."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
 def _mode_label(mode: str) -> str:
     return f"{mode} (reference: gold fact only)" if mode == ORACLE else mode
 
@@ -561,6 +697,7 @@ def markdown(report: dict[str, Any]) -> str:
     sessions = ", ".join(f"{s['session']} ({s['n_facts']} facts, {s['n_queries']} queries)" for s in report["sessions"])
     has_oracle = ORACLE in report["summary"]
     via_server = cfg.get("path") == "server"
+    refused = report.get("refused", [])
     lines = [
         f"# Session benchmark: {cfg['backbone']}, {report['title']}",
         "",
@@ -570,7 +707,9 @@ def markdown(report: dict[str, Any]) -> str:
         "Hit (strict, the default) = the expected keyword as a whole word (case-insensitive) and none of the "
         "question's distractor answers (the same attribute of the other people/services); *lenient* = the "
         "keyword as a substring, the report's original rule. 95% CIs: Wilson for hit-rates (queries of "
-        "all sessions pooled), percentile bootstrap of the mean for times.",
+        "all sessions pooled), percentile bootstrap of the mean for times."
+        + (f" **{len(refused)} answers were refused** (listed below): each rate is over the answers its mode gave "
+           "(n), and differences between modes over the questions both answered." if refused else ""),
         "",
         f"Sessions: **{cfg.get('sessions_description', '-')}**.",
         "",
@@ -580,33 +719,54 @@ def markdown(report: dict[str, Any]) -> str:
     if has_oracle:
         lines += [
             f"`{ORACLE}` is a reference, not one of the five modes: the reader given only the gold fact as "
-            "text, its ceiling under perfect retrieval. *vs O* is a mode's hit-rate divided by the oracle's; "
-            "*on O's hits* is its hit-rate on the questions the oracle answers.",
+            "text, its ceiling under perfect retrieval, though not a strict one (a weak reader can answer beside "
+            "other memories what it misses from the gold fact alone). *on O's hits*: of the questions O answers, "
+            "the share this mode answers too (at most 100%); *beyond O*: questions this mode answers that O misses.",
             "",
         ]
-    oracle_cols = " vs O | on O's hits |" if has_oracle else ""
+    oracle_cols = " on O's hits | beyond O |" if has_oracle else ""
     served_col = " served by |" if via_server else ""
-    header = (f"| Mode |{served_col} Hit-rate, strict (95% CI) | lenient |{oracle_cols} Gold in top-k | Gold first (hit-rate then) "
+    refused_col = " refused |" if refused else ""
+    header = (f"| Mode |{served_col} Hit-rate, strict (95% CI) | lenient |{refused_col}{oracle_cols} Gold in top-k "
+              "| Gold first (hit-rate then) "
               "| avg input tokens (prefilled) "
               "| avg reused prefix tokens | avg retrieve ms | avg generate ms (95% CI) | avg TTFT ms "
               "| avg new tokens |")
     lines += [header, "|" + "---|" * (header.count("|") - 1)]
     for mode, s in report["summary"].items():
         lo, hi = s["hit_rate_ci95"]
-        glo, ghi = s["avg_generate_ms_ci95"]
+        gen_ci = s["avg_generate_ms_ci95"]
+        gen = _num(s["avg_generate_ms"]) + (f" ({gen_ci[0]:.0f}-{gen_ci[1]:.0f})" if gen_ci else "")
         recall = "-" if s["retrieval_recall"] is None else _pct(s["retrieval_recall"])
         first = "-" if s["gold_first_rate"] is None else (
             f"{_pct(s['gold_first_rate'])} ({_pct(s['hit_rate_gold_first'])})")
         served = f" {', '.join(s['served_by'])} |" if via_server else ""
-        vs_oracle = (f" {_pct(s['hit_rate_vs_oracle'])} | {_pct(s['hit_rate_on_oracle_hits'])} |"
-                     if has_oracle and mode != ORACLE else (" - | - |" if has_oracle else ""))
+        on_oracle_hits = (f"{_pct(s['hit_rate_on_oracle_hits'])} ({s['hits_on_oracle_hits']}/{s['oracle_hits']})"
+                          if has_oracle and s.get("oracle_hits") else "-")
+        vs_oracle = (f" {on_oracle_hits} | {s['hits_beyond_oracle']} |" if has_oracle and mode != ORACLE
+                     else (" - | - |" if has_oracle else ""))
+        refused_cell = f" {s.get('refused', 0)} |" if refused else ""
+        rate = f"{_pct(s['hit_rate'])} ({s['hits']}/{s['n']}; {_pct(lo)}-{_pct(hi)})" if s["n"] else "- (0/0)"
         lines.append(
-            f"| {_mode_label(mode)} |{served} {_pct(s['hit_rate'])} ({s['hits']}/{s['n']}; {_pct(lo)}-{_pct(hi)}) |"
-            f" {_pct(s.get('hit_rate_lenient'))} |"
-            f"{vs_oracle} {recall} | {first} | {s['avg_input_tokens']:.0f} | {s['avg_prefix_tokens']:.0f} "
-            f"| {s['avg_retrieve_ms']:.1f} | {s['avg_generate_ms']:.0f} ({glo:.0f}-{ghi:.0f}) | {s['avg_ttft_ms']:.0f} "
-            f"| {s['avg_new_tokens']:.1f} |"
+            f"| {_mode_label(mode)} |{served} {rate} |"
+            f" {_pct(s.get('hit_rate_lenient'))} |{refused_cell}"
+            f"{vs_oracle} {recall} | {first} | {_num(s['avg_input_tokens'])} | {_num(s['avg_prefix_tokens'])} "
+            f"| {_num(s['avg_retrieve_ms'], 1)} | {gen} | {_num(s['avg_ttft_ms'])} "
+            f"| {_num(s['avg_new_tokens'], 1)} |"
         )
+    left_out = {m: s["answers_with_memories_left_out"] for m, s in report["summary"].items()
+                if s.get("answers_with_memories_left_out")}
+    if left_out:
+        lines += ["", "Memories left out (too long for the context beside the ones before them, best first, as "
+                  "amfs_answer does; `left_out` in report.json): "
+                  + "; ".join(f"{m}: {k} answers read fewer than it was given" for m, k in left_out.items()) + "."]
+    if refused:
+        lines += ["", f"## Refused: {len(refused)} answers, left out of every rate", "",
+                  "Each was refused before the model answered (its prompt past the model's context, or a refused "
+                  "tool call): not counted as misses, nor as answers. The run went on without them.", "",
+                  "| Session | Question | Asked | Mode | Served by | Why |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['session']} | queries[{r['query_index']}] | {_cell(_cut(r['question'], 80))} | {r['mode']} "
+                  f"| {r['served_by']} | {_cell(r['reason'])} |" for r in refused]
     per_session = report.get("per_session", {})
     if len(per_session) > 1:
         modes = list(report["summary"])
@@ -614,9 +774,13 @@ def markdown(report: dict[str, Any]) -> str:
                   "|---|" + "---|" * len(modes)]
         for name, summary in per_session.items():
             lines.append(f"| {name} | " + " | ".join(
-                f"{_pct(summary[m]['hit_rate'])} ({summary[m]['hits']}/{summary[m]['n']})" for m in modes) + " |")
+                f"{_pct(summary[m]['hit_rate'])} ({summary[m]['hits']}/{summary[m]['n']}"
+                + (f", {summary[m]['refused']} refused" if summary[m].get("refused") else "") + ")"
+                for m in modes) + " |")
     t = report["targets"]
     lines += ["", "## Targets", ""]
+    if not t:
+        lines.append("- none to state: the modes they compare were not run, or answered no question")
     if "A_hit_rate_at_least_B_ams_text" in t:
         paired = t.get("A_minus_B_ams_text_paired_ci95")
         ci = f"; paired bootstrap 95% CI {100 * paired[0]:+.0f} to {100 * paired[1]:+.0f}" if paired else ""
@@ -626,8 +790,9 @@ def markdown(report: dict[str, Any]) -> str:
         for mode, entry in t.get("vs_best_text", {}).items():
             ci = entry.get("paired_ci95")
             ci_text = f"; paired bootstrap 95% CI {100 * ci[0]:+.0f} to {100 * ci[1]:+.0f}" if ci else ""
+            on = f" on the {entry['paired_questions']} questions both answered" if refused else ""
             lines.append(f"- {mode} vs the best text mode ({t['best_text_mode']}): "
-                         f"{100 * entry['minus_best_text']:+.0f} points{ci_text}")
+                         f"{100 * entry['minus_best_text']:+.0f} points{on}{ci_text}")
     if "A_input_tokens_vs_D" in t:
         lines.append(f"- A input tokens <= 15% of D: **{'met' if t['A_input_tokens_within_15pct'] else 'not met'}** "
                      f"({_pct(t['A_input_tokens_vs_D'])} of D)")
@@ -662,22 +827,24 @@ def chart(report: dict[str, Any], path: Path) -> None:
     colors = [palette[m] if m in palette else palette[base_mode(m)] + "88" for m in modes]
     hatches = ["xx" if m == ORACLE else "" for m in modes]  # the reference, not a mode
     fig, axes = plt.subplots(1, 3, figsize=(4 + 1.5 * len(modes), 4.6))
-    rates = [summary[m]["hit_rate"] * 100 for m in modes]
+    # A mode that answered nothing (every answer refused) is drawn empty, without an interval.
+    answered = [bool(summary[m]["n"]) for m in modes]
+    rates = [summary[m]["hit_rate"] * 100 if ok else 0.0 for m, ok in zip(modes, answered)]
     # Clipped at 0: at 0/n or n/n the Wilson bound equals the rate up to rounding.
     err = np.clip(np.array([[r - summary[m]["hit_rate_ci95"][0] * 100, summary[m]["hit_rate_ci95"][1] * 100 - r]
-                            for m, r in zip(modes, rates)]).T, 0, None)
+                            if ok else [0.0, 0.0] for m, r, ok in zip(modes, rates, answered)]).T, 0, None)
     axes[0].bar(x, rates, color=colors, yerr=err, capsize=4, hatch=hatches, edgecolor="#555555")
     axes[0].set_ylim(0, 105)
     axes[0].set_title("hit-rate % (95% Wilson CI)")
-    prefilled = [summary[m]["avg_input_tokens"] for m in modes]
-    reused = [summary[m]["avg_prefix_tokens"] for m in modes]
+    prefilled = [summary[m]["avg_input_tokens"] or 0.0 for m in modes]
+    reused = [summary[m]["avg_prefix_tokens"] or 0.0 for m in modes]
     axes[1].bar(x, prefilled, color=colors, label="prefilled", hatch=hatches, edgecolor="#555555")
     axes[1].bar(x, reused, bottom=prefilled, color="none", edgecolor="#555555", hatch="//", label="reused prefix")
     axes[1].set_title("avg input tokens (prefilled; hatched: reused)")
     axes[1].legend(loc="upper right", fontsize=8)
-    gen = [summary[m]["avg_generate_ms"] for m in modes]
+    gen = [summary[m]["avg_generate_ms"] or 0.0 for m in modes]
     gerr = np.clip(np.array([[g - summary[m]["avg_generate_ms_ci95"][0], summary[m]["avg_generate_ms_ci95"][1] - g]
-                             for m, g in zip(modes, gen)]).T, 0, None)
+                             if ok else [0.0, 0.0] for m, g, ok in zip(modes, gen, answered)]).T, 0, None)
     axes[2].bar(x, gen, color=colors, yerr=gerr, capsize=4, hatch=hatches, edgecolor="#555555")
     axes[2].set_title("avg generate ms (95% bootstrap CI)")
     for ax in axes:
@@ -879,13 +1046,16 @@ def run_benchmark(args: argparse.Namespace, *, embedder: Embedder | None = None,
     _progress(f"session bench: {backbone.name} on {backbone.device} ({backbone.dtype}), loaded in "
               f"{backbone.load_seconds:.1f}s; {title}; modes {', '.join(args.mode_list)}; top-k {args.top_k}; "
               f"path: {'server' if args.via_server else 'in-process'}")
+    check_before_running(sessions, backbone, compiler, embedder, args.mode_list, args.max_new_tokens,
+                         in_process=not args.via_server)
     _warm_up(backbone, compiler)
     started = time.perf_counter()
     runs = [asyncio.run(run_session(s, backbone, compiler, embedder, args.mode_list, args.top_k, args.max_new_tokens,
                                     server=server))
             for s in sessions]
     results = [r for run in runs for r in run.results]
-    summary = summarize(results, args.mode_list)
+    refused = [r for run in runs for r in run.refused]
+    summary = summarize(results, args.mode_list, refused)
     report: dict[str, Any] = {
         "title": title,
         "command": "amfs-server bench session " + " ".join(sys.argv[1:] if args.argv is None else args.argv),
@@ -907,18 +1077,21 @@ def run_benchmark(args: argparse.Namespace, *, embedder: Embedder | None = None,
         },
         "summary": summary,
         "targets": targets(summary, results),
-        "per_session": {run.session: summarize(run.results, args.mode_list) for run in runs},
+        "per_session": {run.session: summarize(run.results, args.mode_list, run.refused) for run in runs},
         "per_session_targets": {run.session: targets(summarize(run.results, args.mode_list), run.results)
                                 for run in runs},
-        "sessions": [{k: v for k, v in asdict(run).items() if k != "results"} for run in runs],
+        "sessions": [{k: v for k, v in asdict(run).items() if k not in ("results", "refused")} for run in runs],
         "wall_s": time.perf_counter() - started,
         "queries": [asdict(r) for r in results],
+        # Answers that could not run (in no rate above; each mode's `refused` counts its own).
+        "refused": [asdict(r) for r in refused],
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
     (out / "report.md").write_text(markdown(report), encoding="utf-8")
     chart(report, out / "report.png")
-    _progress(f"session bench: wrote {out}/report.json, report.md, report.png in {report['wall_s']:.0f}s")
+    _progress(f"session bench: wrote {out}/report.json, report.md, report.png in {report['wall_s']:.0f}s"
+              + (f"; {len(refused)} answers refused, left out of the rates (listed in the report)" if refused else ""))
     return report
 
 

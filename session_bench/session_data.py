@@ -70,13 +70,34 @@ class Fact:
 _UNSPACED = re.compile("[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 
 
+# Arabic writes some words onto the next one: "بالقاهرة" is "in Cairo", and a whole-word match scored it a miss
+# for "القاهرة" (red-team finding, 0.7.12). Before an Arabic word only its proclitic chain may come, each part
+# optional, in this order: a conjunction (و and, ف so), a preposition (ب in, ك like, ل for), the article (ال); ل
+# before the article is written لل. A word that has the article needs it in the answer too. Any other letter before
+# the word is a miss ("معلم", teacher, does not name "علم", flag). A word whose own first letter is a proclitic's
+# ("بحر", sea, reads as ب + "حر") cannot be told apart without a dictionary: such a hit is possible, and accepted.
+_ARABIC = re.compile("[\u0600-\u06ff\u0750-\u077f\u08a0-\u08ff\ufb50-\ufdff\ufe70-\ufeff]")
+_ARTICLE = "\u0627\u0644"  # ال
+_CONJUNCTION = "[\u0648\u0641]?"  # و ف
+_BEFORE_ARTICLE = f"{_CONJUNCTION}(?:[\u0628\u0643]?{_ARTICLE}|\u0644\u0644)"  # ال بال كال لل
+_BEFORE_WORD = f"{_CONJUNCTION}(?:[\u0628\u0643]?(?:{_ARTICLE})?|\u0644\u0644?)"  # ب ك ل, ال بال كال لل, or none
+
+
+def _arabic_pattern(word: str) -> str:
+    """The regex of Arabic ``word`` with the proclitics it may carry (ال and one letter is a word of its own: الف)."""
+    if word.startswith(_ARTICLE) and len(word) > len(_ARTICLE) + 1:
+        return _BEFORE_ARTICLE + re.escape(word[len(_ARTICLE):])
+    return _BEFORE_WORD + re.escape(word)
+
+
 def mentions(answer: str, word: str) -> bool:
     """``word`` appears in ``answer`` as a whole word, case-insensitive ("Teodora" does not mention "Teodor"); a
-    word in a script written without spaces, as text."""
+    word in a script written without spaces, as text; an Arabic word, with the proclitics Arabic attaches to it."""
     word = word.strip()
     if _UNSPACED.search(word):
         return word.casefold() in answer.casefold()
-    return re.search(rf"(?<!\w){re.escape(word)}(?!\w)", answer, flags=re.IGNORECASE) is not None
+    pattern = _arabic_pattern(word) if _ARABIC.match(word) else re.escape(word)
+    return re.search(rf"(?<!\w){pattern}(?!\w)", answer, flags=re.IGNORECASE) is not None
 
 
 @dataclass(frozen=True)
@@ -97,8 +118,9 @@ class Query:
         return mentions(answer, self.expected) and not any(mentions(answer, d) for d in self.distractors)
 
     def hit_lenient(self, answer: str) -> bool:
-        """The report's original rule, shown beside the strict one: the keyword as a substring, case-insensitive."""
-        return self.expected.lower() in answer.lower()
+        """The report's original rule, shown beside the strict one: the keyword as a substring, case-insensitive, or
+        mentioned as the strict rule finds it (Arabic "للقاهرة" holds no "القاهرة"): lenient is never below strict."""
+        return self.expected.lower() in answer.lower() or mentions(answer, self.expected)
 
 
 @dataclass(frozen=True)

@@ -5,19 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from amfs_server.ml.answer.backbone import load_backbone
 from amfs_server.ml.answer.prefix_cache import MemoryCompiler, encode
 from amfs_server.session_bench import prefix_cost as pc
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_memories_reach_the_asked_size_and_differ(one_thread):

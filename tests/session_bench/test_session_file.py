@@ -224,3 +224,31 @@ def test_through_the_server_more_than_500_facts_are_refused_only_with_mode_d(tmp
         sb._session_file(sb.parse_args(["--session-file", str(path), "--via-server"]))
     args = sb.parse_args(["--session-file", str(path), "--via-server", "--modes", "A_ams_prefix,B_ams_text"])
     assert len(sb._session_file(args).facts) == 506
+
+
+def test_an_arabic_answer_with_an_attached_proclitic_is_a_hit_and_another_word_is_not():
+    """Arabic writes و ف (and, so), ب ك ل (in, like, for) and the article ال onto the next word: "بالقاهرة" (in Cairo)
+    names "القاهرة" but was scored a miss (red-team finding, 0.7.12). Only that chain may come before the word."""
+    from amfs_server.session_bench.session_data import Query, mentions
+
+    cairo = Query("أين يعمل الفريق؟", "القاهرة", "team/office", distractors=("الإسكندرية",))
+    for answer in ("القاهرة", "يعمل الفريق بالقاهرة.", "والقاهرة", "وبالقاهرة", "كالقاهرة",
+                   "للقاهرة",  # ل + ال is written لل
+                   "فللقاهرة", "القاهرةُ"):  # a vowel mark after the word is not a letter
+        assert cairo.hit(answer) and cairo.hit_lenient(answer), answer
+    for answer in ("القاهرية", "مالقاهرة", "لالقاهرة", "قاهرة",  # the word has the article: the answer needs it
+                   "بالقاهرة والإسكندرية", "في بالإسكندرية"):
+        assert not cairo.hit(answer), answer
+    assert mentions("يعيش في بمصر", "مصر") and mentions("ومصر", "مصر") and mentions("المصر", "مصر")
+    assert not mentions("المعلم", "علم") and not mentions("معلم", "علم")  # "teacher" holds "flag"'s letters
+    assert not mentions("bPorto", "Porto") and not mentions("بPorto", "Porto")  # Arabic script only
+
+
+def test_a_session_file_whose_arabic_fact_attaches_a_proclitic_to_the_answer_loads():
+    data = {"name": "ar", "facts": [{"entity_path": "team", "key": "office", "text": "يعمل الفريق بالقاهرة."}],
+            "queries": [{"question": "أين يعمل الفريق؟", "expected": "القاهرة", "fact_path": "team/office",
+                         "distractors": ["الإسكندرية"]}]}
+    assert parse_session(data).queries[0].expected == "القاهرة"
+    data["queries"][0]["distractors"] = ["بالقاهرة"]
+    with pytest.raises(SessionFileError, match="names the expected answer"):
+        parse_session(data)
