@@ -91,6 +91,7 @@ from .sql_common import (
     POSTGRES,
     TRACE_COLUMNS,
     TRACE_INSERT_COLUMNS,
+    WORD_COUNT_COLUMNS,
     already_applied,
     count_outcomes,
     draft_params,
@@ -100,7 +101,6 @@ from .sql_common import (
     export_store,
     import_store,
     latest_versions,
-    WORD_COUNT_COLUMNS,
     length_scaled,
     outcome_filter,
     outcome_params,
@@ -236,22 +236,17 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX entries_superseded_ttl ON entries (ttl_at) WHERE NOT is_current AND ttl_at IS NOT NULL;
     """,
-    # 9: the distinct words of an entry's search text, counted when it is written, for the keyword length factor
-    # (rows written before are counted once, by `_count_words_of_older_rows`).
+    # 9: the distinct words of an entry's search text, counted when it is written, for the keyword length factor;
+    # rows written before (or by an older process since) are counted at open, found by the partial index.
     """
     ALTER TABLE entries ADD COLUMN distinct_words integer;
+    CREATE INDEX entries_uncounted ON entries (row_id) WHERE distinct_words IS NULL;
     """,
 ]
 WORD_COUNT_MIGRATION = 9
-
-
-
-async def _count_words_of_older_rows(conn: Any) -> None:
-    """Fill `distinct_words` for the rows of a store written before the column (once, when it is added)."""
-    rows = await conn.fetch("SELECT row_id, search_text FROM entries WHERE distinct_words IS NULL")
-    await conn.execute(
-        "UPDATE entries SET distinct_words = u.n FROM unnest($1::bigint[], $2::integer[]) AS u(id, n) WHERE row_id = u.id",
-        [row["row_id"] for row in rows], [distinct_words(row["search_text"]) for row in rows])
+# Rows counted a transaction at a time at open, outside the migration's lock: counting every row in it held every
+# other process on the store for the whole time (23 s at 12,000 rows; review finding, 0.7.13).
+WORD_COUNT_BATCH = 1_000
 
 
 _HNSW_INDEX_NAME = "entries_embedding_hnsw"
@@ -444,6 +439,30 @@ class PostgresStore(PostgresDatabase):
         """`reembedding`: a store of another vector width opens too, for `reembed`'s export (see `import_snapshot`)."""
         self._reembedding = reembedding
         await super().open()
+        await self._count_words_of_older_rows()
+
+    async def _count_words_of_older_rows(self) -> None:
+        """Give the rows without a word count (written before schema 9, or by an older server since) theirs, a batch
+        a transaction; rows another process is counting are skipped. Until then a keyword search counts theirs at
+        read."""
+        async def batch(conn: Any) -> int:
+            rows = await conn.fetch(
+                "SELECT row_id, search_text FROM entries WHERE distinct_words IS NULL ORDER BY row_id LIMIT $1 "
+                "FOR UPDATE SKIP LOCKED", WORD_COUNT_BATCH)
+            await conn.execute(
+                "UPDATE entries SET distinct_words = u.n FROM unnest($1::bigint[], $2::integer[]) AS u(id, n) "
+                "WHERE row_id = u.id", [row["row_id"] for row in rows], [distinct_words(row["search_text"]) for row in rows])
+            return len(rows)
+
+        async def uncounted(conn: Any) -> int:
+            return int(await conn.fetchval("SELECT count(*) FROM entries WHERE distinct_words IS NULL"))
+
+        if (waiting := await self._tx(uncounted, readonly=True)) == 0:
+            return
+        logger.warning("Counting the words of %d entries written before amfs-server 0.7.13 (once; other processes "
+                       "are not held up)", waiting)
+        while await self._tx(batch) == WORD_COUNT_BATCH:
+            pass
 
     async def _bootstrap(self, conn: Any) -> None:
         """Extension, schema and migrations, under one advisory lock (safe when processes start at once)."""
@@ -452,12 +471,10 @@ class PostgresStore(PostgresDatabase):
             await self._ensure_vector_extension(conn)
             await self._create_schema(conn)
             hnsw = _hnsw_index(self.embedding_dimension)
-            previous = await self._migrate(
+            await self._migrate(
                 conn, "schema_migrations", MIGRATIONS,
                 lambda script: script.replace("{dim}", str(self.embedding_dimension)).replace("{hnsw}", hnsw),
             )
-            if 0 < previous < WORD_COUNT_MIGRATION:
-                await _count_words_of_older_rows(conn)
             self._lock_namespace = await conn.fetchval("SELECT hashtext($1)", self.schema)
             self._rows_at_analyze = max(0.0, float(await conn.fetchval(_ROW_ESTIMATE_SQL)))
             width = await self._column_width(conn)

@@ -180,9 +180,9 @@ class PostgresDatabase:
             await conn.execute(f"CREATE SCHEMA {quote_ident(self.schema)}")
         await conn.execute(f"SET LOCAL search_path TO {self._search_path}")
 
-    async def _migrate(self, conn: Any, ledger: str, migrations: list[str], render: Callable[[str], str] = str) -> int:
+    async def _migrate(self, conn: Any, ledger: str, migrations: list[str], render: Callable[[str], str] = str) -> None:
         """Apply the steps of `migrations` past the version recorded in the `ledger` table (each step's
-        version is its 1-based position); refuse a schema newer than this code. Returns the version found."""
+        version is its 1-based position); refuse a schema newer than this code."""
         await conn.execute(
             f"CREATE TABLE IF NOT EXISTS {ledger} (version integer PRIMARY KEY, "
             "applied_at timestamptz NOT NULL DEFAULT now())"
@@ -196,7 +196,6 @@ class PostgresDatabase:
         for number, script in enumerate(migrations[current:], start=current + 1):
             await conn.execute(render(script))
             await conn.execute(f"INSERT INTO {ledger} (version) VALUES ($1)", number)
-        return int(current)
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None

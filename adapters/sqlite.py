@@ -24,8 +24,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import ConflictError
-from ..core.interprocess import acquire_exclusive
+from ..core.errors import ConflictError, StoreError
+from ..core.interprocess import LOCK_WAIT_S, acquire_exclusive
 from ..core.models import (
     Actor,
     EntryFilter,
@@ -52,6 +52,7 @@ from .sql_common import (
     SQLITE,
     TRACE_COLUMNS,
     TRACE_INSERT_COLUMNS,
+    WORD_COUNT_COLUMNS,
     already_applied,
     count_outcomes,
     draft_params,
@@ -60,7 +61,6 @@ from .sql_common import (
     entry_from_row,
     export_store,
     import_store,
-    WORD_COUNT_COLUMNS,
     length_scaled,
     outcome_filter,
     outcome_params,
@@ -155,11 +155,16 @@ MIGRATIONS: list[str] = [
     "ALTER TABLE entries ADD COLUMN context_key TEXT;",
     # 6: superseded versions whose own TTL passed, found by the expiry sweep without reading every row.
     "CREATE INDEX entries_superseded_ttl ON entries (ttl_at) WHERE is_current = 0 AND ttl_at IS NOT NULL;",
-    # 7: the distinct words of an entry's search text, counted when it is written, for the keyword length factor
-    # (rows written before are counted once, by `_count_words_of_older_rows`).
-    "ALTER TABLE entries ADD COLUMN distinct_words INTEGER;",
+    # 7: the distinct words of an entry's search text, counted when it is written, for the keyword length factor;
+    # rows written before (or by an older process since) are counted at open, found by the partial index.
+    """
+    ALTER TABLE entries ADD COLUMN distinct_words INTEGER;
+    CREATE INDEX entries_uncounted ON entries (row_id) WHERE distinct_words IS NULL;
+    """,
 ]
 WORD_COUNT_MIGRATION = 7
+# Rows counted a transaction at a time at open: each holds the write lock for a moment, not the whole store's time.
+WORD_COUNT_BATCH = 2_000
 
 _BASE_COLUMNS = ENTRY_BASE_COLUMNS
 _ENTRY_COLUMNS = ENTRY_COLUMNS
@@ -301,13 +306,6 @@ def _row_to_entry(row: sqlite3.Row, with_embedding: bool = True) -> MemoryEntry:
     return entry_from_row(row, SQLITE, with_embedding)
 
 
-def _count_words_of_older_rows(conn: sqlite3.Connection) -> None:
-    """Fill `distinct_words` for the rows of a store written before the column (once, when it is added)."""
-    rows = conn.execute("SELECT row_id, search_text FROM entries WHERE distinct_words IS NULL").fetchall()
-    conn.executemany("UPDATE entries SET distinct_words = ? WHERE row_id = ?",
-                     [(distinct_words(text), row_id) for row_id, text in rows])
-
-
 class SQLiteStore(SQLiteDatabase):
     """MemoryStore on one SQLite file (`<data_dir>/amfs.db`)."""
 
@@ -319,10 +317,6 @@ class SQLiteStore(SQLiteDatabase):
     def __init__(self, path: Path | str) -> None:
         super().__init__(path)
         self._vectors = VectorSync(self.path.with_suffix(".vectors.usearch"))
-
-    def _migrated(self, conn: sqlite3.Connection, previous: int) -> None:
-        if 0 < previous < WORD_COUNT_MIGRATION:
-            _count_words_of_older_rows(conn)
 
     def _before_close(self) -> None:
         self._vectors.save(self._connection())
@@ -994,6 +988,24 @@ class SQLiteStore(SQLiteDatabase):
         await super().open()
         await self._run(self._finish_interrupted_scrub)
         await self._run(self._vectors.remove_stale_temporaries)
+        await self._run(self._count_words_of_older_rows)
+
+    def _count_words_of_older_rows(self) -> None:
+        """Give the rows without a word count (written before schema 7, or by an older process since) theirs, a
+        batch a transaction; until then a keyword search counts theirs at read."""
+        conn = self._connection()
+        waiting = conn.execute("SELECT count(*) FROM entries WHERE distinct_words IS NULL").fetchone()[0]
+        if waiting == 0:
+            return
+        log.warning("Counting the words of %d entries written before amfs-server 0.7.13 (once)", waiting)
+        while True:
+            with self._transaction() as conn:
+                rows = conn.execute("SELECT row_id, search_text FROM entries WHERE distinct_words IS NULL "
+                                    "ORDER BY row_id LIMIT ?", (WORD_COUNT_BATCH,)).fetchall()
+                conn.executemany("UPDATE entries SET distinct_words = ? WHERE row_id = ?",
+                                 [(distinct_words(text), row_id) for row_id, text in rows])
+            if len(rows) < WORD_COUNT_BATCH:
+                return
 
     def _finish_interrupted_scrub(self) -> None:
         """A process stopped between deleting rows and scrubbing their vectors from the index file: scrub now."""
@@ -1137,7 +1149,7 @@ class VectorSync:
         self._lock_file: Any = None
 
     @contextmanager
-    def locked(self) -> Iterator[None]:
+    def locked(self, timeout_s: float = LOCK_WAIT_S) -> Iterator[None]:
         """One process at a time saves, scrubs, loads or deletes the index files (an exclusive `flock` on
         `amfs.vectors.lock`; re-entrant within the process). Without it two processes saving at once could pair
         one's index file with the other's sidecar, or reload the other's file under their own watermark and save
@@ -1145,7 +1157,7 @@ class VectorSync:
         that never lets go is a StoreError after a bounded wait, naming the file."""
         with self._thread_lock:
             if self._lock_depth == 0:
-                self._lock_file = acquire_exclusive(self.lock_path, "the vector index files")
+                self._lock_file = acquire_exclusive(self.lock_path, "the vector index files", timeout_s)
             self._lock_depth += 1
             try:
                 yield
@@ -1337,10 +1349,13 @@ class VectorSync:
         finding, 0.7.13). Every save holds the lock, so once it is ours such a file is no one's."""
         if not self._temporaries():
             return
-        with self.locked():
-            for path in self._temporaries():
-                log.warning("Removing %s, left by a process stopped while saving the vector index", path)
-                path.unlink(missing_ok=True)
+        try:
+            with self.locked(timeout_s=0):
+                for path in self._temporaries():
+                    log.warning("Removing %s, left by a process stopped while saving the vector index", path)
+                    path.unlink(missing_ok=True)
+        except StoreError:
+            return  # another process is saving (its temporary is its own): the next open looks again
 
     def _temporaries(self) -> list[Path]:
         # The names VectorIndex.save and _save_meta give their temporary files: ".<name>.<pid>.<thread>.tmp".

@@ -149,10 +149,6 @@ class SQLiteDatabase:
                     if statement.strip():
                         conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {number}")
-            self._migrated(conn, current)
-
-    def _migrated(self, conn: sqlite3.Connection, previous: int) -> None:
-        """Hook: what the migrations from schema version `previous` leave to Python, in their transaction."""
 
     def _checkpoint(self, vacuum: bool = False) -> None:
         """After a delete that must leave no byte behind: copy the WAL into the file and truncate it

@@ -6,7 +6,9 @@ and SDK processes may rewrite at once. On a platform without `fcntl` (Windows) i
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import time
 from pathlib import Path
 from typing import IO
@@ -55,26 +57,41 @@ def acquire_exclusive(path: Path, what: str, timeout_s: float = LOCK_WAIT_S) -> 
 
 def hold_while_open(fd: int) -> None:
     """Mark a file being written by this process (an exclusive `flock` on `fd`, gone when the process is, however it
-    ends), so that `abandoned` can tell a leftover of a killed writer from a file still being written."""
+    ends), so that `remove_if_abandoned` leaves it alone. FileNotFoundError when the file was removed as abandoned
+    before the lock was taken (it had just been made)."""
     if fcntl is not None:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    if os.fstat(fd).st_nlink == 0:
+        raise FileNotFoundError(errno.ENOENT, "removed before it could be held (retry)")
 
 
-def abandoned(path: Path) -> bool:
-    """Whether no process holds `path` by `hold_while_open` (a link is never held: True). Without `fcntl` nothing
-    can be told: False."""
-    if fcntl is None:
-        return False
+def remove_if_abandoned(name: str | Path, dir_fd: int | None = None) -> bool:
+    """Remove the file `name` (relative to `dir_fd` if given) unless a live process holds it by `hold_while_open`;
+    whether it is gone. Checked and removed under its lock, and only while the name still leads to the file that was
+    checked, so a file a writer has just made in its place is kept. A link is removed, never followed; anything but
+    a regular file (a FIFO would block an open) is left. Without `fcntl` nothing can be told, and it is removed."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except FileNotFoundError:
-        return False
-    except OSError:
-        return True  # a link (O_NOFOLLOW) or something unreadable: no writer of ours holds it
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True
-    except BlockingIOError:
-        return False
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            return False
+        os.unlink(name, dir_fd=dir_fd)  # a link (O_NOFOLLOW): removing it touches nothing it points to
+        return True
+    try:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):
+            return False
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+        now = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino):
+            return False
+        os.unlink(name, dir_fd=dir_fd)
+        return True
     finally:
         os.close(fd)

@@ -35,7 +35,7 @@ from typing import IO, Any
 from ..core.ports import MemoryStore
 from ..core import validation as v
 from ..core.errors import InsufficientDataError, StoreError, ValidationError
-from ..core.interprocess import abandoned, acquire_exclusive, hold_while_open
+from ..core.interprocess import acquire_exclusive, hold_while_open, remove_if_abandoned
 from ..core.models import MemoryEntry, OutcomeType, split_entry_key, utcnow
 from ..core.service import MemoryService
 from ._common import Progress, no_progress, resolve_service
@@ -149,18 +149,26 @@ class TrainingDataExporter:
                 folder = _open_beneath(root, relative.parts[:-1])
 
                 def drop_partials() -> None:
+                    # Each only when no live export holds it: a file of that name may be another export's.
                     for leftover in (partial, sources_partial):
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(leftover, dir_fd=folder)  # a file, or a planted link: its target is untouched
+                        remove_if_abandoned(leftover, folder)  # a planted link is removed, its target untouched
 
                 try:
-                    drop_partials()  # a leftover of an earlier export
+                    # A leftover of a killed export goes; one a live export is writing is refused, not taken over.
+                    if not all(remove_if_abandoned(leftover, folder) for leftover in (partial, sources_partial)):
+                        raise ValidationError(
+                            f"output_path: another export to {target} is being written right now; wait for it to "
+                            "finish or pick another name. Nothing was written.")
                     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                    unhanded: list[int] = []  # opened, not yet closed by the `with` below
                     try:
                         fd = os.open(partial, flags, 0o644, dir_fd=folder)
+                        unhanded.append(fd)
                         hold_while_open(fd)  # a scrub removes .partial files no live writer holds
                         sources_fd = os.open(sources_partial, flags, 0o644, dir_fd=folder)
+                        unhanded.append(sources_fd)
                         hold_while_open(sources_fd)
+                        unhanded.clear()
                         with os.fdopen(fd, "w", encoding="utf-8") as handle, \
                                 os.fdopen(sources_fd, "w", encoding="utf-8") as sources_handle:
                             for example in islice(_chain(first, examples), limit):
@@ -178,7 +186,9 @@ class TrainingDataExporter:
                                 lambda: os.replace(sources_partial, sources, src_dir_fd=folder, dst_dir_fd=folder)))
                     except BaseException:
                         # A failed write (the name is a folder, the disk is full) leaves no half export behind: the
-                        # scrub does not read .partial files, so a memory forgotten later would stay in one.
+                        # scrub does not read .partial files that a live export holds.
+                        for opened in unhanded:
+                            os.close(opened)
                         drop_partials()
                         raise
                 finally:
@@ -322,15 +332,17 @@ class TrainingDataExporter:
         )
 
 
-def _open_beneath(root: Path, folders: tuple[str, ...]) -> int:
-    """A descriptor of `root/folders...`, created as needed, reached one component at a time with
+def _open_beneath(root: Path, folders: tuple[str, ...], create: bool = True) -> int:
+    """A descriptor of `root/folders...`, created as needed (with `create`), reached one component at a time with
     O_NOFOLLOW: a symlinked (or swapped-in) directory below `root` is refused, never followed."""
-    root.mkdir(parents=True, exist_ok=True)
+    if create:
+        root.mkdir(parents=True, exist_ok=True)
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for part in folders:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o755, dir_fd=fd)
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
             try:
                 child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             except OSError as error:
@@ -399,6 +411,7 @@ def _replace_pair(root: Path, export: PurePath, renames: tuple[Callable[[], None
     that export and its sources file (`_remove_leftovers`)."""
     lock = None if locked else acquire_exclusive(root / EXPORTS_LOCK, "the training exports")
     try:
+        _settle_pending(root)  # one mark at a time: a killed process's is dealt with before it is replaced
         mark = root / EXPORTS_PENDING
         with _create(mark) as handle:
             handle.write(export.as_posix())
@@ -420,16 +433,40 @@ def _remove_leftovers(root: Path) -> None:
     """What killed processes left under `root` (the exports' lock held): the export a mark names (its renames may be
     half done), `.scrub` temporaries (scrubs hold the lock: every one is a leftover), and `.partial` files no live
     export holds. Each may hold examples of memories forgotten since."""
+    _settle_pending(root)
+    for leftover in root.rglob(".*.scrub"):
+        _delete(leftover, "left by a scrub that was stopped")
+    for leftover in root.rglob("*.partial"):
+        if remove_if_abandoned(leftover):
+            logger.warning("Deleted %s, left by an export that was stopped while writing it", leftover)
+
+
+def _settle_pending(root: Path) -> None:
+    """The exports' lock held: delete the export a mark names, and its sources file (a process stopped between
+    their renames), reached without following a link below `root`; then the mark."""
     mark = root / EXPORTS_PENDING
-    if mark.is_file() and not mark.is_symlink():
-        named = PurePath(mark.read_text(encoding="utf-8", errors="replace"))
-        if not named.is_absolute() and ".." not in named.parts and named.parts:
-            for leftover in (root / named, _sources_file(root / named)):
-                _delete(leftover, "a process stopped while replacing it, so it cannot be checked for erased memories "
-                                  "(export again)")
-    mark.unlink(missing_ok=True)
-    for leftover in [*root.rglob(".*.scrub"), *(p for p in root.rglob("*.partial") if abandoned(p))]:
-        _delete(leftover, "left by a process stopped while writing it")
+    if not mark.is_file() or mark.is_symlink():
+        if mark.is_symlink():
+            mark.unlink()
+        return
+    named = PurePath(mark.read_text(encoding="utf-8", errors="replace"))
+    if named.parts and not named.is_absolute() and ".." not in named.parts:
+        try:
+            folder = _open_beneath(root, named.parts[:-1], create=False)
+        except (ValidationError, OSError) as error:
+            logger.warning("Not deleting %s, named by %s: %s", named, mark, error)
+        else:
+            try:
+                for name in (named.name, named.name + SOURCES_SUFFIX):
+                    logger.warning("Deleting %s: a process stopped while replacing it, so it cannot be checked for "
+                                   "erased memories (export again)", root / named.parent / name)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=folder)  # a link is removed, never followed
+            except OSError as error:  # a folder of that name, say: the scrub goes on
+                logger.warning("Could not delete %s: %s", root / named, error)
+            finally:
+                os.close(folder)
+    mark.unlink()
 
 
 def _delete(path: Path, why: str) -> None:

@@ -69,6 +69,7 @@ class JsonRpcGuard:
                           f"A request with id {request[1]} is already in progress in this session; give every "
                           "request its own id.")
             return
+        del body, parsed  # the one copy handed on is `messages`', dropped once replayed
 
         async def replay() -> Message:
             return messages.pop(0) if messages else await receive()

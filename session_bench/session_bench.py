@@ -68,6 +68,7 @@ import asyncio
 import json
 import math
 import platform
+import re
 import sys
 import tempfile
 import time
@@ -226,6 +227,10 @@ class _Refused(Exception):
     """One answer refused; the run records it and goes on."""
 
 
+# How amfs_answer words its refusals of what does not fit the model's context (ml/answer/worker.py).
+_CONTEXT_REFUSAL = re.compile(r"prompt tokens and up to \d+ new ones|fits \S+ context beside")
+
+
 @dataclass
 class SessionRun:
     session: str
@@ -381,7 +386,12 @@ class _ViaServer:
             "amfs_answer", {"query": question, "mode": GENERATION_MODE[mode], "max_new_tokens": max_new_tokens,
                             "memories": GIVEN.get(base_mode(mode), top_k)}, raise_on_error=False)
         if called.is_error:
-            raise _Refused(f"amfs_answer: {called.content[0].text}")
+            text = called.content[0].text if called.content else "(no message)"
+            # Only the context refusals are one item of the run; any other error (a server fault) ends it, as
+            # before, rather than pass for a refusal that no rate counts.
+            if not _CONTEXT_REFUSAL.search(text):
+                raise SystemExit(f"session bench: amfs_answer failed ({mode}, {question[:80]!r}): {text}")
+            raise _Refused(f"amfs_answer: {text}")
         result = called.structured_content
         m = result["metrics"]
         return _Answered(result["answer"], [u["entry_key"] for u in result["memories"]], m["input_tokens"],

@@ -611,6 +611,11 @@ async def test_migrations_upgrade_an_older_schema(pg_dsn: str, monkeypatch: pyte
     schema = fresh_schema()
     with monkeypatch.context() as patch:
         patch.setattr(pg, "MIGRATIONS", pg.MIGRATIONS[:1])
+
+        async def version_1_counts_nothing(self: PostgresStore) -> None:
+            return None
+
+        patch.setattr(PostgresStore, "_count_words_of_older_rows", version_1_counts_nothing)
         old = PostgresStore(pg_dsn, embedding_dimension=DIM, schema=schema)
         await old.open()
         async with old._pool.acquire() as conn:  # type: ignore[union-attr]  # data as version-1 code wrote it
@@ -781,6 +786,11 @@ async def test_word_counts_are_filled_for_older_rows_and_counted_at_read_where_m
         assert [e.key for e, _ in hits] == ["plain", "stuffed"] and hits[1][1] == pytest.approx(hits[0][1] * 0.25)
         await _fetch(pg_dsn, f'UPDATE "{schema}".entries SET distinct_words = NULL')
         assert await store.keyword_candidates(["flamegraph"], EntryFilter(), utcnow(), 10) == hits
+        await store.close()
+        store = PostgresStore(pg_dsn, embedding_dimension=DIM, schema=schema)
+        await store.open()  # and the next open counts them
+        assert {r["key"]: r["distinct_words"] for r in await _fetch(
+            pg_dsn, f'SELECT key, distinct_words FROM "{schema}".entries')} == counts
         # a stored count is what is used: the text is not counted again
         await _fetch(pg_dsn, f'UPDATE "{schema}".entries SET distinct_words = $1 WHERE key = \'plain\'', 4 * KEYWORD_LENGTH_PIVOT)
         scaled = await store.keyword_candidates(["flamegraph"], EntryFilter(), utcnow(), 10)

@@ -287,6 +287,7 @@ async def test_word_counts_are_filled_for_older_rows_and_counted_at_read_where_m
     await store.insert_versions([entry("plain", "flamegraph of the deploy dashboard", 1), entry("stuffed", stuffed, 0)], actor)
     await store.close()
     with closing(sqlite3.connect(path)) as conn:  # the file as schema 6 left it
+        conn.execute("DROP INDEX entries_uncounted")
         conn.execute("ALTER TABLE entries DROP COLUMN distinct_words")
         conn.execute(f"PRAGMA user_version = {sqlite_adapter.WORD_COUNT_MIGRATION - 1}")
         conn.commit()
@@ -303,6 +304,11 @@ async def test_word_counts_are_filled_for_older_rows_and_counted_at_read_where_m
             conn.execute("UPDATE entries SET distinct_words = NULL")
             conn.commit()
         assert await store.keyword_candidates(["flamegraph"], EntryFilter(), now, 10) == hits
+        await store.close()
+        store = SQLiteStore(path)
+        await store.open()  # and the next open counts them
+        with closing(sqlite3.connect(path)) as conn:
+            assert dict(conn.execute("SELECT key, distinct_words FROM entries")) == counts
         with closing(sqlite3.connect(path)) as conn:  # a stored count is what is used: the text is not counted again
             conn.execute("UPDATE entries SET distinct_words = ? WHERE key = 'plain'", (4 * KEYWORD_LENGTH_PIVOT,))
             conn.commit()

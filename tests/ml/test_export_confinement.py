@@ -3,6 +3,7 @@ boundary for what an export may contain, and a file export never follows a symbo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -154,6 +155,22 @@ def mixed_ml(mixed_history: MemoryService, tmp_path: Path) -> MLService:
     return MLService(mixed_history, tmp_path / "exports")
 
 
+async def _export_killed_between_its_renames(ml: MLService, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """An sft export to `name` whose process is killed (a KeyboardInterrupt stands in) after the export's rename and
+    before its sources file's."""
+    real = os.replace
+
+    def killed_at_the_sources(src: object, dst: object, **kwargs: object) -> None:
+        if str(dst) == name + ".amfs-sources":
+            raise KeyboardInterrupt("killed between the two renames")
+        real(src, dst, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "replace", killed_at_the_sources)
+    with pytest.raises(KeyboardInterrupt):
+        await ml.export_training_data("sft", output_path=name)
+    monkeypatch.undo()
+
+
 def _holding_the_secret(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes())
 
@@ -163,17 +180,7 @@ async def test_an_export_killed_between_its_two_renames_is_deleted_by_the_next_s
 ) -> None:
     """Red-team finding (0.7.13): killed after the export was renamed into place and before its sources file was,
     the export held a memory the scrub never found (no sources file beside it), so forgetting the memory left it."""
-    real = os.replace
-
-    def killed_at_the_sources(src: object, dst: object, **kwargs: object) -> None:
-        if str(dst).endswith(".amfs-sources"):
-            raise KeyboardInterrupt("killed between the two renames")
-        real(src, dst, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(os, "replace", killed_at_the_sources)
-    with pytest.raises(KeyboardInterrupt):
-        await mixed_ml.export_training_data("sft", output_path="train.jsonl")
-    monkeypatch.undo()
+    await _export_killed_between_its_renames(mixed_ml, monkeypatch, "train.jsonl")
     assert _holding_the_secret(mixed_ml.export_dir) == ["train.jsonl"]  # and no sources file beside it
     assert (mixed_ml.export_dir / ".amfs-exports.pending").read_text() == "train.jsonl"
     from amfs_server.ml.export import scrub_exports
@@ -205,3 +212,50 @@ async def test_files_a_killed_export_or_scrub_was_writing_go_at_the_next_scrub_a
         os.close(fd)
     await scrub_exports(mixed_ml.service, mixed_ml.export_dir)
     assert not being_written.exists()  # its writer is gone
+
+
+async def test_a_killed_exports_mark_survives_the_next_export_and_never_reaches_past_a_link(
+    mixed_ml: MLService, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Review findings (0.7.13): the next export replaced a killed export's mark, so the cut export was never
+    scrubbed; and a mark naming a path through a linked folder deleted files outside the export folder."""
+    from amfs_server.ml.export import scrub_exports
+
+    await _export_killed_between_its_renames(mixed_ml, monkeypatch, "x.jsonl")
+    await mixed_ml.export_training_data("sft", output_path="y.jsonl")  # before any scrub
+    await mixed_ml.service.forget("team-b", "secret")
+    await scrub_exports(mixed_ml.service, mixed_ml.export_dir)
+    assert _holding_the_secret(mixed_ml.export_dir) == []
+    assert not (mixed_ml.export_dir / "x.jsonl").exists()
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "notes.txt").write_text("keep me")
+    (mixed_ml.export_dir / "linked").symlink_to(outside)
+    (mixed_ml.export_dir / ".amfs-exports.pending").write_text("linked/notes.txt")
+    await scrub_exports(mixed_ml.service, mixed_ml.export_dir)
+    assert (outside / "notes.txt").read_text() == "keep me"
+    assert not (mixed_ml.export_dir / ".amfs-exports.pending").exists()
+
+
+async def test_an_export_to_a_name_another_live_export_is_writing_is_refused_and_a_fifo_never_blocks_a_scrub(
+    mixed_ml: MLService,
+) -> None:
+    from amfs_server.core.interprocess import hold_while_open
+    from amfs_server.ml.export import scrub_exports
+
+    mixed_ml.export_dir.mkdir(parents=True)
+    busy = mixed_ml.export_dir / "train.jsonl.partial"
+    fd = os.open(busy, os.O_WRONLY | os.O_CREAT)
+    hold_while_open(fd)  # another export, writing
+    try:
+        with pytest.raises(ValidationError, match="being written right now"):
+            await mixed_ml.export_training_data("sft", output_path="train.jsonl")
+        assert busy.exists() and not (mixed_ml.export_dir / "train.jsonl").exists()
+    finally:
+        os.close(fd)
+    os.mkfifo(mixed_ml.export_dir / "pipe.partial")
+    await asyncio.wait_for(scrub_exports(mixed_ml.service, mixed_ml.export_dir), 10)  # opening a FIFO would block
+    assert not busy.exists()  # its writer is gone
+    result = await mixed_ml.export_training_data("sft", output_path="train.jsonl")
+    assert result.num_examples >= 1

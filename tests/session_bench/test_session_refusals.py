@@ -142,3 +142,14 @@ def test_memories_that_do_not_fit_are_left_out_and_named_alike_in_process_and_th
     assert rows["in-process"] == rows["server"]
     # The two logs match the question's words (no embedder here): the best is given, the other does not fit beside it.
     assert rows["in-process"][0] == ("B_ams_text", ["ops/deploy_log"], ["ops/build_log"])
+
+
+def test_only_amfs_answers_context_refusals_pass_for_refused_answers_and_any_other_error_ends_the_run():
+    """Review finding (0.7.13): every tool error through the server became a refused answer, left out of the rates,
+    so a server fault could hide as a refusal."""
+    from amfs_server.session_bench.session_bench import _CONTEXT_REFUSAL
+
+    assert _CONTEXT_REFUSAL.search("mode='prefix' needs 9000 prompt tokens and up to 30 new ones; smollm2 reads at most 8192.")
+    assert _CONTEXT_REFUSAL.search("None of the 3 retrieved memories fits smollm2's context beside the question and ...")
+    assert not _CONTEXT_REFUSAL.search("Too many calls in progress for this API key; retry.")
+    assert not _CONTEXT_REFUSAL.search("Internal error: KeyError('metrics')")
