@@ -38,6 +38,16 @@ async def insert(store: SQLiteStore, prefix: str, vecs: np.ndarray, value_chars:
     await store.insert_versions(drafts, ACTOR)
 
 
+async def saved_index(tmp_path: Path, stored: np.ndarray) -> np.ndarray:
+    """`stored` written as k0.. into a store at `tmp_path`, its index built by a search and saved by the close."""
+    store = SQLiteStore(tmp_path / "amfs.db")
+    await store.open()
+    await insert(store, "k", stored)
+    await top_key(store, stored[0])
+    await store.close()
+    return stored
+
+
 async def top_key(store: SQLiteStore, vector: np.ndarray) -> str:
     hits = await store.semantic_candidates(vector.tolist(), EntryFilter(), utcnow(), 1)
     return hits[0][0].key if hits else ""
@@ -109,12 +119,7 @@ async def test_a_database_restored_from_an_older_copy_beside_newer_index_files_i
 async def test_an_index_saved_with_the_database_is_reused_without_a_rebuild(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    stored = vectors(30, seed=6)
-    store = SQLiteStore(tmp_path / "amfs.db")
-    await store.open()
-    await insert(store, "k", stored)
-    await top_key(store, stored[0])
-    await store.close()
+    stored = await saved_index(tmp_path, vectors(30, seed=6))
     store = SQLiteStore(tmp_path / "amfs.db")
     await store.open()
     with caplog.at_level(logging.WARNING, logger="amfs_server.adapters.sqlite"):
@@ -238,12 +243,7 @@ async def test_a_save_killed_before_its_rename_leaves_no_copy_of_the_index_past_
     """Red-team finding (0.7.13): a save killed (kill -9) between writing its temporary file and renaming it left
     that file, a copy of the whole index, in the data dir for good, and a later forget scrubbed only
     amfs.vectors.usearch. The next open removes such files."""
-    stored = vectors(5, seed=6)
-    store = SQLiteStore(tmp_path / "amfs.db")
-    await store.open()
-    await insert(store, "k", stored)
-    await top_key(store, stored[0])
-    await store.close()
+    stored = await saved_index(tmp_path, vectors(5, seed=6))
     # What a killed save leaves, under the names VectorIndex.save and the sidecar's save give their temporaries.
     left = [tmp_path / ".amfs.vectors.usearch.4242.1.tmp", tmp_path / ".amfs.vectors.json.4242.1.tmp"]
     left[0].write_bytes((tmp_path / "amfs.vectors.usearch").read_bytes())
