@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
+
+
+class ToolRefused(Exception):
+    """A tool error that ``call`` was told is one item of the run (its ``refusal`` pattern matched), not its end."""
 
 
 class ServedApp:
@@ -40,9 +45,15 @@ class ServedApp:
     async def tool_names(self) -> set[str]:
         return {t.name for t in await self.client.list_tools()}
 
-    async def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    async def call(self, tool: str, arguments: dict[str, Any], *, refusal: re.Pattern[str] | None = None
+                   ) -> dict[str, Any]:
+        """The tool's structured result. An error whose message ``refusal`` matches raises ``ToolRefused``; any other
+        error ends the benchmark."""
         result = await self.client.call_tool(tool, arguments, raise_on_error=False)
         if result.is_error:
-            raise SystemExit(f"{self.who}: {tool} failed: {result.content[0].text}")
+            text = result.content[0].text if result.content else "(no message)"
+            if refusal is not None and refusal.search(text):
+                raise ToolRefused(f"{tool}: {text}")
+            raise SystemExit(f"{self.who}: {tool} failed: {text}")
         structured: dict[str, Any] = result.structured_content
         return structured

@@ -83,11 +83,11 @@ from ..core.embedding import DEFAULT_EMBEDDER
 from ..core.errors import ValidationError
 from ..core.ports import Embedder
 from . import pyplot
-from .served import ServedApp
+from .served import ServedApp, ToolRefused
 from .session_data import (REPORTING_SEEDS, TUNING_SEEDS, Fact, Session, SessionFileError, check_seeds,
                            generated_session, load_session_file, report_session)
 from ..ml.answer.worker import (MAX_FULL_ENTRIES, MAX_MEMORIES, AnswerMode, MemoryText, answer_from_memories,
-                                fits_unread, fitting_memories, memory_text, prompt_read)
+                                fitting_memories, memory_text, prompt_tokens_past_the_context)
 
 # A mode name is a base mode, or a prefix mode at another key scale: "A_ams_prefix@ks1.0".
 ModeName = str
@@ -381,18 +381,14 @@ class _ViaServer:
 
     async def answer(self, mode: ModeName, question: str, texts: Sequence[MemoryText], top_k: int,
                      max_new_tokens: int) -> _Answered:
-        # The client itself, not `ServedApp.call`: a refused answer is one item of the run, not the run's end.
-        called = await self.server.client.call_tool(
-            "amfs_answer", {"query": question, "mode": GENERATION_MODE[mode], "max_new_tokens": max_new_tokens,
-                            "memories": GIVEN.get(base_mode(mode), top_k)}, raise_on_error=False)
-        if called.is_error:
-            text = called.content[0].text if called.content else "(no message)"
-            # Only the context refusals are one item of the run; any other error (a server fault) ends it, as
-            # before, rather than pass for a refusal that no rate counts.
-            if not _CONTEXT_REFUSAL.search(text):
-                raise SystemExit(f"session bench: amfs_answer failed ({mode}, {question[:80]!r}): {text}")
-            raise _Refused(f"amfs_answer: {text}")
-        result = called.structured_content
+        # Only the context refusals are one item of the run; any other error (a server fault) ends it rather than
+        # pass for a refusal that no rate counts.
+        try:
+            result = await self.server.call(
+                "amfs_answer", {"query": question, "mode": GENERATION_MODE[mode], "max_new_tokens": max_new_tokens,
+                                "memories": GIVEN.get(base_mode(mode), top_k)}, refusal=_CONTEXT_REFUSAL)
+        except ToolRefused as refused:
+            raise _Refused(str(refused)) from None
         m = result["metrics"]
         return _Answered(result["answer"], [u["entry_key"] for u in result["memories"]], m["input_tokens"],
                          m["prefix_tokens"], m["new_tokens"], m["retrieve_ms"] if mode != "D_full_history" else 0.0,
@@ -406,22 +402,6 @@ def _entry_path(memory_id: str) -> str:
 
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def _prompt_tokens_past_the_context(backbone: Any, compiler: Any, mode: AnswerMode, texts: Sequence[str],
-                                    question: str, max_new_tokens: int) -> int | None:
-    """The prompt's token count when it and ``max_new_tokens`` do not fit the backbone's context, else None: what
-    ``check_prompt_fits`` refuses, counted the same way."""
-    from ..ml.answer.prefix_cache import encode
-
-    limit = getattr(backbone.config, "max_position_embeddings", None)
-    if limit is None:
-        return None
-    prompt = prompt_read(compiler.layout, mode, texts, question)
-    if fits_unread(prompt, max_new_tokens, limit):
-        return None
-    n = len(encode(backbone, prompt))
-    return n if n + max_new_tokens > limit else None
 
 
 def check_before_running(sessions: Sequence[Session], backbone: Any, compiler: Any, embedder: Embedder | None,
@@ -457,7 +437,7 @@ def check_before_running(sessions: Sequence[Session], backbone: Any, compiler: A
             needs = []
             for mode in fixed:
                 given = texts if mode == "D_full_history" else [memory_text(session.fact(query.fact_path).text)]
-                n = _prompt_tokens_past_the_context(backbone, compiler, GENERATION_MODE[mode], given, query.question,
+                n = prompt_tokens_past_the_context(backbone, compiler, GENERATION_MODE[mode], given, query.question,
                                                     max_new_tokens)
                 if n is not None:
                     needs.append(f"{mode} needs {n} prompt tokens")

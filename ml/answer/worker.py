@@ -91,29 +91,41 @@ def fits_unread(prompt: str, max_new_tokens: int, limit: int) -> bool:
     return len(prompt.encode("utf-8")) + max_new_tokens < limit
 
 
+def prompt_tokens_past_the_context(backbone: Backbone, compiler: MemoryCompiler, mode: AnswerMode,
+                                   texts: Sequence[str], question: str, max_new_tokens: int) -> int | None:
+    """The prompt's token count when it and ``max_new_tokens`` do not fit the backbone's context, else None (also
+    when the backbone names no context length). The one count behind ``check_prompt_fits`` and the session
+    benchmark's check before a run, so both refuse the same prompts."""
+    from .prefix_cache import encode
+
+    limit = getattr(backbone.config, "max_position_embeddings", None)
+    if limit is None:
+        return None
+    prompt = prompt_read(compiler.layout, mode, texts, question)
+    if fits_unread(prompt, max_new_tokens, limit):
+        return None
+    n = len(encode(backbone, prompt))
+    return n if n + max_new_tokens > limit else None
+
+
 def check_prompt_fits(backbone: Backbone, compiler: MemoryCompiler, mode: AnswerMode, memories: Sequence[MemoryText],
                       question: str, max_new_tokens: int) -> None:
     """Refuse a prompt that, with the tokens it may generate, is longer than the backbone's context, with the next
     step. `answer_from_memories` checks every prompt, so the tool and the session benchmark refuse alike (the
     benchmark's own path ran an 8,554-token prompt on an 8,192-position model, silently; red-team finding, 0.7.10)."""
-    from .prefix_cache import encode
-
-    limit = getattr(backbone.config, "max_position_embeddings", None)
-    if limit is None:
+    n = prompt_tokens_past_the_context(backbone, compiler, mode, [m.text for m in memories], question,
+                                       max_new_tokens)
+    if n is None:
         return
-    prompt = prompt_read(compiler.layout, mode, [m.text for m in memories], question)
-    if fits_unread(prompt, max_new_tokens, limit):
-        return
-    n = len(encode(backbone, prompt))
-    if n + max_new_tokens > limit:
-        raise ValidationError(
-            f"mode={mode!r} needs {n} prompt tokens and up to {max_new_tokens} new ones; {backbone.name} "
-            f"reads at most {limit}. "
-            + ("Narrow entity_path, shorten the question or lower max_new_tokens, or use mode='prefix' or 'text' "
-               "(top memories only)." if mode == "full"
-               else f"Ask for fewer memories (this call gave {len(memories)}), shorten the question or lower "
-                    "max_new_tokens.")
-        )
+    limit = backbone.config.max_position_embeddings
+    raise ValidationError(
+        f"mode={mode!r} needs {n} prompt tokens and up to {max_new_tokens} new ones; {backbone.name} "
+        f"reads at most {limit}. "
+        + ("Narrow entity_path, shorten the question or lower max_new_tokens, or use mode='prefix' or 'text' "
+           "(top memories only)." if mode == "full"
+           else f"Ask for fewer memories (this call gave {len(memories)}), shorten the question or lower "
+                "max_new_tokens.")
+    )
 
 
 def fitting_memories(backbone: Backbone, compiler: MemoryCompiler, mode: AnswerMode, memories: Sequence[MemoryText],
