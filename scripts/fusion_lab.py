@@ -248,7 +248,7 @@ VARIANTS: dict[str, Fusion] = {
     **{f"sem_top{c}": semantic_top(c) for c in (1, 2, 3)},
     **{f"kw_by_best{f}": keyword_by_best_share(f) for f in (0.0, 0.3, 0.6)},
     **{f"kw_gate{t}": keyword_gate(t) for t in (0.3, 0.5, 0.7)},
-    **{f"semantic{w}": semantic_weight(w) for w in (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)},
+    **{f"semantic{w}": semantic_weight(w) for w in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)},
 }
 
 
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("dump", help="record the fusion's inputs for every question of one split")
-    d.add_argument("--set", choices=("annotated", "generated", "authored", "agent"), required=True)
+    d.add_argument("--set", choices=("annotated", "generated", "authored", "recurring", "agent"), required=True)
     d.add_argument("--split", choices=("tuning", "test", "all"), default="tuning",
                    help="conversation sets only; the agent set is dumped whole and `score --half` picks a half")
     d.add_argument("--reattribute-evidence", type=float, default=0.0, metavar="SHARE")
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         embedder = embedder_option(d, args.embedder, args.query_encoder)
         data = Path(__file__).resolve().parents[1] / "session_bench" / "data"
         datasets = {"annotated": data / "conversations_annotated.json", "generated": None,
-                    "authored": data / "conversations_authored.json"}
+                    "authored": data / "conversations_authored.json", "recurring": data / "conversations_recurring.json"}
         rows = (asyncio.run(dump_agent(embedder)) if args.set == "agent"
                 else asyncio.run(dump_conversations(datasets[args.set], args.split, args.reattribute_evidence, embedder)))
         args.out.parent.mkdir(parents=True, exist_ok=True)

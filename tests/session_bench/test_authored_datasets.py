@@ -18,7 +18,8 @@ def conversations(name):
                                                  ("conversations_authored_train.json", 8, {"train"}),
                                                  ("conversations_annotated.json", 8, {"tuning", "test"}),
                                                  ("conversations_annotated_train.json", 8, {"train"}),
-                                                 ("conversations_fresh.json", 4, {"test"})])
+                                                 ("conversations_fresh.json", 4, {"test"}),
+                                                 ("conversations_recurring.json", 8, {"tuning", "test"})])
 def test_every_question_points_at_turns_that_exist(name, count, splits):
     found = conversations(name)
     assert len(found) == count and {c["split"] for c in found} == splits
@@ -56,6 +57,17 @@ def test_the_fresh_set_is_test_only_and_shares_no_turn_with_the_others():
                                      "conversations_annotated.json", "conversations_annotated_train.json")
               for c in conversations(name) for s in c["sessions"] for t in s["turns"]}
     assert not others & {t["text"] for c in fresh for s in c["sessions"] for t in s["turns"] if len(t["text"]) > 40}
+
+
+def test_the_recurring_set_is_split_by_conversation_and_shares_no_turn_with_the_others():
+    recurring = conversations("conversations_recurring.json")
+    assert [c["conversation_id"] for c in recurring] == [f"rec-0{i}" for i in range(1, 9)]
+    assert [c["split"] for c in recurring] == ["tuning"] * 4 + ["test"] * 4
+    others = {t["text"] for name in ("conversations_authored.json", "conversations_authored_train.json",
+                                     "conversations_annotated.json", "conversations_annotated_train.json",
+                                     "conversations_fresh.json")
+              for c in conversations(name) for s in c["sessions"] for t in s["turns"]}
+    assert not others & {t["text"] for c in recurring for s in c["sessions"] for t in s["turns"] if len(t["text"]) > 40}
 
 
 def test_the_training_conversations_are_not_the_benchmarks():
