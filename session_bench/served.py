@@ -45,15 +45,15 @@ class ServedApp:
     async def tool_names(self) -> set[str]:
         return {t.name for t in await self.client.list_tools()}
 
-    async def call(self, tool: str, arguments: dict[str, Any], *, refusal: re.Pattern[str] | None = None
-                   ) -> dict[str, Any]:
+    async def call(self, tool: str, arguments: dict[str, Any], *, refusal: re.Pattern[str] | None = None,
+                   about: str = "") -> dict[str, Any]:
         """The tool's structured result. An error whose message ``refusal`` matches raises ``ToolRefused``; any other
-        error ends the benchmark."""
+        error ends the benchmark, its message naming ``about`` (what was being done) when given."""
         result = await self.client.call_tool(tool, arguments, raise_on_error=False)
         if result.is_error:
             text = result.content[0].text if result.content else "(no message)"
             if refusal is not None and refusal.search(text):
                 raise ToolRefused(f"{tool}: {text}")
-            raise SystemExit(f"{self.who}: {tool} failed: {text}")
+            raise SystemExit(f"{self.who}: {tool} failed{f' ({about})' if about else ''}: {text}")
         structured: dict[str, Any] = result.structured_content
         return structured

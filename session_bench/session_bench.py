@@ -386,7 +386,8 @@ class _ViaServer:
         try:
             result = await self.server.call(
                 "amfs_answer", {"query": question, "mode": GENERATION_MODE[mode], "max_new_tokens": max_new_tokens,
-                                "memories": GIVEN.get(base_mode(mode), top_k)}, refusal=_CONTEXT_REFUSAL)
+                                "memories": GIVEN.get(base_mode(mode), top_k)}, refusal=_CONTEXT_REFUSAL,
+                about=f"{mode}, {question[:80]!r}")
         except ToolRefused as refused:
             raise _Refused(str(refused)) from None
         m = result["metrics"]

@@ -50,24 +50,20 @@ def test_the_annotated_set_is_split_by_conversation_and_shares_no_turn_with_the_
     assert not others & {t["text"] for c in annotated for s in c["sessions"] for t in s["turns"] if len(t["text"]) > 40}
 
 
-def test_the_fresh_set_is_test_only_and_shares_no_turn_with_the_others():
-    fresh = conversations("conversations_fresh.json")
-    assert [c["conversation_id"] for c in fresh] == ["fresh-01", "fresh-02", "fresh-03", "fresh-04"]
-    others = {t["text"] for name in ("conversations_authored.json", "conversations_authored_train.json",
-                                     "conversations_annotated.json", "conversations_annotated_train.json")
-              for c in conversations(name) for s in c["sessions"] for t in s["turns"]}
-    assert not others & {t["text"] for c in fresh for s in c["sessions"] for t in s["turns"] if len(t["text"]) > 40}
-
-
-def test_the_recurring_set_is_split_by_conversation_and_shares_no_turn_with_the_others():
-    recurring = conversations("conversations_recurring.json")
-    assert [c["conversation_id"] for c in recurring] == [f"rec-0{i}" for i in range(1, 9)]
-    assert [c["split"] for c in recurring] == ["tuning"] * 4 + ["test"] * 4
-    others = {t["text"] for name in ("conversations_authored.json", "conversations_authored_train.json",
-                                     "conversations_annotated.json", "conversations_annotated_train.json",
-                                     "conversations_fresh.json")
-              for c in conversations(name) for s in c["sessions"] for t in s["turns"]}
-    assert not others & {t["text"] for c in recurring for s in c["sessions"] for t in s["turns"] if len(t["text"]) > 40}
+@pytest.mark.parametrize("name, ids, splits, earlier", [
+    ("conversations_fresh.json", [f"fresh-0{i}" for i in range(1, 5)], ["test"] * 4,
+     ("conversations_authored.json", "conversations_authored_train.json", "conversations_annotated.json",
+      "conversations_annotated_train.json")),
+    ("conversations_recurring.json", [f"rec-0{i}" for i in range(1, 9)], ["tuning"] * 4 + ["test"] * 4,
+     ("conversations_authored.json", "conversations_authored_train.json", "conversations_annotated.json",
+      "conversations_annotated_train.json", "conversations_fresh.json")),
+])
+def test_a_later_set_is_split_by_conversation_and_shares_no_turn_with_the_earlier_ones(name, ids, splits, earlier):
+    found = conversations(name)
+    assert [c["conversation_id"] for c in found] == ids
+    assert [c["split"] for c in found] == splits
+    others = {t["text"] for other in earlier for c in conversations(other) for s in c["sessions"] for t in s["turns"]}
+    assert not others & {t["text"] for c in found for s in c["sessions"] for t in s["turns"] if len(t["text"]) > 40}
 
 
 def test_the_training_conversations_are_not_the_benchmarks():
