@@ -15,6 +15,7 @@ conversations (services) each difference points the same way in, are the cruder 
     amfs-server bench retrieval intervals minilm.json
     amfs-server bench retrieval conversations --dataset ... --split test --embedder embeddinggemma --json gemma.json
     amfs-server bench retrieval intervals gemma.json --against minilm.json
+    amfs-server bench retrieval intervals all.json --split test      # one half of a `conversations --split all` run
     amfs-server bench retrieval quality --out reports/retrieval && amfs-server bench retrieval intervals reports/retrieval/quality.json --half odd
 """
 
@@ -101,9 +102,10 @@ class Report:
         self.runs, self.unit = runs, unit
 
 
-def load_report(path: Path, half: str | None = None, kind: str | None = None) -> Report:
+def load_report(path: Path, half: str | None = None, kind: str | None = None, split: str | None = None) -> Report:
     """A `conversations --json` file (its runs) or a `quality.json` (its stores); `half` keeps the agent-memory
-    set's even (tuning) or odd (held-out) questions, `kind` the questions of one kind."""
+    set's even (tuning) or odd (held-out) questions, `split` a conversation set's tuning or test half (so a
+    `--split all` run gives each half's intervals without a second run), `kind` the questions of one kind."""
     try:
         report = json.loads(path.read_text())
     except FileNotFoundError:
@@ -129,6 +131,15 @@ def load_report(path: Path, half: str | None = None, kind: str | None = None) ->
                     raise ReportError(f"{path}: --half is for the agent-memory set's quality.json; this report's "
                                       "questions have no halves")
                 rankers[ranker] = [r for r in rows if r["half"] == half]
+            if split is not None:
+                splits = sorted({str(r.get("split")) for r in rows})
+                if not all("split" in r for r in rows):
+                    raise ReportError(f"{path}: --split is for a `conversations --json` report; this report's "
+                                      "questions carry no split (the agent-memory set's halves are --half)")
+                if split not in splits:
+                    raise ReportError(f"{path}: no question of the {split} half (this report holds: "
+                                      f"{', '.join(splits)}; run `conversations --split {split}` or `--split all`)")
+                rankers[ranker] = [r for r in rankers[ranker] if r["split"] == split]
             if kind is not None:
                 kinds = sorted({str(r.get("kind")) for r in rows})
                 if kind not in kinds:
@@ -177,10 +188,10 @@ def _difference_cells(mine: Rows, theirs: Rows, metrics: list[str], resamples: i
 
 
 def within_run(name: str, rankers: dict[str, Rows], asked: str | None, unit: str = "conversations",
-               resamples: int = RESAMPLES, kind: str | None = None) -> str:
+               resamples: int = RESAMPLES, kind: str | None = None, split: str | None = None) -> str:
     reference, rows = reference_rows(name, rankers, asked)
     metrics = metrics_of(rows)
-    only = f" of kind {kind}" if kind else ""
+    only = (f" of the {split} half" if split else "") + (f" of kind {kind}" if kind else "")
     lines = [f"### {name}: {len(rows)} questions{only}, {len({group_of(r) for r in rows})} {unit}; 95% intervals, "
              f"questions resampled {resamples:,} times", "",
              "| ranker | " + " | ".join(METRICS[m] for m in metrics) + " |", "| --- |" + " --- |" * len(metrics)]
@@ -274,6 +285,9 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--resamples", type=int, default=RESAMPLES, help=f"bootstrap resamples (default {RESAMPLES:,})")
     parser.add_argument("--half", choices=("even", "odd"), default=None,
                         help="the agent-memory set only: its even (tuning) or odd (held-out) questions")
+    parser.add_argument("--split", choices=("tuning", "test"), default=None,
+                        help="a conversation set only: the questions of its tuning or test half (a `--split all` "
+                             "report holds both)")
     parser.add_argument("--kind", default=None, help="only the questions of this kind (e.g. open-domain, paraphrase)")
     parser.add_argument("--plot", type=Path, default=None,
                         help="also draw the reference minus each ranker, overall and per kind, for the first run (PNG; "
@@ -287,9 +301,9 @@ def main(argv: list[str] | None = None) -> str:
     if args.plot is not None and args.against is not None:
         parser.error("--plot draws one report's rankers; drop --against")
     try:
-        mine = load_report(args.report, args.half, args.kind)
+        mine = load_report(args.report, args.half, args.kind, args.split)
         if args.against is None:
-            text = "\n".join(within_run(name, rankers, args.ranker, mine.unit, args.resamples, args.kind)
+            text = "\n".join(within_run(name, rankers, args.ranker, mine.unit, args.resamples, args.kind, args.split)
                              for name, rankers in mine.runs.items())
             if args.plot is not None:
                 first = next(iter(mine.runs))
@@ -297,7 +311,7 @@ def main(argv: list[str] | None = None) -> str:
                 plot(first, mine.runs[first], args.ranker, against, args.plot, args.resamples,
                      title=f"{args.report.name} ({first})")
         else:
-            text = across_reports(mine, load_report(args.against, args.half, args.kind), args.ranker,
+            text = across_reports(mine, load_report(args.against, args.half, args.kind, args.split), args.ranker,
                                   (str(args.report), str(args.against)), args.resamples)
     except ReportError as error:
         parser.error(str(error))

@@ -140,6 +140,37 @@ def test_halves_are_refused_for_a_report_without_them(tmp_path: Path, capsys):
     assert "no halves" in capsys.readouterr().err
 
 
+def test_a_split_keeps_one_half_of_a_run_over_both_halves(tmp_path: Path):
+    """A `--split all` report gives each half's intervals; the halves' differences are not the whole run's."""
+    def both(tuning: tuple[float, float], test: tuple[float, float]) -> list[dict]:
+        half = rows([tuning] * 8) + rows([test] * 8)
+        for n, row in enumerate(half):
+            row["split"] = "tuning" if n < 8 else "test"
+            row["id"] = f"{row['split']}-{row['id']}"
+        return half
+
+    path = report(tmp_path / "all.json", {FUSION: both((1.0, 1.0), (0.0, 0.0)), "semantic": both((0.0, 0.0), (1.0, 1.0))})
+    tuning = intervals.main([str(path), "--split", "tuning", "--resamples", "200"])
+    test = intervals.main([str(path), "--split", "test", "--resamples", "200"])
+    assert "### sqlite: 8 questions of the tuning half, 4 conversations" in tuning
+    assert "| semantic | +1.000 [+1.000, +1.000]" in tuning and "| semantic | -1.000 [-1.000, -1.000]" in test
+    assert intervals.main([str(path), "--split", "test", "--against", str(path), "--resamples", "200"]).count(
+        "+0.000 [+0.000, +0.000]") == 2
+
+
+def test_a_split_the_report_does_not_hold_or_a_report_without_splits_is_refused(tmp_path: Path, capsys):
+    only_test = report(tmp_path / "test.json", {FUSION: rows([(1.0, 1.0)] * 8)})
+    with pytest.raises(SystemExit):
+        intervals.main([str(only_test), "--split", "tuning"])
+    assert "no question of the tuning half (this report holds: test" in capsys.readouterr().err
+    agent = tmp_path / "quality.json"
+    agent.write_text(json.dumps({"stores": {"sqlite": {"questions": {intervals.QUALITY_FUSION: [
+        {"id": "q1", "group": "svc", "kind": "paraphrase", "half": "odd", "recall@10": 1.0, "mrr": 1.0}]}}}}))
+    with pytest.raises(SystemExit):
+        intervals.main([str(agent), "--split", "test"])
+    assert "carry no split (the agent-memory set's halves are --half)" in capsys.readouterr().err
+
+
 def test_the_quality_benchmark_writes_every_questions_scores(monkeypatch, tmp_path: Path):
     """The agent-memory benchmark keeps what `intervals` reads: one row per question and ranker, means unchanged."""
     import asyncio
