@@ -85,7 +85,7 @@ from ..core.ports import Embedder
 from . import pyplot
 from .served import ServedApp, ToolRefused
 from .session_data import (REPORTING_SEEDS, TUNING_SEEDS, Fact, Session, SessionFileError, check_seeds,
-                           generated_session, load_session_file, report_session)
+                           generated_session, load_session_file, most_generated_facts, report_session)
 from ..ml.answer.worker import (MAX_FULL_ENTRIES, MAX_MEMORIES, AnswerMode, MemoryText, answer_from_memories,
                                 fitting_memories, memory_text, prompt_tokens_past_the_context)
 
@@ -243,6 +243,15 @@ class SessionRun:
     backbone_load_ms: float = 0.0  # --via-server: the server worker's load, on its first (warm-up) call
     results: list[QueryResult] = field(default_factory=list)
     refused: list[RefusedAnswer] = field(default_factory=list)
+    # Questions asked in every mode, and how many results/refusals they hold: an interrupted run keeps just these,
+    # so every mode's rate covers the same questions.
+    queries_done: int = 0
+    results_done: int = 0
+    refused_done: int = 0
+
+    def keep_complete_queries(self) -> None:
+        del self.results[self.results_done:]
+        del self.refused[self.refused_done:]
 
 
 class FlatCosine:
@@ -458,11 +467,13 @@ def check_before_running(sessions: Sequence[Session], backbone: Any, compiler: A
 
 async def run_session(session: Session, backbone: Any, compiler: Any, embedder: Embedder | None,
                       modes: Sequence[ModeName], top_k: int, max_new_tokens: int, *,
-                      server: tuple[str, str] | None = None) -> SessionRun:
+                      server: tuple[str, str] | None = None, into: list[SessionRun] | None = None) -> SessionRun:
     """Write the session's facts as memories, then ask every question in every mode (interleaved).
 
     ``server`` = (backbone spec, embedder spec): write and answer D/B_ams_text/A/C through the MCP tools
     of a server built with them; B_flat_cos and the oracle run here, on the facts the tools wrote.
+    ``into``: the run is appended there as soon as it starts, so a caller still holds its answers if the
+    session is interrupted.
     """
     with tempfile.TemporaryDirectory(prefix="amfs-session-bench-") as tmp:
         store: _InProcess | _ViaServer = (_ViaServer(Path(tmp), *server) if server is not None
@@ -483,6 +494,8 @@ async def run_session(session: Session, backbone: Any, compiler: Any, embedder: 
             run = SessionRun(session.name, len(session.facts), len(session.queries), write_ms,
                              (time.perf_counter() - started) * 1000, compiler.stats.compiled - before,
                              served_by=store.served_by, backbone_load_ms=store.load_ms)
+            if into is not None:
+                into.append(run)
             flat = None
             if "B_flat_cos" in modes:
                 if embedder is None:
@@ -532,6 +545,7 @@ async def run_session(session: Session, backbone: Any, compiler: Any, embedder: 
                     _progress(f"[{session.name}] {mode:<15} query {qi}/{len(session.queries)} "
                               f"{'hit ' if hit else 'miss'} running hit-rate {hits[mode]}/{answered[mode]} "
                               f"({hits[mode] / answered[mode]:.0%}) gen {got.generate_ms:.0f} ms  {got.answer[:60]!r}")
+                run.queries_done, run.results_done, run.refused_done = qi, len(run.results), len(run.refused)
     return run
 
 
@@ -692,6 +706,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Session benchmark: {cfg['backbone']}, {report['title']}",
         "",
+        *([f"**Partial report: {report['interrupted']}.**", ""] if report.get("interrupted") else []),
         f"Backbone `{cfg['backbone']}` ({cfg['device']}, {cfg['dtype']}); embedder `{cfg['embedder']}`; "
         f"top-k {cfg['top_k']}; max new tokens {cfg['max_new_tokens']}; greedy; key scale {cfg.get('key_scale')}; "
         f"torch threads {cfg['torch_threads']}. Sessions: {sessions}. "
@@ -935,6 +950,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             check_seeds(args.seed_list, args.split)
         except ValueError as error:
             p.error(f"--split {args.split}: {error}")
+        most = most_generated_facts(LARGE_PEOPLE)
+        if not 1 <= args.large_facts <= most:
+            p.error(f"--large-facts must be 1..{most} (a generated session's {LARGE_PEOPLE} people hold "
+                    f"{most // LARGE_PEOPLE} facts each), got {args.large_facts}")
+        if args.large_queries is not None and not 1 <= args.large_queries <= args.large_facts:
+            p.error(f"--large-queries must be 1..{args.large_facts} (one question per fact), got {args.large_queries}")
     elif args.seeds is not None:
         p.error("--seeds applies to --large (generated sessions) only")
     else:
@@ -1041,9 +1062,24 @@ def run_benchmark(args: argparse.Namespace, *, embedder: Embedder | None = None,
                          in_process=not args.via_server)
     _warm_up(backbone, compiler)
     started = time.perf_counter()
-    runs = [asyncio.run(run_session(s, backbone, compiler, embedder, args.mode_list, args.top_k, args.max_new_tokens,
-                                    server=server))
-            for s in sessions]
+    runs: list[SessionRun] = []
+    interrupted = None
+    try:
+        for s in sessions:
+            asyncio.run(run_session(s, backbone, compiler, embedder, args.mode_list, args.top_k, args.max_new_tokens,
+                                    server=server, into=runs))
+    except KeyboardInterrupt:
+        # Hours of answers are not thrown away: the report covers the questions asked in every mode so far.
+        for run in runs:
+            run.keep_complete_queries()
+        runs = [run for run in runs if run.queries_done]
+        if not runs:
+            raise
+        asked = sum(run.queries_done for run in runs)
+        planned = sum(len(s.queries) for s in sessions)
+        interrupted = (f"interrupted after {asked} of {planned} questions ({len(runs)} of {len(sessions)} "
+                       "sessions begun): every rate covers only the questions asked in every mode")
+        _progress(f"session bench: {interrupted}; writing what was answered")
     results = [r for run in runs for r in run.results]
     refused = [r for run in runs for r in run.refused]
     summary = summarize(results, args.mode_list, refused)
@@ -1071,8 +1107,10 @@ def run_benchmark(args: argparse.Namespace, *, embedder: Embedder | None = None,
         "per_session": {run.session: summarize(run.results, args.mode_list, run.refused) for run in runs},
         "per_session_targets": {run.session: targets(summarize(run.results, args.mode_list), run.results)
                                 for run in runs},
-        "sessions": [{k: v for k, v in asdict(run).items() if k not in ("results", "refused")} for run in runs],
+        "sessions": [{k: v for k, v in asdict(run).items() if k not in ("results", "refused", "results_done", "refused_done")}
+                     for run in runs],
         "wall_s": time.perf_counter() - started,
+        "interrupted": interrupted,
         "queries": [asdict(r) for r in results],
         # Answers that could not run (in no rate above; each mode's `refused` counts its own).
         "refused": [asdict(r) for r in refused],
@@ -1090,6 +1128,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     report = run_benchmark(args)
     print(markdown(report))
+    if report["interrupted"]:
+        raise SystemExit(130)  # a partial report is written, but the run did not finish
     return report
 
 

@@ -243,6 +243,11 @@ def _port_pool(rng: random.Random, n: int) -> list[str]:
     return ports
 
 
+def most_generated_facts(n_people: int) -> int:
+    """How many facts ``n_people`` people of a generated session can hold: one per attribute each."""
+    return n_people * len(_ATTRIBUTES)
+
+
 def generated_session(seed: int, n_people: int = 6, n_facts: int = 60, n_queries: int | None = None) -> Session:
     """A reproducible larger session: ``n_facts`` facts about ``n_people`` people.
 
@@ -256,8 +261,8 @@ def generated_session(seed: int, n_people: int = 6, n_facts: int = 60, n_queries
     attrs = list(_ATTRIBUTES)
     if not 1 <= n_people <= len(_PEOPLE):
         raise ValueError(f"n_people must be in 1..{len(_PEOPLE)}")
-    if n_facts > n_people * len(attrs):
-        raise ValueError(f"{n_people} people hold at most {n_people * len(attrs)} facts")
+    if n_facts > most_generated_facts(n_people):
+        raise ValueError(f"{n_people} people hold at most {most_generated_facts(n_people)} facts")
     rng = random.Random(seed)
     people = rng.sample(_PEOPLE, n_people)
     # Spread facts evenly: a round-robin over people, each drawing an attribute it does not have yet.

@@ -153,3 +153,53 @@ def test_only_amfs_answers_context_refusals_pass_for_refused_answers_and_any_oth
     assert _CONTEXT_REFUSAL.search("None of the 3 retrieved memories fits smollm2's context beside the question and ...")
     assert not _CONTEXT_REFUSAL.search("Too many calls in progress for this API key; retry.")
     assert not _CONTEXT_REFUSAL.search("Internal error: KeyError('metrics')")
+
+
+THREE_QUERIES = [
+    {"question": "Whose deploy log says retry failed again?", "expected": "Ana", "fact_path": "ops/deploy_log"},
+    {"question": "Whose build log says cache missed again?", "expected": "Bo", "fact_path": "ops/build_log"},
+    {"question": "Who owns the build team?", "expected": "Bo", "fact_path": "ops/owner"},
+]
+
+
+def _interrupt_at(monkeypatch, call: int) -> None:
+    """Ctrl-C (a KeyboardInterrupt) as the reader is asked for its `call`-th answer."""
+    answer, calls = sb._answer_in_process, [0]
+
+    def interrupted(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == call:
+            raise KeyboardInterrupt
+        return answer(*args, **kwargs)
+
+    monkeypatch.setattr(sb, "_answer_in_process", interrupted)
+
+
+def test_an_interrupted_run_writes_the_questions_asked_in_every_mode_and_exits_130(tmp_path, one_thread, monkeypatch,
+                                                                                 capsys):
+    """Ctrl-C in the second question's second mode: the first question, asked in both modes, is reported; the
+    second's half-asked answers are not, so both rates cover the same question. It used to write nothing."""
+    _interrupt_at(monkeypatch, 4)
+    session = _session(tmp_path, THREE_QUERIES)
+    with pytest.raises(SystemExit) as ended:
+        sb.main(["--backbone", "tiny-random-qwen2", "--device", "cpu", "--session-file", str(session),
+                 "--embedder", "none", "--max-new-tokens", "1", "--key-scales-beside", "none",
+                 "--modes", "B_ams_text,O_gold_text", "--out", str(tmp_path / "out")])
+    assert ended.value.code == 130
+    written = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert written["interrupted"].startswith("interrupted after 1 of 3 questions (1 of 1 sessions begun)")
+    assert {mode: written["summary"][mode]["n"] for mode in ("B_ams_text", sb.ORACLE)} == {"B_ams_text": 1,
+                                                                                            sb.ORACLE: 1}
+    assert [q["question"] for q in written["queries"]] == [THREE_QUERIES[0]["question"]] * 2
+    assert written["sessions"][0]["queries_done"] == 1
+    assert "**Partial report: interrupted after 1 of 3 questions" in (tmp_path / "out" / "report.md").read_text()
+    assert "writing what was answered" in capsys.readouterr().err
+
+
+def test_a_run_interrupted_before_any_question_was_asked_in_every_mode_writes_nothing(tmp_path, one_thread,
+                                                                                     monkeypatch):
+    _interrupt_at(monkeypatch, 2)
+    args = _args(tmp_path, _session(tmp_path, THREE_QUERIES), "--modes", "B_ams_text,O_gold_text")
+    with pytest.raises(KeyboardInterrupt):
+        sb.run_benchmark(args)
+    assert not (tmp_path / "out").exists()

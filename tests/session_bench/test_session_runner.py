@@ -169,6 +169,19 @@ def test_unknown_mode_is_refused(capsys):
     assert "B_ams_text@ks0.5" in capsys.readouterr().err
 
 
+def test_generated_session_sizes_out_of_range_are_refused_before_any_load(capsys):
+    """--large-facts past what six people hold used to end in a traceback after the backbone had loaded."""
+    most = sb.most_generated_facts(sb.LARGE_PEOPLE)
+    for extra, said in ((["--large-facts", str(most + 1)], f"--large-facts must be 1..{most}"),
+                        (["--large-facts", "0"], f"--large-facts must be 1..{most}"),
+                        (["--large-facts", "10", "--large-queries", "11"], "--large-queries must be 1..10"),
+                        (["--large-queries", "0"], "--large-queries must be 1..")):
+        with pytest.raises(SystemExit):
+            sb.parse_args(["--large", *extra])
+        assert said in capsys.readouterr().err, extra
+    assert sb.parse_args(["--large", "--large-facts", str(most), "--large-queries", str(most)]).large_facts == most
+
+
 def test_prefix_modes_at_named_key_scales_follow_their_base_mode():
     args = sb.parse_args(["--modes", "C_ams_hybrid@ks1.0,A_ams_prefix@ks0.6,B_text_top1", "--key-scales-beside",
                           "none"])
