@@ -27,6 +27,7 @@ an optional `InteractionAnalyzer` (an LLM, say) is a hook that is off unless one
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -38,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
 from .errors import NotFoundError, ValidationError
-from .validation import has_hidden_characters
+from .validation import has_hidden_characters, refuse_non_finite
 from .models import Actor, utcnow
 from .patterns import (
     PATTERN_TYPES,
@@ -443,8 +444,12 @@ class LearningService:
         tool_name = validate_tool_name(tool_name)
         if parameters is not None and not isinstance(parameters, Mapping):
             raise ValidationError(f"parameters must be an object of the tool's arguments, got {type(parameters).__name__}.")
-        if execution_ms is not None and not execution_ms >= 0:
-            raise ValidationError(f"execution_ms must be >= 0, got {execution_ms}.")
+        if execution_ms is not None and (isinstance(execution_ms, bool) or not isinstance(execution_ms, (int, float))
+                                         or not (math.isfinite(execution_ms) and execution_ms >= 0)):
+            # Infinity was stored, and every later `memory export` failed on it (red-team finding).
+            raise ValidationError(f"execution_ms must be a finite number >= 0, got {execution_ms!r}.")
+        refuse_non_finite(parameters, "parameters")
+        refuse_non_finite(outcome, "outcome")
         await self._ready()
         now = self._clock()
         user = self.user_key(actor.agent_id)
@@ -515,6 +520,7 @@ class LearningService:
                 "That value looks like a credential or is too long to be a preference; amfs never stores "
                 f"credentials. Store a setting (at most {MAX_PREFERENCE_VALUE_CHARS} characters), not a secret."
             )
+        refuse_non_finite(value, "value")
         canonical_json(value)  # must be JSON
         return value
 

@@ -363,5 +363,6 @@ def fuse_hybrid(
     return _combine(rankings, contribution_of)
 
 
-LearnedScorer = Callable[[list[MemoryEntry], dict[str, dict[str, int]]], list[float]]
-"""Scores candidates (higher = more useful) given each entry's per-strategy ranks; set by the ML layer."""
+LearnedScorer = Callable[[list[MemoryEntry], dict[str, dict[str, int]], "str | None"], list[float]]
+"""Scores candidates (higher = more useful) given each entry's per-strategy ranks and the retrieval's entity_path
+filter (None: the whole store); set by the ML layer."""

@@ -620,7 +620,8 @@ class MemoryService:
         versions = await self.entry_versions(entity_path, key, values=values)
         if not versions:
             raise NotFoundError(f"No memory at '{entity_path}/{key}'. Call amfs_list(entity_path=...) to see what exists.")
-        return versions
+        now = self.now()
+        return [self.with_current_tier(entry, now) for entry in versions]  # the tier as of now, as read shows it
 
     async def history_page(
         self, entity_path: str, key: str, limit: int, before_version: int | None = None
@@ -642,8 +643,8 @@ class MemoryService:
     async def _read_whole(self, versions: builtins.list[MemoryEntry]) -> AsyncIterator[MemoryEntry]:
         for version in versions:
             entry = await self.store.get_version(version.entity_path, version.key, version.version)
-            if entry is not None and not entry.is_expired(self.now()):  # None: forgotten meanwhile
-                yield entry
+            if entry is not None and not entry.is_expired(now := self.now()):  # None: forgotten meanwhile
+                yield self.with_current_tier(entry, now)
 
     async def search(
         self,
@@ -702,10 +703,12 @@ class MemoryService:
     ) -> list[MemoryEntry]:
         """Current entries under an entity path, ordered by path and key (at most `limit` read); `value_head` as in
         `search`."""
-        return await self.store.find_current(
-            EntryFilter(entity_path=v.validate_entity_prefix(entity_path)), self.now(), "path",
+        now = self.now()
+        entries = await self.store.find_current(
+            EntryFilter(entity_path=v.validate_entity_prefix(entity_path)), now, "path",
             v.validate_limit(limit, maximum=100_000), value_head=value_head,
         )
+        return [self.with_current_tier(entry, now) for entry in entries]  # stored tiers date from the last write/read
 
     async def entity_counts(self, entity_path: str | None = None) -> dict[str, int]:
         """Current live entries per entity path (each path counts only the entries exactly at it)."""
@@ -816,7 +819,7 @@ class MemoryService:
             admitted.setdefault(entry.entry_key, self.with_current_tier(entry, now))
         # The speaker rule (off by default) is only worked out when it weighs something.
         speaker_query = query if active.get("speaker", 0.0) > 0 else None
-        rankings = self._rankings(speaker_query, admitted, semantic, keyword, now, learned)
+        rankings = self._rankings(speaker_query, admitted, semantic, keyword, now, learned, flt.entity_path)
         if fusion == "hybrid":
             ranked = fuse_hybrid(rankings, active, self.config.candidate_pool)
         else:
@@ -934,6 +937,7 @@ class MemoryService:
         keyword: builtins.list[tuple[MemoryEntry, float]],
         now: datetime,
         learned: bool,
+        entity_path: str | None,
     ) -> builtins.list[RankedList]:
         relevant = {e.entry_key for e, _ in semantic[: self.config.rerank_pool]} | {
             e.entry_key for e, _ in keyword[: self.config.rerank_pool]
@@ -951,7 +955,7 @@ class MemoryService:
         if learned and self.learned_scorer is not None and entries:
             ranks = {ranking.strategy: dict(zip(ranking.keys, range(1, len(ranking.keys) + 1))) for ranking in rankings}
             per_entry = {e.entry_key: {name: ranks[name].get(e.entry_key, 0) for name in ranks} for e in entries}
-            scores = self.learned_scorer(entries, per_entry)
+            scores = self.learned_scorer(entries, per_entry, entity_path)
             rankings.append(RankedList.from_scored("learned", [(e.entry_key, s) for e, s in zip(entries, scores)]))
         return rankings
 

@@ -86,6 +86,23 @@ def serialize_value(value: Any, max_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> str
     return text
 
 
+def refuse_non_finite(value: Any, name: str, max_depth: int = 8) -> None:
+    """Refuse a NaN or infinite number anywhere in a JSON-like `value` (to `max_depth` levels; deeper parts are
+    cut off by redaction anyway): stored, one would make every JSON export of the store fail, and redaction would
+    keep it as the string "nan"."""
+    stack: list[tuple[Any, str, int]] = [(value, name, 0)]
+    while stack:
+        item, where, depth = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValidationError(f"{where} is {item}; numbers must be finite (no NaN or Infinity).")
+        if depth >= max_depth:
+            continue
+        if isinstance(item, dict):
+            stack.extend((v, f"{where}.{k}", depth + 1) for k, v in item.items())
+        elif isinstance(item, (list, tuple)):
+            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
+
+
 def validate_confidence(confidence: Any, name: str = "confidence") -> float:
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)):
         raise ValidationError(f"{name} must be a number between 0 and {MAX_CONFIDENCE:g}, got {confidence!r}.")
@@ -154,12 +171,22 @@ def resolve_ttl(now: datetime, ttl_seconds: Any = None, ttl_at: datetime | None 
                 f"ttl_seconds must be at most {MAX_TTL_SECONDS:.0f} (100 years); leave it unset for no expiry, "
                 f"got {ttl_seconds!r}."
             )
+        if timedelta(seconds=float(ttl_seconds)) <= timedelta(0):
+            # 1e-7 rounded to no time at all: the write was acknowledged and its key (older versions too) was gone
+            raise ValidationError(f"ttl_seconds {ttl_seconds!r} is below the clock's resolution (one microsecond); "
+                                  "the TTL must lie in the future.")
         return now + timedelta(seconds=float(ttl_seconds))
     if ttl_at is not None:
+        if not isinstance(ttl_at, datetime):
+            raise ValidationError(f"ttl_at must be a datetime (e.g. datetime.now(timezone.utc) + timedelta(days=1)), "
+                                  f"got {type(ttl_at).__name__}; or pass ttl_seconds.")
         if ttl_at.tzinfo is None:
             raise ValidationError("ttl_at must be timezone-aware (e.g. datetime.now(timezone.utc) + timedelta(days=1)).")
         if ttl_at <= now:
             raise ValidationError(f"ttl_at {ttl_at.isoformat()} is not in the future.")
+        if ttl_at - now > timedelta(seconds=MAX_TTL_SECONDS):
+            raise ValidationError(f"ttl_at {ttl_at.isoformat()} is more than 100 years ahead (ttl_seconds' limit too); "
+                                  "leave it unset for no expiry.")
     return ttl_at
 
 

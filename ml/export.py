@@ -26,6 +26,7 @@ import json
 import logging
 import os
 from collections import Counter, defaultdict
+from datetime import datetime
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from itertools import islice
@@ -380,8 +381,14 @@ EXPORTS_LOCK = ".amfs-exports.lock"
 EXPORTS_PENDING = ".amfs-exports.pending"
 
 
+# A memory version an example was made from: (entry key, version, when that version was written). The write
+# time tells a version from a later one with the same number: a key forgotten (or expired) and written again starts
+# over at version 1, and by key and number alone the scrub took the new v1 for the erased one and kept its examples.
+Source = tuple[str, int, str | None]
+
+
 def _sources(entries: list[MemoryEntry]) -> list[list[Any]]:
-    return [list(pair) for pair in sorted({(e.entry_key, e.version) for e in entries})]
+    return [list(source) for source in sorted({(e.entry_key, e.version, e.provenance.written_at.isoformat()) for e in entries})]
 
 
 def _without_sources(example: dict[str, Any]) -> dict[str, Any]:
@@ -502,7 +509,7 @@ async def scrub_exports(service: MemoryService, root: Path) -> int:
     try:
         await asyncio.to_thread(_remove_leftovers, root)
         files = await asyncio.to_thread(export_files, root)
-        made_from: dict[Path, set[tuple[str, int]]] = {}
+        made_from: dict[Path, set[Source]] = {}
         for path in files:
             sources = await asyncio.to_thread(sources_in, path)
             if sources is None:
@@ -522,12 +529,18 @@ async def scrub_exports(service: MemoryService, root: Path) -> int:
             lock.close()
 
 
-async def _holds(service: MemoryService, entry_key: str, version: int) -> bool:
+async def _holds(service: MemoryService, entry_key: str, version: int, written_at: str | None) -> bool:
     try:
         entity_path, key = split_entry_key(entry_key)
     except ValidationError:
         return False
-    return await service.store.get_version(entity_path, key, version) is not None
+    held = await service.store.get_version(entity_path, key, version)
+    if held is None or written_at is None:  # None: a sources file written before 0.7.14 named no write time
+        return held is not None
+    try:
+        return held.provenance.written_at == datetime.fromisoformat(written_at)
+    except ValueError:
+        return False
 
 
 def follow_erasures(service: MemoryService, root: Path) -> None:
@@ -540,16 +553,17 @@ def follow_erasures(service: MemoryService, root: Path) -> None:
     service.after_erase(scrub)
 
 
-def _read_sources(line: str) -> set[tuple[str, int]]:
-    return {(str(entry), int(version)) for entry, version in json.loads(line)}
+def _read_sources(line: str) -> set[Source]:
+    return {(str(source[0]), int(source[1]), str(source[2]) if len(source) > 2 else None)
+            for source in json.loads(line)}
 
 
 # What each export file was read as, by the files' size and time: the expiry sweep scrubs every minute, and an
 # export that did not change is not read again (the store may have, so its versions are still looked up each time).
-_read_as: dict[Path, tuple[tuple[int, ...], set[tuple[str, int]] | None]] = {}
+_read_as: dict[Path, tuple[tuple[int, ...], set[Source] | None]] = {}
 
 
-def sources_in(path: Path) -> set[tuple[str, int]] | None:
+def sources_in(path: Path) -> set[Source] | None:
     """The memory versions the examples of one export file were made from; None when its sources file does not
     match it line for line (a crash between the two renames, an edited file): such a file is left alone."""
     try:
@@ -558,7 +572,7 @@ def sources_in(path: Path) -> set[tuple[str, int]] | None:
         return None
     if (known := _read_as.get(path)) is not None and known[0] == stamp:
         return known[1]
-    found: set[tuple[str, int]] = set()
+    found: set[Source] = set()
     matched = False
     try:
         with open(path, "rb") as examples, open(_sources_file(path), encoding="utf-8") as sources:
@@ -574,7 +588,7 @@ def sources_in(path: Path) -> set[tuple[str, int]] | None:
     return _read_as[path][1]
 
 
-def drop_dead_examples(path: Path, alive: set[tuple[str, int]], root: Path) -> int:
+def drop_dead_examples(path: Path, alive: set[Source], root: Path) -> int:
     """Rewrite the file and its sources file (an export under `root`, whose lock the caller holds) without the
     examples made from a version not in `alive`, streaming through temporary files renamed over them
     (`_replace_pair`). Returns how many examples went."""

@@ -49,6 +49,9 @@ from .traces import OutcomeHistory, under
 logger = logging.getLogger("amfs_server.ml")
 
 MIN_OUTCOME_LINKED_SAMPLES = 20
+# Samples are counted per entry read, so one outcome blaming 20 entries made 20 of them: a model was installed at
+# 30% of every retrieval from a single incident, its held-out figures made of that same incident (red-team repro).
+MIN_OUTCOMES = 5
 NEVER_LINKED_SHARE = 0.5
 HOLDOUT_SHARE = 0.2
 EARLY_STOPPING_ROUNDS = 20
@@ -186,35 +189,26 @@ class LearnedRanker:
         """Whether a retrieval filtered to `entity_path` (None: the whole store) is one a model was trained for: a
         whole-store model covers every retrieval, an entity's model those at or under its entity. Elsewhere the
         learned strategy stays out, so training for one team never shifts another's ranking."""
-        models = self._models
-        return None in models or (
-            entity_path is not None and any(scope is not None and under(entity_path, scope) for scope in models)
-        )
+        return self._model_for(entity_path, self._models) is not _NO_MODEL
 
-    def score(self, entries: Sequence[MemoryEntry], ranks: Mapping[str, Mapping[str, int]]) -> list[float]:
-        """P(useful) per entry, from the most specific model covering its entity (the `LearnedScorer`)."""
+    def score(self, entries: Sequence[MemoryEntry], ranks: Mapping[str, Mapping[str, int]],
+              entity_path: str | None = None) -> list[float]:
+        """P(useful) per entry (the `LearnedScorer`) from the one model that covers a retrieval filtered to
+        `entity_path`: the most specific entity model at or above the filter, else the whole-store model. One model
+        per retrieval: scoring each entry by its own entity's model let a team's retrain move whole-store rankings
+        that every other team sees (red-team repro)."""
         models = self._models  # one read: training may swap the dict meanwhile
-        scores = [NEUTRAL_SCORE] * len(entries)
-        if not entries or not models:
-            return scores
-        now = self.clock()
-        groups: dict[str | None, list[int]] = {}
-        for index, entry in enumerate(entries):
-            scope = self._scope_for(entry.entity_path, models)
-            if scope is not _NO_MODEL:
-                groups.setdefault(scope, []).append(index)  # type: ignore[arg-type]
-        for scope, indexes in groups.items():
-            matrix = feature_matrix(
-                [entries[i] for i in indexes], [ranks.get(entries[i].entry_key) for i in indexes], now
-            )
-            matrix[:, self._ignored] = 0.0
-            for i, p in zip(indexes, models[scope].booster.predict(matrix, num_threads=1)):
-                scores[i] = float(p)
-        return scores
+        scope = self._model_for(entity_path, models)
+        if not entries or scope is _NO_MODEL:
+            return [NEUTRAL_SCORE] * len(entries)
+        matrix = feature_matrix(list(entries), [ranks.get(e.entry_key) for e in entries], self.clock())
+        matrix[:, self._ignored] = 0.0
+        return [float(p) for p in models[scope].booster.predict(matrix, num_threads=1)]  # type: ignore[index]
 
     @staticmethod
-    def _scope_for(entity_path: str, models: Mapping[str | None, _Model]) -> str | None | object:
-        specific = [scope for scope in models if scope is not None and under(entity_path, scope)]
+    def _model_for(entity_path: str | None, models: Mapping[str | None, _Model]) -> str | None | object:
+        specific = [scope for scope in models
+                    if scope is not None and entity_path is not None and under(entity_path, scope)]
         if specific:
             return max(specific, key=len)
         return None if None in models else _NO_MODEL
@@ -315,6 +309,13 @@ class LearnedRanker:
                 "its confidence-based fusion (no learned strategy) until then. Commit outcomes with "
                 "amfs_commit_outcome after sessions that read or retrieve entries (100+ with mixed results is "
                 "better), then call amfs_retrain again."
+            )
+        if samples.outcomes < MIN_OUTCOMES:
+            raise InsufficientDataError(
+                f"Learned ranking needs outcome-linked samples from at least {MIN_OUTCOMES} committed outcomes{scope}; "
+                f"found {samples.linked} samples from {samples.outcomes}, too few to learn from or to hold any out. "
+                "Retrieval keeps its fusion without a learned strategy. Commit more outcomes with amfs_commit_outcome, "
+                "then call amfs_retrain again."
             )
         positives = sum(samples.labels)
         if positives == 0 or positives == len(samples.labels):

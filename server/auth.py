@@ -218,8 +218,10 @@ def _restrict_to_prefix(
     if "entity_path" in properties:
         if arguments.get("entity_path") is None:
             arguments["entity_path"] = prefix
+        elif not isinstance(arguments["entity_path"], str):
+            return arguments  # not a path at all: the tool's own validation refuses it for its type, not its scope
         elif not key.allows(arguments["entity_path"]):
-            raise ToolError(f"{name}: entity_path {arguments['entity_path']!r} is out of scope. {refusal}")
+            raise ToolError(f"{name}: entity_path {_shown(arguments['entity_path'])} is out of scope. {refusal}")
     if "causal_entry_keys" in properties:
         # The same leniency as the tool's own parameter (a JSON-encoded list, or one key as a string), so the
         # scope is checked on the keys the tool will act on.
@@ -228,10 +230,18 @@ def _restrict_to_prefix(
             return arguments  # not a list even so: the tool's own validation refuses it
         if not entry_keys:
             raise ToolError(f"{name}: pass causal_entry_keys (entries under '{prefix}'). {refusal}")
-        outside = [k for k in entry_keys if not isinstance(k, str) or not key.allows(k.rpartition("/")[0])]
+        if not all(isinstance(k, str) for k in entry_keys):
+            return arguments  # the tool's own validation refuses a key that is not a string
+        outside = [k for k in entry_keys if not key.allows(k.rpartition("/")[0])]
         if outside:
-            raise ToolError(f"{name}: causal_entry_keys {outside[:3]!r} are out of scope. {refusal}")
+            shown = ", ".join(_shown(k) for k in outside[:3])
+            raise ToolError(f"{name}: causal_entry_keys [{shown}] are out of scope. {refusal}")
     return arguments
+
+
+def _shown(value: str, limit: int = 80) -> str:
+    """A refused value quoted in the reply, cut short: a 200,000-character path was echoed whole."""
+    return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value):,} characters)"
 
 
 # -- Origin / Host guard ----------------------------------------------------------------------

@@ -426,7 +426,7 @@ def rule_scorer(rule: str, clock: SimClock) -> Any:
     sign, name = (1.0 if rule[0] == "+" else -1.0), rule[1:]
     column = FEATURE_NAMES.index(name)
 
-    def score(entries: list[Any], ranks: dict[str, dict[str, int]]) -> list[float]:
+    def score(entries: list[Any], ranks: dict[str, dict[str, int]], _entity_path: str | None = None) -> list[float]:
         now = clock()
         return [sign * feature_row(e, ranks.get(e.entry_key), now)[column] for e in entries]
 
@@ -494,14 +494,17 @@ async def _run(config: SimConfig, workdir: Path, clock: SimClock, progress: bool
         elif name == "learned":
             service.install_learned_scorer(ranker.score)
         elif name == "learned_entity":
-            service.install_learned_scorer(per_entity.score)
+            # The diagnostic's meaning: each entry scored by its own service's model (else the global one). The
+            # server never mixes models in one retrieval; here the queries are unscoped, so this scorer does.
+            service.install_learned_scorer(lambda entries, ranks, _path, r=per_entity: [
+                r.score([e], ranks, e.entity_path)[0] for e in entries])
         elif name == "linked_only":
             service.install_learned_scorer(linked_only.score)
         elif name == "quality_only":
             service.install_learned_scorer(quality_only.score)
         elif name == "recent_rule":
             # Diagnostic: the clean share of each entry's last RECENT_OUTCOMES outcomes (0.5 with none), read live.
-            service.install_learned_scorer(lambda entries, ranks, sim=replay: [
+            service.install_learned_scorer(lambda entries, ranks, _path, sim=replay: [
                 statistics.fmean(sim.world.outcomes_of[e.entry_key][-RECENT_OUTCOMES:])
                 if sim.world.outcomes_of.get(e.entry_key) else 0.5 for e in entries
             ])
@@ -510,7 +513,7 @@ async def _run(config: SimConfig, workdir: Path, clock: SimClock, progress: bool
             empty.install()  # no model loaded: leaves the learned strategy off
         elif name == "oracle":
             # The ceiling: the hidden quality at this session as the learned strategy's score, at the same 30% weight.
-            service.install_learned_scorer(lambda entries, ranks, sim=replay: [
+            service.install_learned_scorer(lambda entries, ranks, _path, sim=replay: [
                 1.0 if sim.world.good_at(e.entry_key, sim.session_index) else 0.0 for e in entries
             ])
         variants[name] = await simulate(service, replay, held_out)

@@ -47,7 +47,7 @@ def list_from_text(value: Any) -> Any:
     if text.startswith("["):
         try:
             return json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # "[" * 5000 ran past the parser's recursion limit: an internal error
             return value  # reported as "not a valid list" by the list validation that follows
     return [value]
 

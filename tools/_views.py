@@ -178,7 +178,7 @@ class StrategyHitView(BaseModel):
         None, exclude_if=lambda raw: raw is None,
         description="The strategy's own score (similarity, keyword score, confidence); temporal gives age instead.",
     )
-    age: str | None = Field(None, exclude_if=lambda when: when is None, description="temporal: the entry's age.")
+    age: str | None = Field(None, exclude_if=lambda when: when is None, description="temporal: the age of the entry's event time (event_at, else when it was written).")
     contribution: Score = Field(description="This strategy's share of the fused score.")
 
 
@@ -189,8 +189,9 @@ def explain_view(hit: RetrievedEntry) -> dict[str, StrategyHitView] | None:
     if hit.strategies is None:
         return None
     return {
-        # the temporal raw score is the write time as epoch seconds: shown as the age it stands for
-        name: StrategyHitView(rank=s.rank, age=age(hit.entry.provenance.written_at), contribution=s.contribution)
+        # the temporal strategy ranks the event time (event_at, else the write time; a future one counts as now):
+        # shown as the age it stands for, not the write time's (an event of 2023 written today read "0s")
+        name: StrategyHitView(rank=s.rank, age=age(hit.entry.event_time), contribution=s.contribution)
         if name == "temporal"
         else StrategyHitView(rank=s.rank, raw_score=s.raw_score, contribution=s.contribution)
         for name, s in hit.strategies.items()

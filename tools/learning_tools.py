@@ -203,7 +203,7 @@ def register_learning_tools(mcp: FastMCP, learning: LearningService, actors: Act
         outcome: Annotated[
             str | None, Field(max_length=MAX_OUTCOME_CHARS, description="Short result: 'success', 'failed: 404'. Not the output.")
         ] = None,
-        execution_ms: Annotated[float | None, Field(ge=0, description="How long the call took.")] = None,
+        execution_ms: Annotated[float | None, Field(ge=0, allow_inf_nan=False, description="How long the call took.")] = None,
     ) -> RecordedInteraction:
         """Report a call you made to another tool (another MCP server's, or your own), so amfs learns
         your preferences and workflows from it. Calls to amfs tools are recorded already. Secrets in

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastmcp import Context
-from pydantic import Field
+from pydantic import Field, WithJsonSchema
 
 from ..core import validation as v
 from ..core.service import MemoryService
@@ -30,11 +30,16 @@ def register(tools: ToolRegistry[MemoryService]) -> None:
         causal_entry_keys: Annotated[
             list[str] | None,
             lenient_list,
-            Field(
-                min_length=1, max_length=1000,
-                description="'entity_path/key' entries to credit; default: every entry this session read. "
-                "A JSON-encoded list or a single key is accepted too.",
-            ),
+            Field(min_length=1, max_length=1000),
+            # The schema says what is accepted: the list (1-1,000 keys), a JSON-encoded list or one key as text
+            # (pydantic's own put min/maxLength, string keywords, beside an array and left the text forms out).
+            WithJsonSchema({
+                "anyOf": [{"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1000},
+                          {"type": "string"}, {"type": "null"}],
+                "default": None,
+                "description": "'entity_path/key' entries to credit; default: every entry this session read. "
+                               "A JSON-encoded list or a single key is accepted too.",
+            }),
         ] = None,
     ) -> OutcomeResult:
         """Report a task's real-world result (deploy, incident, test run) against the memories behind

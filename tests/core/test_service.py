@@ -184,6 +184,22 @@ async def test_ttl_in_the_past_is_refused(service: MemoryService, actor: Actor) 
         await service.write(actor, WriteRequest("svc", "k", "v", ttl_at=datetime.now(timezone.utc) - timedelta(seconds=1)))
 
 
+async def test_a_ttl_that_is_no_time_at_all_or_past_a_century_or_not_a_date_is_refused_and_the_key_kept(
+    service: MemoryService, actor: Actor
+) -> None:
+    """ttl_seconds=1e-7 rounded to the write's own instant: the write answered version 2 and the whole key was gone;
+    ttl_at in year 9999 passed where ttl_seconds stops at 100 years; a text ttl_at was an AttributeError (red-team)."""
+    await service.write(actor, WriteRequest("svc", "k", "kept"))
+    for request, said in [
+        (WriteRequest("svc", "k", "v", ttl_seconds=1e-7), "below the clock's resolution"),
+        (WriteRequest("svc", "k", "v", ttl_at=datetime(9999, 1, 1, tzinfo=timezone.utc)), "more than 100 years"),
+        (WriteRequest("svc", "k", "v", ttl_at="2100-01-01T00:00:00Z"), "ttl_at must be a datetime"),  # type: ignore[arg-type]
+    ]:
+        with pytest.raises(ValidationError, match=said):
+            await service.write(actor, request)
+    assert [e.value for e in await service.history("svc", "k")] == ["kept"]
+
+
 async def test_commit_outcome_without_keys_charges_every_entry_read_in_the_session(
     service: MemoryService, actor: Actor
 ) -> None:

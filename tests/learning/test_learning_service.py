@@ -382,6 +382,23 @@ async def test_record_interaction_validates_its_input(learning, actor) -> None:
     assert await learning.interactions() == []
 
 
+@pytest.mark.parametrize("call", [
+    {"execution_ms": float("inf")}, {"execution_ms": float("nan")}, {"execution_ms": True},
+    {"parameters": {"region": float("nan")}}, {"parameters": {"retry": {"backoff": [1.0, float("-inf")]}}},
+    {"outcome": float("inf")},
+])
+async def test_a_non_finite_number_in_a_reported_call_is_refused_and_nothing_is_stored(learning, actor, call) -> None:
+    """Infinity in execution_ms was stored, and from then on every `memory export` of the store failed; a NaN
+    parameter was learned as the preference "nan" (red-team repros)."""
+    with pytest.raises(ValidationError, match="finite"):
+        await learning.record_interaction(actor, "deploy", call.get("parameters", {"region": "eu"}),
+                                          outcome=call.get("outcome"), execution_ms=call.get("execution_ms"))
+    with pytest.raises(ValidationError, match=r"value is nan; numbers must be finite"):
+        await learning.set_preference(actor.agent_id, "deploy", "retries", float("nan"))
+    assert await learning.interactions() == [] and await learning.get_preferences(None) == []
+    json.dumps(await learning.export(), allow_nan=False)  # what `memory export` writes stays valid JSON
+
+
 async def test_oversized_parameters_keep_only_their_names_and_size(learning, actor) -> None:
     bulk = {"rows": [{"id": n, "note": "x" * 500} for n in range(100)], "table": "users"}
     interaction = await learning.record_interaction(actor, "bulk_insert", bulk)

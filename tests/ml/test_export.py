@@ -115,8 +115,8 @@ def test_an_export_whose_sources_file_does_not_match_it_line_for_line_is_not_tru
     sources.write_text('[["svc/a", 1]]\n')  # one line short
     assert export_files(tmp_path) == [export] and sources_in(export) is None
     sources.write_text('[["svc/a", 1]]\n[["svc/b", 2], ["svc/a", 1]]\n')
-    assert sources_in(export) == {("svc/a", 1), ("svc/b", 2)}
-    assert drop_dead_examples(export, {("svc/a", 1)}, tmp_path) == 1
+    assert sources_in(export) == {("svc/a", 1, None), ("svc/b", 2, None)}  # before 0.7.14: no write time
+    assert drop_dead_examples(export, {("svc/a", 1, None)}, tmp_path) == 1
     assert export.read_text() == '{"messages": ["a"]}\n' and sources.read_text() == '[["svc/a", 1]]\n'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sft.jsonl", "sft.jsonl.amfs-sources"]
     (tmp_path / "other.jsonl").write_text("{}\n")  # no sources file: not an export this server can scrub

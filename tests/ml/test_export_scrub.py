@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from amfs_server.core.errors import NotFoundError, StoreError
 from amfs_server.core.interprocess import acquire_exclusive
 from amfs_server.ml import MLService
 from amfs_server.ml.export import ExportResult, scrub_exports
-from amfs_server.server.composition import build_service
+from amfs_server.server.composition import build_service, build_services
 from amfs_server.server.settings import load_settings
 
 
@@ -125,6 +126,42 @@ async def test_an_export_finished_after_a_forget_scrubbed_is_scrubbed_when_it_la
     finally:
         await service.close()
     assert texts(exports_of(data_dir) / "late.jsonl") == ["kept example"]
+
+
+@pytest.mark.parametrize("erase", ["forget", "ttl"])
+async def test_a_key_erased_and_written_again_does_not_keep_the_old_versions_examples(
+    data_dir: Path, erase: str
+) -> None:
+    """A key forgotten (or expired) and written again starts over at version 1: by key and version alone the scrub
+    took the new v1 for the erased one and kept its examples for good (red-team repro, on both stores)."""
+    from amfs_server.core.models import Actor
+    from amfs_server.core.service import WriteRequest
+
+    now = [datetime.now(timezone.utc)]
+    services = build_services(load_settings({}, data_dir=data_dir, embedder="none"), ml=True, clock=lambda: now[0])
+    service, ml = services.memory, services.ml
+    await service.open()
+    actor = Actor("agent/x", "s1")
+    try:
+        await service.write(actor, WriteRequest("svc", "k", "SECRETX9 the root password is tulip",
+                                                ttl_seconds=3600 if erase == "ttl" else None))
+        await service.read(actor, "svc", "k")
+        await service.commit_outcome(actor, "INC-1", "failure")
+        await ml.export_training_data("reward_model", output_path="train.jsonl")
+        path = exports_of(data_dir) / "train.jsonl"
+        assert "SECRETX9" in path.read_text()
+        written = json.loads(path.with_name("train.jsonl.amfs-sources").read_text().splitlines()[0])
+        assert [source[:2] for source in written] == [["svc/k", 1]]
+        assert len(written[0]) == 3  # the source names its version's write time
+        if erase == "forget":
+            await service.forget("svc", "k")
+        else:
+            now[0] += timedelta(hours=2)
+        await service.write(actor, WriteRequest("svc", "k", "harmless new value"))  # version 1 again
+        await scrub_exports(service, exports_of(data_dir))  # the sweep's (and every open's) scrub
+    finally:
+        await service.close()
+    assert "SECRETX9" not in path.read_text()
 
 
 HOLDER = """

@@ -206,7 +206,7 @@ async def test_forgetting_a_memory_takes_the_examples_made_from_it_out_of_the_ex
     doomed = json.loads(before[exports / "reward.jsonl"][0][1])[0][0]  # the first reward example's memory
 
     def made_from(sources: str, entry: str) -> bool:
-        return any(source_entry == entry for source_entry, _ in json.loads(sources))
+        return any(source[0] == entry for source in json.loads(sources))
 
     entity_path, _, key = doomed.rpartition("/")
     forgot = await client.call_tool("amfs_forget", {"entity_path": entity_path, "key": key})

@@ -31,6 +31,23 @@ async def test_training_below_20_outcome_linked_samples_is_refused_and_retrieval
     assert await sqlite_service.get_shared_state(RANKER_MODELS) is None
 
 
+async def test_one_outcome_blaming_many_entries_is_too_few_outcomes_to_train_on(sqlite_service: MemoryService) -> None:
+    """Samples count entries read: one incident blaming 24 entries made 24 samples, and a model trained on it took
+    30% of every retrieval, its held-out figures drawn from that same incident (red-team repro)."""
+    from amfs_server.core.models import Actor
+    from amfs_server.core.service import WriteRequest
+
+    actor = Actor("agent/x", "s1")
+    for n in range(24):
+        await sqlite_service.write(actor, WriteRequest("changelog", f"c{n}", f"change {n}"))
+    await sqlite_service.write(actor, WriteRequest("owners", "billing", "Billing is owned by Ana."))
+    await sqlite_service.commit_outcome(actor, "deploy-1", "success",
+                                        causal_entry_keys=[f"changelog/c{n}" for n in range(24)])
+    with pytest.raises(InsufficientDataError, match=r"at least 5 committed outcomes; found 24 samples from 1,"):
+        await LearnedRanker(sqlite_service).train()
+    assert sqlite_service.learned_scorer is None and await sqlite_service.get_shared_state(RANKER_MODELS) is None
+
+
 async def test_training_on_simulated_history_returns_the_documented_metrics_and_stores_lightgbm_text_in_the_store(
     sim_service: MemoryService,
 ) -> None:
@@ -122,11 +139,11 @@ async def test_a_per_entity_model_is_saved_beside_the_global_one_and_scores_its_
     metrics = await ranker.train(entity_path="svc-0")
     assert metrics.entity_path == "svc-0"
     assert set((await sim_sqlite.get_shared_state(RANKER_MODELS))["models"]) == {"svc-0"}
-    results = await sim_sqlite.retrieve(ACTOR, "payments retry cache eviction", limit=20, explain=True)
-    scores = dict(zip((r.entry.entry_key for r in results), ranker.score([r.entry for r in results], {})))
-    # Entities without a model of their own (and no global one) get the neutral score.
-    assert {s for k, s in scores.items() if not k.startswith("svc-0/")} <= {0.5}
-    assert any(s != 0.5 for k, s in scores.items() if k.startswith("svc-0/"))
+    results = await sim_sqlite.retrieve(ACTOR, "payments retry cache eviction", entity_path="svc-0", limit=20)
+    entries = [r.entry for r in results]
+    assert len(set(ranker.score(entries, {}, "svc-0"))) > 1  # a retrieval filtered to svc-0: its model scores
+    # Any other retrieval (the whole store, another entity) has no model while no whole-store one exists.
+    assert set(ranker.score(entries, {}, None)) == set(ranker.score(entries, {}, "svc-1")) == {0.5}
 
 
 async def test_a_per_entity_model_changes_only_the_retrievals_of_its_entity(sim_sqlite: MemoryService) -> None:
@@ -148,6 +165,25 @@ async def test_a_per_entity_model_changes_only_the_retrievals_of_its_entity(sim_
     assert all("learned" in (r.strategies or {}) for r in mine)
     await ranker.train()  # a whole-store model covers every retrieval
     assert sim_sqlite.learned_applies(None) and sim_sqlite.learned_applies("svc-1")
+
+
+async def test_beside_a_whole_store_model_an_entitys_model_moves_no_whole_store_retrieval(
+    sim_sqlite: MemoryService,
+) -> None:
+    """With a whole-store model in place, a team's own retrain re-scored that team's entries inside every unscoped
+    retrieval (each entry took its own entity's model), so other teams' results moved (red-team repro: team-b's
+    first result fell to sixth). A retrieval is scored by one model: the filter's, else the whole store's."""
+    query = "payments retry cache eviction"
+    ranker = LearnedRanker(sim_sqlite)
+    await ranker.train()
+    before = {scope: await sim_sqlite.retrieve(ACTOR, query, entity_path=scope, limit=10, count_as_read=False)
+              for scope in (None, "svc-1")}
+    await ranker.train(entity_path="svc-0")
+    for scope, results in before.items():
+        after = await sim_sqlite.retrieve(ACTOR, query, entity_path=scope, limit=10, count_as_read=False)
+        assert [(r.entry.entry_key, r.score) for r in after] == [(r.entry.entry_key, r.score) for r in results], scope
+    entries = [r.entry for r in before[None]]
+    assert ranker.score(entries, {}, "svc-0") != ranker.score(entries, {}, None)  # svc-0's own retrievals: its model
 
 
 async def test_models_trained_on_other_features_are_not_loaded(sim_sqlite: MemoryService) -> None:

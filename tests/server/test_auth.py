@@ -213,6 +213,29 @@ async def test_a_prefix_scoped_key_reads_and_writes_only_under_its_prefix(settin
         assert sorted(await entry_keys(asgi)) == ["team-a/api/k", "team-b/secret"]
 
 
+async def test_a_scoped_keys_odd_arguments_get_the_tools_own_refusal_and_a_short_quote(settings: Settings) -> None:
+    """A path of the wrong type was called "out of scope" (sending the client after the wrong fix), a 200,000-character
+    one was echoed whole, and causal_entry_keys nested 5,000 deep was an internal error (red-team repros)."""
+    async with http_app(settings) as asgi:
+        for tool, arguments, said in [
+            ("amfs_list", {"entity_path": 5}, "valid string"),
+            ("amfs_retrieve", {"query": "q", "entity_path": ["team-a"]}, "valid string"),
+            ("amfs_commit_outcome", {"outcome_ref": "r", "outcome_type": "failure", "causal_entry_keys": [5]},
+             "valid string"),
+            ("amfs_commit_outcome",
+             {"outcome_ref": "r", "outcome_type": "failure", "causal_entry_keys": "[" * 5000 + "]" * 5000},
+             "valid array"),
+        ]:
+            refused = await call(asgi, TEAM_A, tool, arguments)
+            text = refused.content[0].text
+            assert refused.is_error and said in text and "out of scope" not in text, (tool, text)
+            assert "Internal error" not in text
+        long = await call(asgi, TEAM_A, "amfs_list", {"entity_path": "x" * 200_000})
+        text = long.content[0].text
+        assert "out of scope" in text and "(200,000 characters)" in text and len(text) < 400
+        assert await entry_keys(asgi) == []
+
+
 async def test_a_read_only_prefix_key_combines_both_limits(settings: Settings) -> None:
     async with http_app(settings) as asgi:
         await call(asgi, ADMIN, "amfs_write", {"entity_path": "team-a", "key": "k", "value": 1})

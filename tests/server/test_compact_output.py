@@ -57,6 +57,12 @@ async def test_explain_gives_rounded_scores_and_the_temporal_strategy_as_an_age(
     found = await client.call_tool("amfs_retrieve", {"query": "retry payments", "explain": True})
     explain = found.structured_content["results"][0]["explain"]
     assert explain["temporal"]["age"].endswith("s") and "raw_score" not in explain["temporal"]
+    # The age of what the temporal strategy ranks: the event time, not the write time (an event of 2023 read "0s").
+    await client.call_tool("amfs_write", {"entity_path": "svc", "key": "old", "value": "retry payments went down",
+                                          "event_at": "2023-05-01T00:00:00Z"})
+    found = await client.call_tool("amfs_retrieve", {"query": "retry payments went down", "explain": True})
+    old = next(r for r in found.structured_content["results"] if r["entry_key"] == "svc/old")
+    assert old["explain"]["temporal"]["age"].endswith("d") and int(old["explain"]["temporal"]["age"][:-1]) > 500
     for strategy in explain.values():
         assert strategy["contribution"] == significant(strategy["contribution"])
         if "raw_score" in strategy:

@@ -300,6 +300,10 @@ async def test_commit_outcome_errors_name_the_next_step(client: Client) -> None:
         {"outcome_ref": "r2", "outcome_type": "failure", "causal_entry_keys": ["svc/none"]},
     )
     assert "No memory at 'svc/none'" in message and "no outcome was recorded" in message
+    # A list as text nested past the parser's recursion limit was an internal error (red-team repro).
+    message = await error_text(client, "amfs_commit_outcome", {"outcome_ref": "r3", "outcome_type": "failure",
+                                                               "causal_entry_keys": "[" * 5000 + "]" * 5000})
+    assert "valid array" in message and "Internal error" not in message
 
 
 async def test_each_mcp_session_has_its_own_read_tracker(app: FastMCP) -> None:
@@ -413,3 +417,13 @@ async def test_an_unknown_tool_is_a_clear_refusal_that_logs_nothing(
     assert text.startswith("Unknown tool 'amfs_nope\\n2026") and "call tools/list" in text and len(text) < 200
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert not [r for r in caplog.records if "FORGED" in r.getMessage()]
+
+
+async def test_commit_outcomes_schema_advertises_the_text_forms_it_accepts_and_the_item_limit(client: Client) -> None:
+    """The schema said array-or-null, with string keywords beside the array and no item limit: a client validating
+    against it refused the documented "svc/k" form and never learned of the 1,000-key limit (red-team repro)."""
+    tools = {tool.name: tool for tool in await client.list_tools()}
+    schema = tools["amfs_commit_outcome"].input_schema["properties"]["causal_entry_keys"]
+    assert schema["anyOf"] == [{"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1000},
+                               {"type": "string"}, {"type": "null"}]
+    assert "minLength" not in schema and "maxLength" not in schema
