@@ -64,3 +64,38 @@ def test_the_miss_analysis_counts_every_evidence_turn(tmp_path: Path, capsys: py
     assert len(missed) >= 2 and all(m[0] == "multi-hop" and m[1] in ("top 10", "11-25", "below 25") for m in missed)
     assert misses.main(["--dataset", str(path)]) == 0
     assert f"{len(missed)} of 13 evidence turns not in the fused top 10" in capsys.readouterr().out
+
+
+def test_the_overlap_slices_count_the_questions_words_in_their_evidence(tmp_path: Path) -> None:
+    """scripts/overlap_slices.py: names and stop words aside, a plural or past form counts; bins and the paired
+    differences come out of the report's own rows."""
+    slices = script("overlap_slices")
+    names = {"ana", "ben"}
+    assert slices.overlap("When did Ana adopt the greyhounds from the shelter?",
+                          ["Ana: I adopted a greyhound."], names) == pytest.approx(2 / 3)
+    assert slices.overlap("What did Ben say?", ["Ben: hello"], names) == 0.0  # "say" is the only term
+    assert slices.overlap("Ana and Ben?", ["Ana: hi"], names) is None  # nothing but names and stop words
+    assert [slices.bin_of(s) for s in (0.0, 0.2, 1 / 3, 0.5, 2 / 3, 1.0)] == [
+        "none", "under 1/3", "1/3 to 2/3", "1/3 to 2/3", "2/3 and over", "2/3 and over"]
+    shares = {"c-q1": 1.0, "c-q2": 1.0, "c-q3": 0.0, "c-q4": 0.0}
+
+    def rows(hits: list[float]) -> list[dict]:
+        return [{"id": f"c-q{n + 1}", "conversation": "c", "kind": "single-hop", "recall@10": h, "mrr@10": h}
+                for n, h in enumerate(hits)]
+
+    report = {"runs": {"sqlite": {"questions": {slices.FUSION: rows([1, 1, 0, 1]), slices.BM25: rows([1, 0, 0, 0]),
+                                                 slices.SEMANTIC: rows([1, 1, 1, 1])}}}}
+    text = slices.table(report, shares, resamples=200)
+    assert "| none | 2 | 0.500 / 0.500 | 0.000 / 0.000 | 1.000 / 1.000 | +0.500 [+0.000, +1.000] | -0.500" in text
+    assert "| 2/3 and over | 2 | 1.000 / 1.000 | 0.500 / 0.500 | 1.000 / 1.000 | +0.500" in text
+    assert "Mean overlap 0.500" in text
+    for rows_of in report["runs"]["sqlite"]["questions"].values():
+        for n, row in enumerate(rows_of):
+            row["split"] = "tuning" if n < 2 else "test"
+    half = slices.table(report, shares, resamples=200, split="test")
+    assert "### sqlite, test half" in half and "| none | 2 |" in half and "2/3 and over" not in half
+    with pytest.raises(SystemExit, match="not in the data set"):
+        slices.table(report, {"c-q1": 1.0}, resamples=200)
+    del report["runs"]["sqlite"]["questions"][slices.SEMANTIC]
+    with pytest.raises(SystemExit, match="has no semantic"):
+        slices.table(report, shares, resamples=200)
