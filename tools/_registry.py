@@ -14,9 +14,11 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from fastmcp import Context, FastMCP
 from fastmcp.exceptions import FastMCPError, ToolError
+from fastmcp.exceptions import ValidationError as ArgumentsError
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.tools import ToolResult
 from mcp_types import ToolAnnotations
+from pydantic import ValidationError as PydanticValidationError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from ..core.errors import AmfsError
@@ -147,10 +149,27 @@ class ToolErrorMiddleware(Middleware):
             if isinstance(cause, AmfsError):
                 logger.debug("%s refused: %s", name, cause)
                 raise ToolError(str(cause), log_level=logging.DEBUG) from None
+            if isinstance(cause, ArgumentsError) and isinstance(cause.__cause__, PydanticValidationError):
+                raise ToolError(arguments_refusal(name, cause.__cause__), log_level=logging.DEBUG) from None
             if isinstance(cause, FastMCPError):
                 raise
             logger.error("Unexpected error in %s", name, exc_info=cause)
             raise ToolError(f"Internal error in {name}; see the server log.", log_level=logging.DEBUG) from None
+
+
+def arguments_refusal(tool: str, error: PydanticValidationError, most: int = 5) -> str:
+    """Arguments the tool's schema refuses, one clause each (pydantic's text ran over several lines with its
+    internal type codes and a documentation link): "amfs_retrieve refused its arguments, nothing was done: limit:
+    Input should be greater than or equal to 1 (got 0). See the tool's input schema (tools/list)."."""
+    clauses = []
+    for problem in error.errors(include_url=False)[:most]:
+        where = ".".join(str(part) for part in problem["loc"]) or "arguments"
+        given = problem.get("input")
+        shown = repr(given) if len(repr(given)) <= 60 else repr(given)[:60] + "..."
+        clauses.append(f"{where}: {problem['msg']}" + ("" if problem["type"].startswith("missing") else f" (got {shown})"))
+    more = f" (and {error.error_count() - most} more)" if error.error_count() > most else ""
+    return (f"{tool} refused its arguments, nothing was done: {'; '.join(clauses)}{more}. "
+            "See the tool's input schema (tools/list).")
 
 
 def shown_name(name: str, limit: int = 80) -> str:

@@ -43,6 +43,20 @@ async def test_write_refuses_numbers_of_the_wrong_type_or_out_of_range_as_a_vali
     assert (await client.call_tool("amfs_list", {})).structured_content["count"] == 0
 
 
+async def test_a_schema_refusal_reads_as_one_line_naming_each_argument_and_what_was_given(client: Client) -> None:
+    """It was pydantic's multi-line text: "1 validation error for call[amfs_retrieve]", internal type codes and a
+    link to pydantic's documentation (red-team repro)."""
+    text = await error_text(client, "amfs_retrieve", {"query": "q", "limit": 0, "explain": "yes", "extra": 1})
+    assert text.startswith("amfs_retrieve refused its arguments, nothing was done: ") and "\n" not in text
+    assert "limit: Input should be greater than or equal to 1 (got 0)" in text
+    assert "explain: Input should be a valid boolean (got 'yes')" in text and "extra: " in text
+    assert "errors.pydantic.dev" not in text and "type=" not in text
+    text = await error_text(client, "amfs_write", {"entity_path": "svc", "key": "k", "value": "v" , "confidence": "x" * 500})
+    assert len(text) < 300 and "..." in text  # a long input is quoted cut short
+    missing = await error_text(client, "amfs_read", {"key": "k"})
+    assert "entity_path: Missing required argument" in missing and "(got" not in missing
+
+
 @pytest.mark.parametrize(
     ("tool", "arguments", "message"),
     [
