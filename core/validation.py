@@ -254,6 +254,19 @@ def validate_moment(value: Any, what: str) -> datetime | None:
     return moment
 
 
+def _is_date_only(value: Any) -> bool:
+    """A day with no time of day: a `date` (not a `datetime`) or an ISO date string such as "2023-12-31"."""
+    if isinstance(value, date) and not isinstance(value, datetime):
+        return True
+    if isinstance(value, str):
+        try:
+            date.fromisoformat(value.strip())
+        except ValueError:
+            return False
+        return True
+    return False
+
+
 def _parse_moment(value: Any, what: str) -> datetime | None:
     """`value` in UTC; None when shifting it to UTC overflows (year 1 or 9999 with a zone offset)."""
     example = _MOMENT_EXAMPLE
@@ -279,8 +292,12 @@ def _parse_moment(value: Any, what: str) -> datetime | None:
 
 
 def validate_event_range(after: Any, before: Any) -> tuple[datetime | None, datetime | None]:
-    """The `event_after` / `event_before` filters: each optional, validated like event_at, after <= before."""
+    """The `event_after` / `event_before` filters: each optional, validated like event_at, after <= before. A
+    date alone as `event_before` includes that whole day (it read as its first instant, so an event at 10:00
+    that day was left out of `event_before="2023-12-31"`)."""
     start, end = validate_event_time(after, "event_after"), validate_event_time(before, "event_before")
+    if end is not None and _is_date_only(before):
+        end = min(end + timedelta(days=1) - timedelta(microseconds=1), datetime.max.replace(tzinfo=timezone.utc))
     if start is not None and end is not None and start > end:
         raise ValidationError(
             f"event_after ({start.isoformat()}) is later than event_before ({end.isoformat()}); nothing could match."

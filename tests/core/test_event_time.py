@@ -108,6 +108,11 @@ async def test_event_filters_use_the_event_time_else_the_write_time(service: Mem
     assert [e.key for e in ends_included] == ["may-8"]
     assert {e.key for e in await service.search(event_after="2024-01-01")} == {"today"}
     assert {e.key for e in await service.search(event_before="2023-05-01")} == {"april"}
+    # A date alone as event_before includes that whole day: May 31 at 23:00 was left out of "2023-05-31".
+    assert {e.key for e in await service.search(event_after="2023-05-31", event_before="2023-05-31")} == {"may-31"}
+    assert {e.key for e in await service.search(entity_path="diary", event_after="2023-05-01",
+                                                event_before="2023-05-31")} == {"may-8", "may-31"}
+    assert {e.key for e in await service.search(event_before="2023-05-31T00:00:00Z")} == {"april", "may-8"}
 
 
 # -- retrieval (real embedder, both stores) -------------------------------------------------------------------
