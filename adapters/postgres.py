@@ -895,20 +895,27 @@ class PostgresStore(PostgresDatabase):
             # Read bookkeeping, not data: it need not wait for the WAL flush. A PostgreSQL crash may lose the
             # last fraction of a second of it; it never leaves the store inconsistent.
             await conn.execute("SET LOCAL synchronous_commit = off")
-            await conn.execute(
+            # Only a version still held (the same write) gets its count and its trace: a read that lost a race
+            # with a forget in another process left a trace naming the erased key (red-team repro). The row lock
+            # taken here makes a forget that comes later wait, and then delete this trace with the key's others.
+            updated = await conn.fetch(
                 "UPDATE entries AS e SET recall_count = e.recall_count + r.times, tier = r.tier, "
                 "priority_score = r.priority FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::smallint[], "
-                "$6::float8[]) AS r(entity_path, key, version, times, tier, priority) "
-                "WHERE e.entity_path = r.entity_path AND e.key = r.key AND e.version = r.version",
+                "$6::float8[], $7::timestamptz[]) AS r(entity_path, key, version, times, tier, priority, written_at) "
+                "WHERE e.entity_path = r.entity_path AND e.key = r.key AND e.version = r.version "
+                "AND (r.written_at IS NULL OR e.written_at = r.written_at) "
+                "RETURNING e.entity_path, e.key, e.version",
                 [w[0] for w in rows], [w[1] for w in rows], [w[2] for w in rows], [counts[w] for w in rows],
                 [int(latest[w].tier) for w in rows], [latest[w].priority_score for w in rows],
+                [latest[w].written_at for w in rows],
             )
+            held = {(row["entity_path"], row["key"], row["version"]) for row in updated}
             await conn.executemany(
                 _INSERT_TRACE,
                 [
                     trace_params(actor.session_id, actor.agent_id, kind, r.entity_path, r.key, r.version, now, r.detail,
                                  POSTGRES)
-                    for r in reads
+                    for r in reads if (r.entity_path, r.key, r.version) in held
                 ],
             )
 

@@ -508,18 +508,23 @@ class SQLiteStore(SQLiteDatabase):
 
         def write() -> None:
             with self._transaction() as conn:
-                for read in reads:
-                    conn.execute(
+                # Only a version still held (the same write: times kept as epoch floats, so within a millisecond)
+                # gets its count and its trace; one forgotten since the read was made gets neither.
+                held = [
+                    read for read in reads
+                    if conn.execute(
                         "UPDATE entries SET recall_count = recall_count + 1, tier = ?, priority_score = ? "
-                        "WHERE entity_path = ? AND key = ? AND version = ?",
-                        (int(read.tier), read.priority_score, read.entity_path, read.key, read.version),
-                    )
+                        "WHERE entity_path = ? AND key = ? AND version = ? AND (? IS NULL OR abs(written_at - ?) < 0.001)",
+                        (int(read.tier), read.priority_score, read.entity_path, read.key, read.version,
+                         _ts(read.written_at), _ts(read.written_at)),
+                    ).rowcount
+                ]
                 conn.executemany(
                     _INSERT_TRACE,
                     [
                         trace_params(actor.session_id, actor.agent_id, kind, r.entity_path, r.key, r.version, now,
                                      r.detail, SQLITE)
-                        for r in reads
+                        for r in held
                     ],
                 )
 

@@ -65,6 +65,9 @@ class TierUpdate:
     tier: Tier
     priority_score: float
     detail: dict[str, Any] | None = None
+    # When the version read was written: a key forgotten and written again reuses version numbers, and a read that
+    # lost a race with the forget must neither leave a trace naming the erased memory nor count for the new one.
+    written_at: datetime | None = None
 
 
 @dataclass

@@ -608,7 +608,7 @@ class MemoryService:
             kind,
             [
                 TierUpdate(e.entity_path, e.key, e.version, e.tier, e.priority_score or 0.0,
-                           details[i] if details else None)
+                           details[i] if details else None, e.provenance.written_at)
                 for i, e in enumerate(entries)
             ],
             now,

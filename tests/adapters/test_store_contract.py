@@ -384,6 +384,27 @@ async def test_record_reads_bumps_each_read_version_once_per_read_and_keeps_the_
     assert len(await store.trace_events(ACTOR.session_id)) == len(traces) + 3
 
 
+async def test_a_read_of_a_version_forgotten_since_leaves_no_trace_and_counts_for_no_other_memory(
+    store: MemoryStore,
+) -> None:
+    """A read records its trace after it fetched the entry; a forget in another process between the two left a
+    trace naming the erased key (with the query), and once the key was written again at version 1 the reader's
+    outcome was charged to the new memory (red-team repro, both stores). A version is the same one only if it was
+    written at the same time."""
+    await write(store, draft("svc/a", "k", written_at=at(1)), draft("svc/b", "k", written_at=at(1)))
+    assert await store.forget("svc/a", "k") == 1  # after the reader fetched v1, before it recorded the read
+    await write(store, draft("svc/a", "k", written_at=at(2)))  # a new memory, at version 1 again
+    await store.record_reads(ACTOR, "retrieve", [
+        TierUpdate("svc/a", "k", 1, Tier.HOT, 0.5, {"query": "secret launch code"}, written_at=at(1)),
+        TierUpdate("svc/b", "k", 1, Tier.HOT, 0.5, None, written_at=at(1)),
+    ], at(3))
+    assert (await current(store, "svc/a", "k")).recall_count == 0
+    assert (await current(store, "svc/b", "k")).recall_count == 1
+    reads = [t for t in await store.trace_events(ACTOR.session_id) if t.kind != "write"]
+    assert [(t.entity_path, t.key) for t in reads] == [("svc/b", "k")]
+    assert await store.session_reads(ACTOR.session_id) == [OutcomeTarget("svc/b", "k", 1)]
+
+
 async def test_trace_detail_round_trips_with_its_key_order(store: MemoryStore) -> None:
     await write(store, draft("svc/a", "k"))
     detail = {"query": "why retries? ünï", "rank": 1, "ranks": {"semantic": 2, "keyword": 1}, "score": 0.125}
