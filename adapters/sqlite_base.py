@@ -94,7 +94,7 @@ class SQLiteDatabase:
                 except sqlite3.OperationalError as error:
                     self._close_quietly()
                     if "locked" not in str(error) and "busy" not in str(error):
-                        raise StoreError(self._damaged(str(error))) from error
+                        raise StoreError(self._unopenable(str(error))) from error
                     if time.monotonic() >= deadline:  # not damage: another process holds it
                         raise StoreError(
                             f"The {self.DESCRIPTION} at {self.path} stayed locked by another process for "
@@ -104,7 +104,7 @@ class SQLiteDatabase:
                     time.sleep(0.05)  # another process is switching it to WAL or migrating it: seconds at most
                 except sqlite3.DatabaseError as error:
                     self._close_quietly()
-                    raise StoreError(self._damaged(str(error))) from error
+                    raise StoreError(self._unopenable(str(error))) from error
 
     def _connect(self, existed: bool) -> None:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
@@ -128,6 +128,30 @@ class SQLiteDatabase:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
+
+    def _unopenable(self, reason: str) -> str:
+        """A file SQLite cannot open or write is not thereby damaged: a read-only folder got the damaged-store
+        advice, which followed (move it aside, import the last export) loses every write since that export."""
+        if any(sign in reason for sign in ("unable to open database file", "readonly database")):
+            return (
+                f"Cannot open the {self.DESCRIPTION} at {self.path}: {reason}. Nothing was changed, and the file is "
+                "not known to be damaged: check that this user can read and write the file and its folder (the store "
+                f"keeps its journal beside it; a read-only folder or file system cannot hold one), or "
+                f"{self.LOCATION_HINT} to use another location."
+            )
+        if "file is not a database" in reason and not self._has_sqlite_header():
+            return (  # never a store (AMFS_LEARNING_PATH=/etc/hostname got "move it aside")
+                f"Cannot open the {self.DESCRIPTION} at {self.path}: it is not an SQLite database at all. Nothing was "
+                f"changed; {self.LOCATION_HINT} to point at a store's file or a new one."
+            )
+        return self._damaged(reason)
+
+    def _has_sqlite_header(self) -> bool:
+        try:
+            with open(self.path, "rb") as file:
+                return file.read(16) == b"SQLite format 3\x00"
+        except OSError:
+            return False
 
     def _damaged(self, reason: str) -> str:
         return (

@@ -78,7 +78,11 @@ def serialize_value(value: Any, max_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> str
         raise ValidationError(
             f"value must be JSON-serializable (str, number, bool, null, list, dict; no NaN/Infinity): {error}"
         ) from None
-    size = len(text.encode("utf-8"))
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800"): no store can hold it
+        raise ValidationError("value holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text; "
+                              "nothing was written") from None
     if size > max_bytes:
         raise ValidationError(
             f"value is {size} bytes as JSON; the limit is {max_bytes} (AMFS_MAX_VALUE_BYTES). Store a summary or split it."

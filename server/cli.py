@@ -231,19 +231,21 @@ async def _learned_lines(learning: LearningService, limit: int) -> list[str]:
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
 
-def _store_files(settings: Settings) -> set[Path]:
-    """The files an embedded store and the learning store live in (with their journal, shared memory and index)."""
+def _is_store_file(target: Path, settings: Settings) -> bool:
+    """Whether `target` is one of the files an embedded store or the learning store keeps beside its database:
+    the database itself and every file named after it (`amfs.db-wal`, `amfs.vectors.usearch`, `amfs.vectors.lock`,
+    `amfs.vectors.json`, ...). An export renamed over the vector lock file broke the lock between processes."""
     from .composition import learning_storage
 
     bases = [settings.sqlite_path]
     kind, where = learning_storage(settings)
     if kind == "sqlite":
         bases.append(Path(where))
-    files = set()
     for base in bases:
         base = base.expanduser().resolve()
-        files |= {base, Path(f"{base}-wal"), Path(f"{base}-shm"), Path(f"{base}-journal"), base.with_suffix(".vectors.usearch")}
-    return files
+        if target == base or (target.parent == base.parent and target.name.startswith((f"{base.name}-", f"{base.stem}."))):
+            return True
+    return False
 
 
 def _check_export_target(path: Path, settings: Settings, nothing_done: str) -> None:
@@ -252,13 +254,14 @@ def _check_export_target(path: Path, settings: Settings, nothing_done: str) -> N
     target = path.expanduser().resolve()
     if not target.parent.is_dir():
         raise click.ClickException(f"The folder {path.parent} does not exist; create it or choose another path. {nothing_done}")
-    in_use = target in _store_files(settings)
+    in_use = _is_store_file(target, settings)
     if not in_use and target.is_file():
         with target.open("rb") as existing:
             in_use = existing.read(len(_SQLITE_HEADER)) == _SQLITE_HEADER
     if in_use:
         raise click.ClickException(
-            f"{path} is a store's database file; writing JSON over it would destroy the store. Choose another path. "
+            f"{path} is a store's database file or one kept beside it; writing JSON over it would damage the store. "
+            "Choose another path. "
             f"{nothing_done}"
         )
 
@@ -300,7 +303,12 @@ def memory_export(output: Path | None) -> None:
 def memory_import(path: Path) -> None:
     """Import an export file exactly; a malformed file is refused with the reason and nothing is imported."""
     try:
-        text = path.read_text(encoding="utf-8")
+        if not path.is_file():  # a FIFO or device passed click's check, and reading a FIFO waited forever
+            raise ExportFormatError("not a regular file (an export is a file written by `amfs-server memory export`)")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise ExportFormatError(f"not UTF-8 text (byte {error.start}: {error.reason}); an export is UTF-8 JSON") from None
         snapshot = parse_export(text)
     except ExportFormatError as error:
         raise click.ClickException(f"{path}: {error}. Nothing was imported.") from None

@@ -153,6 +153,11 @@ def parse_export(text: str) -> StoreSnapshot:
         raise ExportFormatError(f"not JSON ({error})") from None
     except RecursionError:
         raise ExportFormatError("JSON nested too deeply to read; an export is a few levels deep") from None
+    except ExportFormatError:
+        raise
+    except ValueError as error:  # an integer of more than 4,300 digits
+        raise ExportFormatError(f"a number that cannot be read ({str(error).split(';')[0]})") from None
+    _refuse_lone_surrogates(raw)
     try:
         ExportFile.model_validate(raw)
     except ValidationError as error:
@@ -170,7 +175,33 @@ def parse_export(text: str) -> StoreSnapshot:
     )
 
 
+# The largest float32: the stores keep vectors as float32, and 1e39 became infinity there, after which export,
+# search and re-embed of the store failed until the key was found and forgotten (red-team repro).
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _refuse_lone_surrogates(raw: Any) -> None:
+    """A lone surrogate ("\\ud800", a valid JSON escape) is no Unicode text: no store can hold it."""
+    stack = [(raw, "top level")]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ExportFormatError(f"invalid export at {where}: a lone surrogate (\\ud800-\\udfff) is not text") from None
+        elif isinstance(item, dict):
+            stack.extend((key, where) for key in item)
+            stack.extend((value, f"{where}.{key}" if where != "top level" else str(key)) for key, value in item.items())
+        elif isinstance(item, list):
+            stack.extend((value, f"{where}.{n}") for n, value in enumerate(item))
+
+
 def _entry_from_document(data: dict[str, Any], position: int) -> MemoryEntry:
+    embedding = data.get("embedding") or ()
+    if any(abs(x) > _FLOAT32_MAX for x in embedding):
+        raise ExportFormatError(f"invalid export at entries.{position}.embedding: a number beyond float32's range "
+                                "(about 3.4e38), which a store's vectors cannot hold")
     rows = unpack_rows(data.get("passage_embeddings"), len(data.get("embedding") or ()),
                        f"entries.{position}.passage_embeddings")
     return MemoryEntry.from_dict({**data, "passage_embeddings": rows})

@@ -146,6 +146,19 @@ async def test_a_database_with_garbage_inside_is_refused_at_start_and_left_uncha
     assert path.read_bytes() == bytes(data)
 
 
+def test_a_store_that_cannot_be_opened_or_is_no_database_does_not_get_the_damaged_store_advice(tmp_path: Path) -> None:
+    """A healthy store on a read-only mount and AMFS_LEARNING_PATH=/etc/hostname were told to restore a backup or
+    move the file aside and import the last export, which loses every write since (red-team repro)."""
+    store = SQLiteStore(tmp_path / "amfs.db")
+    unopenable = store._unopenable("unable to open database file")
+    assert "not known to be damaged" in unopenable and "move it aside" not in unopenable
+    text = tmp_path / "hostname"
+    text.write_text("myhost\n")
+    not_a_store = SQLiteStore(text)._unopenable("file is not a database")
+    assert "not an SQLite database at all" in not_a_store and "move it aside" not in not_a_store
+    assert "Restore the file from a backup" in store._unopenable("database disk image is malformed")
+
+
 async def test_an_empty_database_file_is_refused_but_a_missing_one_is_created(tmp_path: Path) -> None:
     truncated = tmp_path / "old" / "amfs.db"
     truncated.parent.mkdir()

@@ -119,7 +119,8 @@ def test_export_to_a_file(env, tmp_path) -> None:
     assert json.loads(target.read_text())["format"] == "amfs-export"
 
 
-@pytest.mark.parametrize("name", ["amfs.db", "amfs.db-wal", "amfs.vectors.usearch", "learning.db", "elsewhere.db"])
+@pytest.mark.parametrize("name", ["amfs.db", "amfs.db-wal", "amfs.vectors.usearch", "amfs.vectors.lock",
+                                  "amfs.vectors.json", "learning.db", "elsewhere.db"])
 def test_export_and_reembed_refuse_to_write_over_a_store_file(env, tmp_path, name: str) -> None:
     store_dir = tmp_path / "store"
     target = store_dir / name if name != "elsewhere.db" else tmp_path / name
@@ -131,7 +132,7 @@ def test_export_and_reembed_refuse_to_write_over_a_store_file(env, tmp_path, nam
     for command in (["memory", "export", "-o", str(target)], ["memory", "reembed", "--backup", str(target)]):
         result = CliRunner().invoke(cli, command)
         assert result.exit_code != 0
-        assert "would destroy the store" in result.output and "Traceback" not in result.output
+        assert "would damage the store" in result.output and "Traceback" not in result.output
         assert (target.read_bytes() if target.exists() else None) == before
     shown = CliRunner().invoke(cli, ["memory", "show"])
     assert shown.exit_code == 0 and "checkout-service/retry-pattern v2" in shown.output
@@ -322,6 +323,36 @@ def test_a_hostile_import_is_refused_with_the_reason_and_leaves_the_store_usable
     after = _export()  # the store still opens, and holds nothing of the refused file
     assert after["entries"] == [] and after["outcomes"] == [] and "outcome_multipliers" not in after["meta"]
     assert CliRunner().invoke(cli, ["memory", "show"]).exit_code == 0
+
+
+def test_an_import_of_unreadable_text_numbers_or_vectors_is_refused_with_the_reason(env, tmp_path, monkeypatch) -> None:
+    """Each ended in a traceback (not UTF-8, an integer of 5,000 digits, a lone surrogate); a vector number beyond
+    float32 imported into SQLite as infinity, after which export, search and re-embed of the store failed; a FIFO
+    was read forever (red-team repros)."""
+    import os
+
+    document = _export()
+    monkeypatch.setenv("AMFS_DATA_DIR", str(tmp_path / "target"))
+    text = json.dumps(document)
+    cases = {
+        "latin1.json": (text.encode().replace(b"checkout", b"checko\xfct", 1), "not UTF-8 text"),  # one Latin-1 byte
+        "digits.json": (text.replace('"outcome_count": 0', '"outcome_count": ' + "9" * 5000, 1).encode(),
+                        "a number that cannot be read"),
+        "surrogate.json": (text.replace("checkout", "\\ud800checkout", 1).encode(), "a lone surrogate"),
+    }
+    vector = json.loads(text)
+    vector["entries"][0]["embedding"] = [1e39] * 3
+    cases["vector.json"] = (json.dumps(vector).encode(), "beyond float32's range")
+    for name, (content, reason) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        result = CliRunner().invoke(cli, ["memory", "import", str(tmp_path / name)])
+        assert result.exit_code == 1 and reason in result.output and "Nothing was imported" in result.output, name
+        assert "Traceback" not in result.output
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    result = CliRunner().invoke(cli, ["memory", "import", str(fifo)])
+    assert result.exit_code == 1 and "not a regular file" in result.output
+    assert _export()["entries"] == []
 
 
 def test_an_import_nested_too_deeply_is_refused_with_the_reason(env, tmp_path, monkeypatch) -> None:

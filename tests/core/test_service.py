@@ -594,3 +594,12 @@ def test_a_scoped_outcome_ref_reads_back_as_its_caller_gave_it() -> None:
     for ref in ("INC-1", "INC#1", "@not-a-scope"):
         assert unscoped_outcome_ref(scoped_outcome_ref("team-a/svc", ref)) == ref
         assert unscoped_outcome_ref(scoped_outcome_ref(None, ref)) == ref
+
+
+async def test_a_value_holding_a_lone_surrogate_is_a_validation_error_and_nothing_is_written(
+    service: MemoryService, actor: Actor
+) -> None:
+    """"x\\ud800" (a valid JSON escape) reached the store and failed there with a bare UnicodeEncodeError."""
+    with pytest.raises(ValidationError, match="lone surrogate"):
+        await service.write(actor, WriteRequest("svc", "k", {"note": "x\ud800"}))
+    assert await service.list("svc") == []
