@@ -302,6 +302,7 @@ def memory_export(output: Path | None) -> None:
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def memory_import(path: Path) -> None:
     """Import an export file exactly; a malformed file is refused with the reason and nothing is imported."""
+    settings, _ = _settings()
     try:
         if not path.is_file():  # a FIFO or device passed click's check, and reading a FIFO waited forever
             raise ExportFormatError("not a regular file (an export is a file written by `amfs-server memory export`)")
@@ -309,7 +310,7 @@ def memory_import(path: Path) -> None:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as error:
             raise ExportFormatError(f"not UTF-8 text (byte {error.start}: {error.reason}); an export is UTF-8 JSON") from None
-        snapshot = parse_export(text)
+        snapshot = parse_export(text, settings.max_value_bytes)
     except ExportFormatError as error:
         raise click.ClickException(f"{path}: {error}. Nothing was imported.") from None
     # The memories and the learned records go to two databases: the memory import marks the store with this
@@ -338,7 +339,7 @@ def memory_import(path: Path) -> None:
             f"{len(learned.patterns)} patterns."
         )
 
-    click.echo(_run(load, learning=True))
+    click.echo(_run(load, learning=True, settings=settings))
 
 
 @memory.command("reembed")

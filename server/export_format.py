@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..core.ports import StoreSnapshot
-from ..core.validation import INT64_MAX, MAX_CONFIDENCE
+from ..core.validation import DEFAULT_MAX_VALUE_BYTES, INT64_MAX, MAX_CONFIDENCE
 from ..core.models import MemoryEntry, MemoryType, OutcomeRecord, OutcomeType, TraceEvent
 
 EXPORT_FORMAT = "amfs-export"
@@ -35,16 +35,16 @@ class _Entry(BaseModel):
     entity_path: str
     key: str
     value: Any
-    version: int = Field(ge=1, le=INT64_MAX)
-    confidence: float = Field(ge=0, le=MAX_CONFIDENCE)
+    version: int = Field(ge=1, le=INT64_MAX, strict=True)
+    confidence: float = Field(ge=0, le=MAX_CONFIDENCE, strict=True)
     provenance: _Provenance
-    outcome_count: int = Field(ge=0, le=INT64_MAX)
-    recall_count: int = Field(ge=0, le=INT64_MAX)
+    outcome_count: int = Field(ge=0, le=INT64_MAX, strict=True)
+    recall_count: int = Field(ge=0, le=INT64_MAX, strict=True)
     ttl_at: datetime | None
     memory_type: MemoryType
-    tier: int = Field(ge=1, le=3)
-    priority_score: float | None
-    importance_score: float | None
+    tier: int = Field(ge=1, le=3, strict=True)
+    priority_score: float | None = Field(strict=True)
+    importance_score: float | None = Field(strict=True)
     importance_dimensions: dict[str, float] | None
     embedding: list[float] | None
     amfs_version: str
@@ -58,17 +58,17 @@ class _Effect(BaseModel):
     model_config = ConfigDict(extra="ignore")
     entity_path: str
     key: str
-    version_read: int | None = Field(ge=1, le=INT64_MAX)
-    version_updated: int = Field(ge=1, le=INT64_MAX)
-    confidence_before: float
-    confidence_after: float
+    version_read: int | None = Field(ge=1, le=INT64_MAX, strict=True)
+    version_updated: int = Field(ge=1, le=INT64_MAX, strict=True)
+    confidence_before: float = Field(ge=0, le=MAX_CONFIDENCE, strict=True)
+    confidence_after: float = Field(ge=0, le=MAX_CONFIDENCE, strict=True)
 
 
 class _Outcome(BaseModel):
     model_config = ConfigDict(extra="forbid")
     outcome_ref: str
     outcome_type: OutcomeType
-    multiplier: float
+    multiplier: float = Field(gt=0, strict=True)
     committed_at: datetime
     agent_id: str
     session_id: str
@@ -82,7 +82,7 @@ class _Trace(BaseModel):
     kind: Literal["read", "retrieve", "write"]
     entity_path: str
     key: str
-    version: int = Field(ge=1, le=INT64_MAX)
+    version: int = Field(ge=1, le=INT64_MAX, strict=True)
     at: datetime
     detail: dict[str, Any] | None = None
 
@@ -146,9 +146,13 @@ def dump_export(snapshot: StoreSnapshot) -> str:
     return json.dumps(document, ensure_ascii=False, indent=1, allow_nan=False)  # standard JSON only
 
 
-def parse_export(text: str) -> StoreSnapshot:
+def parse_export(text: str, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> StoreSnapshot:
+    """The snapshot an export file holds, refused (`ExportFormatError`, saying where) wherever a write would refuse
+    it too: a value over `max_value_bytes` (the importing store's limit), a number of the wrong type, a key an
+    object repeats."""
     try:
-        raw = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        raw = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float,
+                         object_pairs_hook=_without_repeated_keys)
     except json.JSONDecodeError as error:
         raise ExportFormatError(f"not JSON ({error})") from None
     except RecursionError:
@@ -165,6 +169,7 @@ def parse_export(text: str) -> StoreSnapshot:
         location = ".".join(str(part) for part in first["loc"])
         raise ExportFormatError(f"invalid export at {location or 'top level'}: {first['msg']} ({error.error_count()} problems)") from None
     _check_versions(raw["entries"])
+    _check_values(raw["entries"], max_value_bytes)
     _check_references(raw["outcomes"], raw["traces"])
     return StoreSnapshot(
         entries=[_entry_from_document(entry, position) for position, entry in enumerate(raw["entries"])],
@@ -205,6 +210,27 @@ def _entry_from_document(data: dict[str, Any], position: int) -> MemoryEntry:
     rows = unpack_rows(data.get("passage_embeddings"), len(data.get("embedding") or ()),
                        f"entries.{position}.passage_embeddings")
     return MemoryEntry.from_dict({**data, "passage_embeddings": rows})
+
+
+def _without_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object that names a key twice (JSON keeps the last silently) is no export this server wrote."""
+    found = dict(pairs)
+    if len(found) < len(pairs):
+        seen: set[str] = set()
+        repeated = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+        raise ExportFormatError(f"a JSON object names the key {repeated[:80]!r} twice")
+    return found
+
+
+def _check_values(entries: list[dict[str, Any]], max_value_bytes: int) -> None:
+    from ..core.errors import ValidationError as DomainValidationError
+    from ..core.validation import serialize_value
+
+    for position, entry in enumerate(entries):
+        try:
+            serialize_value(entry["value"], max_value_bytes)
+        except DomainValidationError as error:
+            raise ExportFormatError(f"invalid export at entries.{position}.value: {error}") from None
 
 
 def _refuse_constant(name: str) -> float:

@@ -309,6 +309,12 @@ def _export() -> dict:
         # what amfs_commit_outcome refuses or changes: two records for one incident once imported
         (lambda d: d["outcomes"][0].update(outcome_ref="INC-1042\u200b"), "not a ref amfs_commit_outcome accepts"),
         (lambda d: d["outcomes"][0].update(outcome_ref="INC-1042 "), "not a ref amfs_commit_outcome accepts"),
+        # what a write refuses, an import took (red-team repros, 0.7.14)
+        (lambda d: d["entries"][0].update(confidence="0.9"), "entries.0.confidence"),
+        (lambda d: d["entries"][0].update(version=True), "entries.0.version"),
+        (lambda d: d["outcomes"][0]["effects"][0].update(confidence_after=1e308), "confidence_after"),
+        (lambda d: d["outcomes"][0].update(multiplier=-1e308), "multiplier"),
+        (lambda d: d["entries"][0].update(value="x" * 1_100_000), "the limit is 1048576"),
         # SQLite took a 10-dimension vector beside 384-dimension ones (PostgreSQL refused it)
         (lambda d: (d["entries"][0].update(embedding=[0.5] * 10), d["entries"][1].update(embedding=[0.05] * 384)),
          "dimensions"),
@@ -353,6 +359,14 @@ def test_an_import_of_unreadable_text_numbers_or_vectors_is_refused_with_the_rea
     result = CliRunner().invoke(cli, ["memory", "import", str(fifo)])
     assert result.exit_code == 1 and "not a regular file" in result.output
     assert _export()["entries"] == []
+
+
+def test_an_import_naming_a_key_twice_in_one_object_is_refused(env, tmp_path, monkeypatch) -> None:
+    """JSON keeps the last of two equal keys silently: the file imported with whichever value came second."""
+    text = json.dumps(_export()).replace('"key": ', '"key": "shadow", "key": ', 1)
+    monkeypatch.setenv("AMFS_DATA_DIR", str(tmp_path / "target"))
+    result = _import(tmp_path, text)
+    assert result.exit_code == 1 and "names the key 'key' twice" in result.output and _export()["entries"] == []
 
 
 def test_an_import_nested_too_deeply_is_refused_with_the_reason(env, tmp_path, monkeypatch) -> None:
