@@ -136,8 +136,10 @@ def keyword_terms(query: str) -> list[str]:
 
 
 # A memory attributed to someone: a value that opens with a name and a colon, as a transcript turn does
-# ("Caroline: I went to ..."). One or two capitalised words, so prose with a colon later on does not count.
-_SPEAKER_LABEL = re.compile(r"^\s*([A-Z][\w'.-]{0,29}(?: [A-Z][\w'.-]{0,29})?):\s")
+# ("Caroline: I went to ..."). One or two capitalised words, so prose with a colon later on does not count; any
+# script's capitals ("Émile", "Ömer Faruk": only ASCII ones counted until 0.7.14, so such turns had no header or
+# context passage), read in NFC so a decomposed accent ("Zoe\u0308") is part of its word.
+_SPEAKER_LABEL = re.compile(r"^\s*([^\W\d_][\w'.-]{0,29}(?: [^\W\d_][\w'.-]{0,29})?):\s")
 
 
 def speaker_label(value: Any) -> str | None:
@@ -146,8 +148,10 @@ def speaker_label(value: Any) -> str | None:
         value = value.text_head()  # a long string read by its head (a retrieval's candidates): the label opens it
     if not isinstance(value, str):
         return None
-    match = _SPEAKER_LABEL.match(value)
-    return match.group(1) if match else None
+    match = _SPEAKER_LABEL.match(search_form(value[:200]))
+    if match is None or not all(word[0].isupper() for word in match.group(1).split(" ")):
+        return None
+    return match.group(1)
 
 
 def speaker_matches(query: str, entries: Sequence[MemoryEntry]) -> list[tuple[str, float]]:
@@ -156,7 +160,7 @@ def speaker_matches(query: str, entries: Sequence[MemoryEntry]) -> list[tuple[st
     A question about a person ("What did Caroline research?") is most often answered by what that person said;
     the keyword strategy barely sees the name, since a speaker's name is on half of a conversation's turns. A
     two-word label ("Amara Nwosu") is named by its first word alone too: people ask about "Amara"."""
-    asked = set(_WORD.findall(query.lower()))
+    asked = set(_WORD.findall(search_form(query).lower()))
     matched = []
     for entry in entries:
         label = speaker_label(entry.value)

@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import json
 import sys
+import unicodedata
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -202,6 +203,9 @@ def _learning(services: Services) -> LearningService:
 def _preview(value: Any, width: int) -> str:
     """A value as one line of JSON, cut to `width` characters (a `ValueHead`: the JSON it begins with)."""
     text = value.json_head if isinstance(value, ValueHead) else json.dumps(value, ensure_ascii=False)
+    # JSON escapes control characters but not format ones: a right-to-left override or a zero-width space in a
+    # value rearranged or hid what the terminal showed (red-team repro). They are shown escaped, as JSON would.
+    text = "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) == "Cf" else c for c in text)
     return text if len(text) <= width else text[: width - 3] + "..."
 
 

@@ -33,6 +33,16 @@ def test_memory_show_lists_current_entries(env) -> None:
     assert "payments/risk-double-charge v1" in result.output
 
 
+def test_memory_show_escapes_format_characters_that_would_rearrange_or_hide_text(env) -> None:
+    """A right-to-left override or a zero-width space in a value was printed raw (red-team repro)."""
+    from amfs_server import AgentMemory
+
+    with AgentMemory(agent_id="agent/test", embedder="none") as mem:
+        mem.write("svc", "bidi", "pay \u202eduolc\u202c now\u200b")
+    shown = CliRunner().invoke(cli, ["memory", "show"]).output
+    assert "\\u202eduolc\\u202c now\\u200b" in shown and "\u202e" not in shown and "\u200b" not in shown
+
+
 @pytest.mark.parametrize("limit", ["0", "-5"])
 def test_memory_show_refuses_a_limit_below_one(env, limit: str) -> None:
     result = CliRunner().invoke(cli, ["memory", "show", "--limit", limit])

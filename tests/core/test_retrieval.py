@@ -363,6 +363,10 @@ def test_speaker_label_is_the_name_a_transcript_turn_opens_with() -> None:
     for value in ("note: lower-case labels are prose", "The fix: use a retry", "Caroline said: hello",
                   "Caroline:no space after the colon", {"speaker": "Caroline"}, 42):
         assert speaker_label(value) is None, value
+    # Any script's capitals, and a decomposed accent read as its letter (red-team repro: only [A-Z] counted)
+    assert speaker_label("Émile: on se voit demain") == "Émile"
+    assert speaker_label("Ömer Faruk: I moved to Izmir") == "Ömer Faruk"
+    assert speaker_label("Zoe\u0308: hi") == "Zo\u00eb" and speaker_label("élodie: lower-case") is None
     # A long value a retrieval read by its head (its JSON's first characters)
     assert speaker_label(ValueHead('"Caroline: I went to \\"the\\" group', 90_000)) == "Caroline"
     assert speaker_label(ValueHead('{"text": "Caroline: hi', 90_000)) is None
@@ -383,6 +387,8 @@ def test_speaker_rule_knows_a_full_name_by_its_first_word() -> None:
     assert speaker_matches("what did amara nwosu book", turns) == [("c/t1", 1.0)]
     assert speaker_matches("What did Nwosu book?", turns) == []  # a surname alone is not the given name
     assert speaker_matches("what did the team book?", turns) == []  # "The Bot" is not named by "the"
+    zoe = [entry("c/t5", "Zo\u00eb: I booked the ferry")]
+    assert speaker_matches("What did Zoe\u0308 book?", zoe) == [("c/t5", 1.0)]  # typed decomposed
     assert speaker_matches("what did the bot book?", turns) == [("c/t3", 1.0)]
 
 
