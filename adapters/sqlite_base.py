@@ -139,12 +139,21 @@ class SQLiteDatabase:
                 f"keeps its journal beside it; a read-only folder or file system cannot hold one), or "
                 f"{self.LOCATION_HINT} to use another location."
             )
-        if "file is not a database" in reason and not self._has_sqlite_header():
+        if "file is not a database" in reason and not self._has_sqlite_header() and not self._whole_pages():
             return (  # never a store (AMFS_LEARNING_PATH=/etc/hostname got "move it aside")
                 f"Cannot open the {self.DESCRIPTION} at {self.path}: it is not an SQLite database at all. Nothing was "
                 f"changed; {self.LOCATION_HINT} to point at a store's file or a new one."
             )
         return self._damaged(reason)
+
+    def _whole_pages(self) -> bool:
+        """A file of whole 512-byte multiples, as every SQLite database is: one whose header was overwritten is a
+        damaged store and keeps the damaged-store advice."""
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return False
+        return size >= 512 and size % 512 == 0
 
     def _has_sqlite_header(self) -> bool:
         try:

@@ -25,9 +25,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from amfs_server.core.retrieval import keyword_terms
+from amfs_server.core.retrieval import _STOPWORDS, _WORD, keyword_terms, search_form
 from amfs_server.session_bench.conversation_bench import BM25_ROW as BM25, DATASET, FUSION, load_conversations, turn_value, turns_of
-from amfs_server.session_bench.intervals import interval, paired
+from amfs_server.session_bench.intervals import RESAMPLES, interval, paired
 
 BINS = ((0.0, 0.0, "none"), (0.0, 1 / 3, "under 1/3"), (1 / 3, 2 / 3, "1/3 to 2/3"), (2 / 3, 1.01, "2/3 and over"))
 SEMANTIC = "semantic"
@@ -43,7 +43,8 @@ def overlap(question: str, evidence: list[str], names: set[str]) -> float | None
     terms = [t for t in keyword_terms(question) if t not in names]
     if not terms:
         return None
-    words = {w for text in evidence for w in keyword_terms(text)}
+    # every word of the evidence (keyword_terms stops at a question's 32 terms; a long turn holds more)
+    words = {w for text in evidence for w in _WORD.findall(search_form(text).lower()) if w not in _STOPWORDS}
     stems = {_stem(w) for w in words}
     return sum(t in words or _stem(t) in stems for t in terms) / len(terms)
 
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> str:
                                                                      "(default: the generated set)")
     parser.add_argument("--split", choices=("tuning", "test"), default=None,
                         help="only the questions of one half (a `--split all` report holds both)")
-    parser.add_argument("--resamples", type=int, default=10_000)
+    parser.add_argument("--resamples", type=int, default=RESAMPLES)
     args = parser.parse_args(argv)
     text = table(json.loads(args.report.read_text()), overlaps(args.dataset), args.resamples, args.split)
     print(text)

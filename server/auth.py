@@ -219,7 +219,7 @@ def _restrict_to_prefix(
         if arguments.get("entity_path") is None:
             arguments["entity_path"] = prefix
         elif not isinstance(arguments["entity_path"], str):
-            return arguments  # not a path at all: the tool's own validation refuses it for its type, not its scope
+            pass  # not a path at all: the tool's own validation refuses it for its type, not its scope
         elif not key.allows(arguments["entity_path"]):
             raise ToolError(f"{name}: entity_path {_shown(arguments['entity_path'])} is out of scope. {refusal}")
     if "causal_entry_keys" in properties:

@@ -200,12 +200,21 @@ def _learning(services: Services) -> LearningService:
     return services.learning
 
 
+_UNSHOWN = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
 def _preview(value: Any, width: int) -> str:
     """A value as one line of JSON, cut to `width` characters (a `ValueHead`: the JSON it begins with)."""
     text = value.json_head if isinstance(value, ValueHead) else json.dumps(value, ensure_ascii=False)
-    # JSON escapes control characters but not format ones: a right-to-left override or a zero-width space in a
-    # value rearranged or hid what the terminal showed (red-team repro). They are shown escaped, as JSON would.
-    text = "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) == "Cf" else c for c in text)
+    # JSON escapes C0 controls only: a right-to-left override, a zero-width space, a C1 control (\x9b starts a
+    # terminal sequence) or a line separator in a value rearranged, hid or drove what the terminal showed
+    # (red-team repro). They are shown escaped, as JSON would.
+    text = "".join(_escaped(c) if unicodedata.category(c) in _UNSHOWN else c for c in text)
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
@@ -237,8 +246,8 @@ _SQLITE_HEADER = b"SQLite format 3\x00"
 
 def _is_store_file(target: Path, settings: Settings) -> bool:
     """Whether `target` is one of the files an embedded store or the learning store keeps beside its database:
-    the database itself and every file named after it (`amfs.db-wal`, `amfs.vectors.usearch`, `amfs.vectors.lock`,
-    `amfs.vectors.json`, ...). An export renamed over the vector lock file broke the lock between processes."""
+    the database, its journals (`amfs.db-wal`, ...) and its vector index files (`amfs.vectors.usearch`, `.lock`,
+    `.json`). An export renamed over the vector lock file broke the lock between processes."""
     from .composition import learning_storage
 
     bases = [settings.sqlite_path]
@@ -247,7 +256,8 @@ def _is_store_file(target: Path, settings: Settings) -> bool:
         bases.append(Path(where))
     for base in bases:
         base = base.expanduser().resolve()
-        if target == base or (target.parent == base.parent and target.name.startswith((f"{base.name}-", f"{base.stem}."))):
+        if target == base or (target.parent == base.parent
+                              and target.name.startswith((f"{base.name}-", f"{base.stem}.vectors."))):
             return True
     return False
 

@@ -6,8 +6,9 @@ import base64
 import binascii
 import json
 import math
+import re
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -45,8 +46,8 @@ class _Entry(BaseModel):
     tier: int = Field(ge=1, le=3, strict=True)
     priority_score: float | None = Field(strict=True)
     importance_score: float | None = Field(strict=True)
-    importance_dimensions: dict[str, float] | None
-    embedding: list[float] | None
+    importance_dimensions: dict[str, Annotated[float, Field(strict=True)]] | None
+    embedding: list[Annotated[float, Field(strict=True)]] | None  # numbers, not text or booleans
     amfs_version: str
     event_at: datetime | None = None  # absent in exports written before event times existed
     # Base64 of little-endian float32 rows, each as long as `embedding` (`pack_rows`); absent before they existed.
@@ -161,7 +162,8 @@ def parse_export(text: str, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> S
         raise
     except ValueError as error:  # an integer of more than 4,300 digits
         raise ExportFormatError(f"a number that cannot be read ({str(error).split(';')[0]})") from None
-    _refuse_lone_surrogates(raw)
+    if _SURROGATE_ESCAPE.search(text):  # walking the document costs as much as parsing it: only when one may be there
+        _refuse_lone_surrogates(raw)
     try:
         ExportFile.model_validate(raw)
     except ValidationError as error:
@@ -183,6 +185,7 @@ def parse_export(text: str, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> S
 # The largest float32: the stores keep vectors as float32, and 1e39 became infinity there, after which export,
 # search and re-embed of the store failed until the key was found and forgotten (red-team repro).
 _FLOAT32_MAX = 3.4028234663852886e38
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _refuse_lone_surrogates(raw: Any) -> None:

@@ -325,6 +325,9 @@ def _export() -> dict:
         (lambda d: d["outcomes"][0]["effects"][0].update(confidence_after=1e308), "confidence_after"),
         (lambda d: d["outcomes"][0].update(multiplier=-1e308), "multiplier"),
         (lambda d: d["entries"][0].update(value="x" * 1_100_000), "the limit is 1048576"),
+        (lambda d: d["entries"][0].update(embedding=["0.5", "0.5", "0.5"]), "entries.0.embedding"),  # a TypeError
+        (lambda d: d["entries"][0].update(embedding=[True, True, True]), "entries.0.embedding"),
+        (lambda d: d["entries"][0].update(importance_dimensions={"impact": "0.5"}), "importance_dimensions"),
         # SQLite took a 10-dimension vector beside 384-dimension ones (PostgreSQL refused it)
         (lambda d: (d["entries"][0].update(embedding=[0.5] * 10), d["entries"][1].update(embedding=[0.05] * 384)),
          "dimensions"),
