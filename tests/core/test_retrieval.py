@@ -46,6 +46,18 @@ def test_keyword_terms_drop_stop_words_and_keep_identifiers() -> None:
     assert keyword_terms("What is the MAX_POOL_SIZE for the k8s pods?") == ["max_pool_size", "k8s", "pods"]
 
 
+def test_a_long_question_keeps_its_identifiers_among_the_terms_searched() -> None:
+    """Only the first 32 terms were searched: an error code after 43 words of context was not (red-team repro)."""
+    from amfs_server.core.retrieval import MAX_QUERY_TERMS
+
+    context = " ".join(f"word{chr(97 + i // 26)}{chr(97 + i % 26)}" for i in range(43))
+    terms = keyword_terms(f"{context} which runbook covers ERR_LEDGER_422 on port 8080?")
+    assert len(terms) == MAX_QUERY_TERMS and terms[-2:] == ["err_ledger_422", "8080"]
+    assert terms[:3] == ["wordaa", "wordab", "wordac"]  # the rest in order, as many as fit
+    short = "which runbook covers ERR_LEDGER_422 on port 8080?"
+    assert keyword_terms(short) == ["runbook", "covers", "err_ledger_422", "port", "8080"]  # under the cap: unchanged
+
+
 def test_weighted_rrf_sums_weight_over_k_plus_rank() -> None:
     fused = fuse(
         [RankedList("semantic", ["a", "b"], [0.9, 0.8]), RankedList("keyword", ["b"], [3.0])],
