@@ -67,6 +67,7 @@ pass's poisoned copies of evidence turns, written later with confidence 1.5, ran
 ranges within 0.005 of none); the held-out half's cost is in the README."""
 DEFAULT_RRF_K = 60
 MAX_QUERY_TERMS = 32
+LATE_IDENTIFIER_TERMS = 8  # of those, the places kept for identifiers past the first 24 terms
 
 _STOPWORDS = frozenset(
     """a an and are as at be been but by can could did do does for from had has have how i if in into is it its
@@ -133,12 +134,14 @@ def keyword_terms(query: str) -> list[str]:
         if word not in _STOPWORDS and word not in terms and (len(word) > 1 or word.isdigit()):
             terms.append(word)
     if len(terms) > MAX_QUERY_TERMS:
-        # A long question keeps its identifier-like words (digits or underscores: ERR_LEDGER_422, v2, 8080) before
-        # the rest: an error code after 43 words of context was cut off and fell from 1st to 4th (red-team repro).
-        # Order is kept among those searched. No question of the benchmarks has more than 14 terms.
-        marked = [t for t in terms if any(c.isdigit() or c == "_" for c in t)][:MAX_QUERY_TERMS]
-        plain = [t for t in terms if t not in marked][:MAX_QUERY_TERMS - len(marked)]
-        kept = set(marked) | set(plain)
+        # A long question is searched by its first words and, in the last LATE_IDENTIFIER_TERMS places, by the
+        # identifier-like words (digits or underscores: ERR_LEDGER_422, 8080) that come after them: an error code
+        # after 43 words of context was cut off (red-team repro). Order is kept; slots no identifier takes go to the
+        # next words. No question of the benchmarks has more than 14 terms.
+        head = terms[:MAX_QUERY_TERMS - LATE_IDENTIFIER_TERMS]
+        late = [t for t in terms[len(head):] if any(c.isdigit() or c == "_" for c in t)][:LATE_IDENTIFIER_TERMS]
+        fill = [t for t in terms[len(head):] if t not in late][:MAX_QUERY_TERMS - len(head) - len(late)]
+        kept = set(head) | set(late) | set(fill)
         terms = [t for t in terms if t in kept]
     return terms
 

@@ -53,7 +53,10 @@ def test_a_long_question_keeps_its_identifiers_among_the_terms_searched() -> Non
     context = " ".join(f"word{chr(97 + i // 26)}{chr(97 + i % 26)}" for i in range(43))
     terms = keyword_terms(f"{context} which runbook covers ERR_LEDGER_422 on port 8080?")
     assert len(terms) == MAX_QUERY_TERMS and terms[-2:] == ["err_ledger_422", "8080"]
-    assert terms[:3] == ["wordaa", "wordab", "wordac"]  # the rest in order, as many as fit
+    assert terms[:3] == ["wordaa", "wordab", "wordac"]  # the first words, in order, as many as fit
+    # Many identifier-like words crowd out none of the first 24 words
+    numbered = keyword_terms("What do the notes say about " + " ".join(f"topic{j}" for j in range(200)) + "?")
+    assert numbered[:2] == ["notes", "say"] and numbered[-1] == "topic29" and len(numbered) == MAX_QUERY_TERMS
     short = "which runbook covers ERR_LEDGER_422 on port 8080?"
     assert keyword_terms(short) == ["runbook", "covers", "err_ledger_422", "port", "8080"]  # under the cap: unchanged
 
