@@ -26,9 +26,9 @@ import json
 import logging
 import os
 from collections import Counter, defaultdict
-from datetime import datetime
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from itertools import islice
 from pathlib import Path, PurePath
 from typing import IO, Any
@@ -388,7 +388,8 @@ Source = tuple[str, int, str | None]
 
 
 def _sources(entries: list[MemoryEntry]) -> list[list[Any]]:
-    return [list(source) for source in sorted({(e.entry_key, e.version, e.provenance.written_at.isoformat()) for e in entries})]
+    sources = {(e.entry_key, e.version, e.provenance.written_at.isoformat()) for e in entries}
+    return [list(source) for source in sorted(sources)]
 
 
 def _without_sources(example: dict[str, Any]) -> dict[str, Any]:

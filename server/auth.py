@@ -37,6 +37,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..core import validation as v
 from ..core.errors import ValidationError
 from ..tools._params import list_from_text
+from ..tools._registry import shown_name
 from .limits import CallLimiter, ServerLimits
 
 Access = Literal["ro", "rw"]
@@ -221,7 +222,7 @@ def _restrict_to_prefix(
         elif not isinstance(arguments["entity_path"], str):
             pass  # not a path at all: the tool's own validation refuses it for its type, not its scope
         elif not key.allows(arguments["entity_path"]):
-            raise ToolError(f"{name}: entity_path {_shown(arguments['entity_path'])} is out of scope. {refusal}")
+            raise ToolError(f"{name}: entity_path {shown_name(arguments['entity_path'])} is out of scope. {refusal}")
     if "causal_entry_keys" in properties:
         # The same leniency as the tool's own parameter (a JSON-encoded list, or one key as a string), so the
         # scope is checked on the keys the tool will act on.
@@ -234,14 +235,9 @@ def _restrict_to_prefix(
             return arguments  # the tool's own validation refuses a key that is not a string
         outside = [k for k in entry_keys if not key.allows(k.rpartition("/")[0])]
         if outside:
-            shown = ", ".join(_shown(k) for k in outside[:3])
+            shown = ", ".join(shown_name(k) for k in outside[:3])
             raise ToolError(f"{name}: causal_entry_keys [{shown}] are out of scope. {refusal}")
     return arguments
-
-
-def _shown(value: str, limit: int = 80) -> str:
-    """A refused value quoted in the reply, cut short: a 200,000-character path was echoed whole."""
-    return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value):,} characters)"
 
 
 # -- Origin / Host guard ----------------------------------------------------------------------

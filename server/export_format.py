@@ -210,8 +210,7 @@ def _entry_from_document(data: dict[str, Any], position: int) -> MemoryEntry:
     if any(abs(x) > _FLOAT32_MAX for x in embedding):
         raise ExportFormatError(f"invalid export at entries.{position}.embedding: a number beyond float32's range "
                                 "(about 3.4e38), which a store's vectors cannot hold")
-    rows = unpack_rows(data.get("passage_embeddings"), len(data.get("embedding") or ()),
-                       f"entries.{position}.passage_embeddings")
+    rows = unpack_rows(data.get("passage_embeddings"), len(embedding), f"entries.{position}.passage_embeddings")
     return MemoryEntry.from_dict({**data, "passage_embeddings": rows})
 
 

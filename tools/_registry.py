@@ -173,8 +173,9 @@ def arguments_refusal(tool: str, error: PydanticValidationError, most: int = 5) 
 
 
 def shown_name(name: str, limit: int = 80) -> str:
-    """A caller-given name as it may appear in a message or log line: quoted, escaped, at most `limit` characters."""
-    return repr(name if len(name) <= limit else name[:limit] + "...")
+    """A caller-given name or value as it may appear in a message or log line: quoted, escaped, at most `limit`
+    characters, with the whole one's length when cut (a 200,000-character path was once echoed whole)."""
+    return repr(name) if len(name) <= limit else f"{name[:limit]!r}... ({len(name):,} characters)"
 
 
 def _is_fastmcp_tool_error_report(record: logging.LogRecord) -> bool:
