@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import Coroutine, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
+from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ from .core.retrieval import RetrievedEntry
 from .core.service import MemoryService, WriteRequest
 
 T = TypeVar("T")
+CLOSED = "This {name} is closed; create a new one (or keep using it inside its `with` block)."
 
 
 class OutcomeEntries(list[MemoryEntry]):
@@ -73,26 +75,45 @@ class AsyncAgentMemory:
         self.service = service or build_service(settings)
         self._opened = service is not None
         self._open_lock = asyncio.Lock()
+        self._closed = False
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
 
-    async def _svc(self) -> MemoryService:
-        if not self._opened:
-            async with self._open_lock:
-                if not self._opened:
-                    await self.service.open()
-                    self._opened = True
-        return self.service
+    @asynccontextmanager
+    async def _using(self) -> AsyncIterator[MemoryService]:
+        """The open service for one call, counted so that `close` lets it finish first."""
+        if self._closed:
+            raise AmfsError(CLOSED.format(name=type(self).__name__))
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            if not self._opened:
+                async with self._open_lock:
+                    if not self._opened:
+                        await self.service.open()
+                        self._opened = True
+            yield self.service
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
 
     async def __aenter__(self) -> AsyncAgentMemory:
-        await self._svc()
-        return self
+        async with self._using():
+            return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def close(self) -> None:
+        """Refuse new calls, let the calls in flight finish, then close the store. Closed for good: a later call
+        is refused (it used to reopen the store, which nothing closed again)."""
+        self._closed = True
+        await self._idle.wait()
         if self._opened:
-            await self.service.close()
             self._opened = False
+            await self.service.close()
 
     async def write(
         self,
@@ -113,19 +134,22 @@ class AsyncAgentMemory:
             entity_path, key, value, confidence, memory_type, ttl_seconds, ttl_at, importance_score, importance_dimensions,
             event_at,
         )
-        return await (await self._svc()).write(self.actor, request)
+        async with self._using() as service:
+            return await service.write(self.actor, request)
 
     async def write_many(self, requests: list[WriteRequest | dict[str, Any]]) -> list[MemoryEntry]:
         """Bulk write in one transaction, embedding in batches. Each request is a `WriteRequest` or a dict of its
         fields ({"entity_path": ..., "key": ..., "value": ...})."""
-        return await (await self._svc()).write_many(self.actor, [_write_request(r, n) for n, r in enumerate(requests)])
+        async with self._using() as service:
+            return await service.write_many(self.actor, [_write_request(r, n) for n, r in enumerate(requests)])
 
     async def read(
         self, entity_path: str, key: str, *, version: int | None = None, min_confidence: float | None = None
     ) -> MemoryEntry | None:
         """The newest live version (or `version`); None when absent, expired or below min_confidence."""
         try:
-            return await (await self._svc()).read(self.actor, entity_path, key, version, min_confidence)
+            async with self._using() as service:
+                return await service.read(self.actor, entity_path, key, version, min_confidence)
         except NotFoundError:
             return None
 
@@ -142,12 +166,14 @@ class AsyncAgentMemory:
         event_after: datetime | str | None = None,
         event_before: datetime | str | None = None,
     ) -> list[MemoryEntry]:
-        return await (await self._svc()).search(
-            entity_path, memory_type, min_confidence, agent_id, since, sort_by, limit, event_after, event_before
-        )
+        async with self._using() as service:
+            return await service.search(
+                entity_path, memory_type, min_confidence, agent_id, since, sort_by, limit, event_after, event_before
+            )
 
     async def list(self, entity_path: str | None = None) -> list[MemoryEntry]:
-        return await (await self._svc()).list(entity_path)
+        async with self._using() as service:
+            return await service.list(entity_path)
 
     async def retrieve(
         self,
@@ -168,34 +194,38 @@ class AsyncAgentMemory:
         `event_before` keep entries whose event time (event_at, else the write time) lies in that range. `fusion`
         ("hybrid" or "rrf", the seed's weighted RRF) and `weights` (per strategy, e.g. {"speaker": 0.1}) override
         the configured fusion and weights for this call."""
-        return await (await self._svc()).retrieve(
-            self.actor, query, entity_path, limit, min_confidence, memory_type, depth, explain, weights, fusion,
-            event_after=event_after, event_before=event_before,
-        )
+        async with self._using() as service:
+            return await service.retrieve(
+                self.actor, query, entity_path, limit, min_confidence, memory_type, depth, explain, weights, fusion,
+                event_after=event_after, event_before=event_before,
+            )
 
     async def history(self, entity_path: str, key: str) -> list[MemoryEntry]:
-        return await (await self._svc()).history(entity_path, key)
+        async with self._using() as service:
+            return await service.history(entity_path, key)
 
     async def commit_outcome(
         self, outcome_ref: str, outcome_type: OutcomeType | str, causal_entry_keys: list[str] | None = None
     ) -> OutcomeEntries:
         """Apply an outcome; returns the updated entries (confidence after) with `already_applied` set
         when the ref was committed before. See `commit_outcome_record` for the confidence before/after."""
-        record = await self.commit_outcome_record(outcome_ref, outcome_type, causal_entry_keys)
-        service = await self._svc()
-        updated = [
-            await service.store.get_version(effect.entity_path, effect.key, effect.version_updated)
-            for effect in record.effects
-        ]
+        async with self._using() as service:
+            record = await service.commit_outcome(self.actor, outcome_ref, outcome_type, causal_entry_keys)
+            updated = [
+                await service.store.get_version(effect.entity_path, effect.key, effect.version_updated)
+                for effect in record.effects
+            ]
         return OutcomeEntries([entry for entry in updated if entry is not None], record.outcome_ref, record.already_applied)
 
     async def commit_outcome_record(
         self, outcome_ref: str, outcome_type: OutcomeType | str, causal_entry_keys: list[str] | None = None
     ) -> OutcomeRecord:
-        return await (await self._svc()).commit_outcome(self.actor, outcome_ref, outcome_type, causal_entry_keys)
+        async with self._using() as service:
+            return await service.commit_outcome(self.actor, outcome_ref, outcome_type, causal_entry_keys)
 
     async def forget(self, entity_path: str, key: str) -> int:
-        return await (await self._svc()).forget(entity_path, key)
+        async with self._using() as service:
+            return await service.forget(entity_path, key)
 
 
 class AgentMemory:
@@ -208,6 +238,10 @@ class AgentMemory:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="amfs-sdk-loop", daemon=True)
         self._thread.start()
+        # `close` sets `_closing` under this lock: no call is handed to the loop after it, so none waits on a loop
+        # that stopped (a call in flight in another thread at `close` waited forever; red-team finding, 0.7.15).
+        self._lock = threading.Lock()
+        self._closing = False
         self._async = self._call(self._make(args, kwargs))
 
     @staticmethod
@@ -215,10 +249,12 @@ class AgentMemory:
         return AsyncAgentMemory(*args, **kwargs)
 
     def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        if not self._loop.is_running():  # closed: its loop would never run the call, and the caller would wait forever
-            coroutine.close()
-            raise AmfsError("This AgentMemory is closed; create a new one (or keep using it inside its `with` block).")
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+        with self._lock:
+            if self._closing:
+                coroutine.close()
+                raise AmfsError(CLOSED.format(name=type(self).__name__))
+            future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        return future.result()
 
     @property
     def agent_id(self) -> str:
@@ -267,10 +303,14 @@ class AgentMemory:
         return self._call(self._async.forget(entity_path, key))
 
     def close(self) -> None:
-        if self._loop.is_running():
-            self._call(self._async.close())
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
+        """Refuse new calls, let those in flight in other threads finish, close the store and stop the loop."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+        asyncio.run_coroutine_threadsafe(self._async.close(), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
 
     def __enter__(self) -> AgentMemory:
         return self

@@ -47,6 +47,7 @@ from typing import Any
 from ..core.embedding import CHAT_MINILM, EMBEDDER_META, keep_or_reembed
 from ..core.errors import ConflictError, StoreError, ValidationError
 from ..core.models import (
+    AMFS_VERSION,
     Actor,
     EntryFilter,
     MemoryEntry,
@@ -68,7 +69,7 @@ from ..core.ports import (
     nothing_read,
     vector_width,
 )
-from ..core.retrieval import distinct_words
+from ..core.retrieval import distinct_words, query_word_part_pattern, query_word_pattern
 from .postgres_base import (
     DEFAULT_SCHEMA as DEFAULT_SCHEMA,
     MIGRATION_LOCK_KEY,
@@ -132,8 +133,6 @@ _NUL_MESSAGE = (
     "PostgreSQL cannot store the NUL character (\\x00) in text; remove it from the agent id, session id, "
     "outcome_ref or meta name."
 )
-_WORD = re.compile(r"[^\W_]+")
-_TOKEN = re.compile(r"\w+")
 
 # Each entry is one migration step; the schema version is its 1-based position. `{dim}` is the
 # embedding dimension, `{hnsw}` the HNSW index statement (empty when the dimension is too wide).
@@ -247,6 +246,8 @@ WORD_COUNT_MIGRATION = 9
 # Rows counted a transaction at a time at open, outside the migration's lock: counting every row in it held every
 # other process on the store for the whole time (23 s at 12,000 rows; review finding, 0.7.13).
 WORD_COUNT_BATCH = 1_000
+SPLIT_WORDS_META = "search_text_words_apart_through"
+"""Meta row: the last row id whose search text `_split_words_of_older_rows` has checked (this database's own state)."""
 
 
 _HNSW_INDEX_NAME = "entries_embedding_hnsw"
@@ -290,8 +291,8 @@ def _tsquery_pieces(terms: Iterable[str]) -> list[str]:
     types can change the query's structure."""
     pieces: list[str] = []
     for term in terms:
-        for token in _TOKEN.findall(term or ""):
-            piece = " <-> ".join(word.lower() for word in _WORD.findall(token))
+        for token in query_word_pattern().findall(term or ""):
+            piece = " <-> ".join(word.lower() for word in query_word_part_pattern().findall(token))
             if piece and piece not in pieces:
                 pieces.append(piece)
     return pieces[:MAX_QUERY_WORDS]
@@ -440,6 +441,7 @@ class PostgresStore(PostgresDatabase):
         self._reembedding = reembedding
         await super().open()
         await self._count_words_of_older_rows()
+        await self._split_words_of_older_rows()
 
     async def _count_words_of_older_rows(self) -> None:
         """Give the rows without a word count (written before schema 9, or by an older server since) theirs, a batch
@@ -463,6 +465,52 @@ class PostgresStore(PostgresDatabase):
                        "are not held up)", waiting)
         while await self._tx(batch) == WORD_COUNT_BATCH:
             pass
+
+    async def _split_words_of_older_rows(self) -> None:
+        """Rows written before 0.7.15 (or by an older server since) hold PostgreSQL's joined tokens (`v2.3.1`,
+        `src/app/main.py`) that no query matches: give each its words apart (`words_apart`), a batch a transaction,
+        from the last row checked (`SPLIT_WORDS_META`) on. Only rows whose indexed words change are rewritten (an
+        update inserts the row anew into every index, the HNSW graph's included); rows this version wrote are
+        skipped unread."""
+        async def batch(conn: Any) -> tuple[int, int]:
+            after = json.loads(await conn.fetchval("SELECT value_json FROM meta WHERE name = $1", SPLIT_WORDS_META)
+                               or "0")
+            rows = await conn.fetch(
+                "SELECT row_id, CASE WHEN amfs_version <> $3 THEN search_text END AS search_text FROM entries "
+                "WHERE row_id > $1 ORDER BY row_id LIMIT $2", after, WORD_COUNT_BATCH, AMFS_VERSION)
+            if not rows:
+                return 0, 0
+            joined = [(row["row_id"], apart) for row in rows if row["search_text"] is not None
+                      and (apart := POSTGRES.search_text(row["search_text"])) != row["search_text"]]
+            status = "UPDATE 0"
+            if joined:
+                status = await conn.execute(
+                    "UPDATE entries SET search_text = u.text FROM unnest($1::bigint[], $2::text[]) AS u(id, text) "
+                    "WHERE row_id = u.id AND search_tsv IS DISTINCT FROM to_tsvector('english'::regconfig, u.text)",
+                    [row_id for row_id, _ in joined], [text for _, text in joined])
+            await conn.execute(_UPSERT_META, SPLIT_WORDS_META, json.dumps(rows[-1]["row_id"]))
+            return len(rows), int(status.split()[-1])
+
+        rewritten = 0
+        # One process at a time, the others open at once: every opener used to do the same work (three opening a
+        # 20,000-row 0.7.14 store took 19-31 s each; red-team run, 0.7.15). Rows not yet split are still found by
+        # meaning and by their other words meanwhile; one left unsplit by a process killed midway is split later.
+        async with self._require_pool().acquire() as holder:
+            if not await holder.fetchval("SELECT pg_try_advisory_lock(hashtext($1), hashtext('amfs-words-apart'))",
+                                         self.schema):
+                return
+            try:
+                while True:
+                    checked, changed = await self._tx(batch)
+                    rewritten += changed
+                    if checked < WORD_COUNT_BATCH:
+                        break
+            finally:
+                await holder.execute("SELECT pg_advisory_unlock(hashtext($1), hashtext('amfs-words-apart'))",
+                                     self.schema)
+        if rewritten:
+            logger.warning("Split the joined words (v2.3.1, a/b.py, x@y.org) of %d entries' search text written "
+                           "before amfs-server 0.7.15 (once)", rewritten)
 
     async def _bootstrap(self, conn: Any) -> None:
         """Extension, schema and migrations, under one advisory lock (safe when processes start at once)."""
@@ -1211,7 +1259,7 @@ _ERASED_TABLES = ("entries", "trace_events", "outcome_effects", "outcomes")
 """The tables a forget or TTL purge deletes from, vacuumed afterwards."""
 VACUUM_PENDING = "vacuum_pending"
 """Meta row an erase sets in its transaction and `_vacuum_erased` clears once VACUUM has run."""
-_UNEXPORTED_META = (VACUUM_PENDING, IMPORT_PENDING_META)  # this database's own state
+_UNEXPORTED_META = (VACUUM_PENDING, IMPORT_PENDING_META, SPLIT_WORDS_META)  # this database's own state
 
 
 async def _mark_vacuum_pending(conn: Any) -> None:

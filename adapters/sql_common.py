@@ -38,7 +38,7 @@ from ..core.models import (
     ValueHead,
 )
 from ..core.ports import StoreSnapshot, vector_width
-from ..core.retrieval import distinct_words, keyword_length_factor, search_form
+from ..core.retrieval import distinct_words, keyword_length_factor, search_form, words_apart
 
 T = TypeVar("T")
 
@@ -172,8 +172,9 @@ class PostgresDialect(Dialect):
         return [float(x) for x in value]
 
     def search_text(self, text: str) -> str:
-        """PostgreSQL text cannot hold NUL; search text is only for matching, so NUL becomes a space."""
-        return search_form(text).replace("\x00", " ")
+        """Search text is only for matching: its words apart (`words_apart`: PostgreSQL's parser joins words at dots,
+        slashes and @ into tokens no query matches), and NUL, which PostgreSQL text cannot hold, gone with them."""
+        return words_apart(search_form(text))
 
 
 SQLITE = SQLiteDialect()

@@ -14,7 +14,6 @@ import json
 import logging
 import math
 import os
-import re
 import sqlite3
 import threading
 import uuid
@@ -40,7 +39,7 @@ from ..core.models import (
     entry_key,
 )
 from ..core.ports import IMPORT_PENDING_META, OutcomeTarget, StoreSnapshot, TierUpdate, missing_causal_entry, nothing_read
-from ..core.retrieval import distinct_words
+from ..core.retrieval import distinct_words, query_word_pattern
 from .sql_common import (
     ENTRY_BASE_COLUMNS,
     ENTRY_COLUMNS,
@@ -172,7 +171,6 @@ _SORT_SQL = sort_sql(SQLITE)
 _INSERT_ENTRY = SQLITE.insert("entries", ENTRY_INSERT_COLUMNS)
 _INSERT_TRACE = SQLITE.insert("trace_events", TRACE_INSERT_COLUMNS)
 _UPSERT_META = upsert_meta_sql(SQLITE)
-_TOKEN = re.compile(r"\w+")
 MAX_KEYWORD_PHRASES = 64  # as PostgreSQL's MAX_QUERY_WORDS: one index lookup per word
 # A word's matches between two row ids, as bare rowids (the FTS index holds current entries only). FTS5 seeks
 # the range within the word's doclist: a conversation's turns, written one after another, lie in a narrow one.
@@ -203,9 +201,11 @@ def delete_by_ids(conn: sqlite3.Connection, sql: str, ids: Sequence[int]) -> int
 
 def match_words(terms: list[str]) -> list[str]:
     """The FTS5 phrases of the terms' words, each quoted: `["retry policy", "ERR_42"]` -> `['"retry"', '"policy"',
-    '"ERR_42"']`. Words are `\\w+` runs, as the tokenizer (`tokenchars '_'`) and PostgreSQL's adapter split them;
-    quoting each one keeps FTS5 operators in user text inert."""
-    return [f'"{word}"' for word in dict.fromkeys(word for term in terms for word in _TOKEN.findall(term or ""))]
+    '"ERR_42"']`. Words are `query_word_pattern` runs, as PostgreSQL's adapter splits them; FTS5 splits a quoted
+    word as it split the stored text (at an Indic vowel sign, say) and matches it as a phrase. Quoting each one keeps
+    FTS5 operators in user text inert."""
+    return [f'"{word}"' for word in dict.fromkeys(
+        word for term in terms for word in query_word_pattern().findall(term or ""))]
 
 
 def match_any(terms: list[str]) -> str:

@@ -359,22 +359,25 @@ Context = tuple[str, str] | None
 
 def context_passages(
     entries: Sequence[tuple[str, str, Any, datetime | None]], order: Sequence[int],
-    before: Mapping[str, Sequence[tuple[str, Any]]] | None = None,
+    before: Mapping[str, Sequence[tuple[str, Any, bool]]] | None = None, expiring: Sequence[bool] | None = None,
 ) -> list[Context]:
     """Each (entity_path, key, value, event_at)'s context passage, the entries taken in write `order`: with the
     entry written just before it under the same path (another key), among these or, for the first ones of a path,
-    in `before[path]` ((key, value) of what the store held there, oldest first). Writes and `reembed` both call
-    this, so they make the same passages."""
-    written: dict[str, list[tuple[str, Any]]] = {path: list(held) for path, held in (before or {}).items()}
+    in `before[path]` ((key, value, expiring) of what the store held there, oldest first). Writes and `reembed` both
+    call this, so they make the same passages while the store holds the same memories (after an entry with a TTL
+    expired, `reembed` gives the turn after it the passage of the one before). An entry with a TTL (`expiring`) lends none: the turn after it takes
+    no passage, since the expired turn's words would keep ranking it until the expiry sweep erased them (red-team
+    finding, 0.7.15; a forget strips the passage at once)."""
+    written: dict[str, list[tuple[str, Any, bool]]] = {path: list(held) for path, held in (before or {}).items()}
     contexts: list[Context] = [None] * len(entries)
     for i in order:
         entity_path, key, value, event_at = entries[i]
         earlier = written.setdefault(entity_path, [])
-        previous = next(((k, v) for k, v in reversed(earlier) if k != key), None)
-        if previous is not None:
+        previous = next(((k, v, e) for k, v, e in reversed(earlier) if k != key), None)
+        if previous is not None and not previous[2]:
             text = context_passage(entity_path, key, previous[1], value, event_at)
             contexts[i] = None if text is None else (text, previous[0])
-        earlier.append((key, value))
+        earlier.append((key, value, bool(expiring[i]) if expiring is not None else False))
     return contexts
 
 

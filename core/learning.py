@@ -448,18 +448,20 @@ class LearningService:
                                          or not (math.isfinite(execution_ms) and execution_ms >= 0)):
             # Infinity was stored, and every later `memory export` failed on it (red-team finding).
             raise ValidationError(f"execution_ms must be a finite number >= 0, got {execution_ms!r}.")
-        refuse_non_finite(parameters, "parameters")
-        refuse_non_finite(outcome, "outcome")
-        await self._ready()
-        now = self._clock()
-        user = self.user_key(actor.agent_id)
-        session = self._session_key(actor.session_id)
         result = result or ResultMeta()
         if source == "mcp" and result.is_error:
             parameters = {}  # a refused or failed call keeps no arguments: its error type is in `result`
         elif is_own_tool(tool_name):
             # A call to this server's own tools keeps options and shapes only, never memory content.
             parameters = own_call_parameters(parameters or {})
+        # Only what would be kept is checked: a call refused for `confidence: Infinity` keeps no arguments, and its
+        # record is not refused for it (it logged three tracebacks per call; red-team finding, 0.7.15).
+        refuse_non_finite(parameters, "parameters")
+        refuse_non_finite(outcome, "outcome")
+        await self._ready()
+        now = self._clock()
+        user = self.user_key(actor.agent_id)
+        session = self._session_key(actor.session_id)
         clean = _bounded(redact(dict(parameters or {}), anonymize=self.config.anonymize))
         interaction = Interaction(
             interaction_id=uuid.uuid4().hex,

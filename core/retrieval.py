@@ -75,13 +75,74 @@ _STOPWORDS = frozenset(
     where which who whom why will with would you your about after again all also any because before being
     between both each few more most other over same some such only own just very now""".split()
 )
-_WORD = re.compile(r"[\w]+", re.UNICODE)
 _ALNUM = re.compile(r"[^\W_]+")
+
+
+@functools.cache
+def _combining_marks() -> str:
+    """The combining marks (Unicode categories Mn, Mc, Me) as a regex class body, built once on first use (60 ms)."""
+    ranges: list[list[int]] = []
+    for cp in (*range(0x300, 0x20000), *range(0xE0100, 0xE01F0)):
+        if unicodedata.category(chr(cp)).startswith("M"):
+            if ranges and ranges[-1][1] == cp - 1:
+                ranges[-1][1] = cp
+            else:
+                ranges.append([cp, cp])
+    return "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in ranges)
+
+
+@functools.cache
+def query_word_pattern() -> re.Pattern[str]:
+    """A word of a keyword query: a word character, then word characters and combining marks (marks alone make no
+    word). Python's `\\w` leaves out the vowel
+    signs and viramas of Indic scripts and Arabic's vowel marks, so `\\w+` cut "हिन्दी" into one-letter pieces that
+    matched nothing on either store; whole, the word is matched as each store's index split it (SQLite searches it
+    as a phrase of its FTS5 tokens, PostgreSQL's parser keeps it whole on both sides)."""
+    return re.compile(f"\\w[\\w{_combining_marks()}]*")
+
+
+@functools.cache
+def query_word_part_pattern() -> re.Pattern[str]:
+    """`query_word_pattern` less the underscore: the parts PostgreSQL's parser splits an identifier into."""
+    return re.compile(f"[^\\W_](?:[^\\W_]|[{_combining_marks()}])*")
 
 
 def search_form(text: str) -> str:
     """Text as keyword search indexes and queries it: Unicode NFC ("Cafe\u0301" and "Caf\u00e9" are one word)."""
     return unicodedata.normalize("NFC", text)
+
+
+@functools.cache
+def _invisible() -> re.Pattern[str]:
+    """Format characters (category Cf: zero-width spaces and joiners, soft hyphens, direction marks, tags); built once,
+    on first use."""
+    found = [cp for cp in (*range(0x20000), *range(0xE0000, 0xE0080)) if unicodedata.category(chr(cp)) == "Cf"]
+    return re.compile("[" + "".join(f"\\U{cp:08x}" for cp in found) + "]+")
+
+
+_SPACES = re.compile(r"\s+")
+
+
+def visible_text(text: str) -> str:
+    """What a reader sees of `text`, to tell copies apart: NFC, without format characters, white space runs made one
+    space, trimmed. A zero-width space in every word hid a fake copy from `near_copies` (and a trailing one kept a copy
+    out of `without_copies`' merge) while it read the same (red-team finding, 0.7.15)."""
+    if not text.isascii():
+        text = _invisible().sub("", search_form(text))
+    return _SPACES.sub(" ", text).strip()
+
+
+@functools.cache
+def _between_words() -> re.Pattern[str]:
+    return re.compile(f"[^\\w\\s{_combining_marks()}]+")
+
+
+def words_apart(text: str) -> str:
+    """`text` with every run of characters that are neither word characters, combining marks nor spaces made one
+    space: the words a query is split into (`query_word_pattern`), and nothing joining them. PostgreSQL's parser
+    otherwise indexes `v2.3.1`, `src/app/main.py`, `bob@example.com`, `15.4`, URLs and `-20` as single tokens that no
+    query's words match (SQLite's FTS5 splits at all of these by itself)."""
+    return _between_words().sub(" ", text)
 
 
 # An entry with more distinct words (stop words aside) than this holds more of any question's words by its length
@@ -130,7 +191,7 @@ def keyword_terms(query: str) -> list[str]:
     NFC, as stored search text is (`search_form`): a decomposed accent is not a word character and would split
     the word."""
     terms: list[str] = []
-    for word in _WORD.findall(search_form(query).lower()):
+    for word in query_word_pattern().findall(search_form(query).lower()):
         if word not in _STOPWORDS and word not in terms and (len(word) > 1 or word.isdigit()):
             terms.append(word)
     if len(terms) > MAX_QUERY_TERMS:
@@ -171,11 +232,11 @@ def speaker_matches(query: str, entries: Sequence[MemoryEntry]) -> list[tuple[st
     A question about a person ("What did Caroline research?") is most often answered by what that person said;
     the keyword strategy barely sees the name, since a speaker's name is on half of a conversation's turns. A
     two-word label ("Amara Nwosu") is named by its first word alone too: people ask about "Amara"."""
-    asked = set(_WORD.findall(search_form(query).lower()))
+    asked = set(query_word_pattern().findall(search_form(query).lower()))
     matched = []
     for entry in entries:
         label = speaker_label(entry.value)
-        words = _WORD.findall(label.lower()) if label is not None else []
+        words = query_word_pattern().findall(label.lower()) if label is not None else []
         given = words[0] if len(words) > 1 and words[0] not in _STOPWORDS else None  # "The Bot" is not "the"
         if words and (given in asked or all(word in asked for word in words)):
             matched.append((entry.entry_key, 1.0))
@@ -280,17 +341,21 @@ def near_copies(values: Sequence[Any]) -> list[list[int]]:
     The share was set on the annotated conversations (all eight) and the red team's way of changing a fact: 0.6 marks
     79% of 2,338 such fakes and 6 of 341,382 genuine pairs of turns of one conversation."""
     words: list[frozenset[str] | None] = []
+    seen: list[str | None] = []
     for value in values:
         if isinstance(value, str) and len(value) <= NEAR_COPY_MAX_CHARS:
-            found = frozenset(_ALNUM.findall(search_form(value).casefold()))
+            text = visible_text(value)
+            seen.append(text)
+            found = frozenset(_ALNUM.findall(text.casefold()))
             words.append(found if len(found) >= NEAR_COPY_MIN_WORDS else None)
         else:
+            seen.append(None)
             words.append(None)
     pairs: list[list[int]] = [[] for _ in values]
     for i, a in enumerate(words):
         for j in range(i + 1, len(words)):
             b = words[j]
-            if a is None or b is None or values[i] == values[j]:
+            if a is None or b is None or seen[i] == seen[j]:
                 continue
             if len(a & b) >= NEAR_COPY_SHARE * len(a | b):
                 pairs[i].append(j)

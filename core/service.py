@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from .ports import IMPORT_PENDING_META, Embedder, MemoryStore, OutcomeTarget, StoreSnapshot, TierUpdate, vector_widths
 from . import validation as v
@@ -66,6 +66,7 @@ from .retrieval import (
     fuse_hybrid,
     NEAR_COPY_MAX_CHARS,
     near_copies,
+    visible_text,
     keyword_terms,
     recency_bucket,
     resolve_weights,
@@ -73,6 +74,7 @@ from .retrieval import (
 from .tiers import priority_score, tier_for
 
 logger = logging.getLogger("amfs_server.core.service")
+T = TypeVar("T")
 
 MAX_QUERY_CHARS = 2000
 MAX_HISTORY_PAGE = 1000  # versions per amfs_history call: a long history is read in pages, never whole
@@ -178,6 +180,7 @@ class MemoryService:
         self._calibrated_multipliers: dict[OutcomeType, float] | None = None
         self._expiry_sweeps: asyncio.Task[None] | None = None
         self._erase_listeners: builtins.list[Callable[[], Awaitable[Any]]] = []
+        self._erasing: set[asyncio.Future[Any]] = set()  # erases whose caller was cancelled, still running
         self.learned_scorer: LearnedScorer | None = None
         self._learned_covers: Callable[[str | None], bool] | None = None
         self._write_order: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # per entity path: its lock, its users
@@ -266,9 +269,11 @@ class MemoryService:
         turn among the drafts are not looked up."""
         now = self.now()
         paths = {d.entity_path for d in drafts if speaker_label(d.value) is not None}
-        before = {path: [(e.key, e.value) for e in reversed(await self.store.latest_at(path, now, 2))] for path in paths}
+        before = {path: [(e.key, e.value, e.ttl_at is not None) for e in reversed(await self.store.latest_at(path, now, 2))]
+                  for path in paths}
         order = sorted(range(len(drafts)), key=lambda i: (drafts[i].entity_path, drafts[i].key))
-        return context_passages([(d.entity_path, d.key, d.value, d.event_at) for d in drafts], order, before)
+        return context_passages([(d.entity_path, d.key, d.value, d.event_at) for d in drafts], order, before,
+                                [d.ttl_at is not None for d in drafts])
 
     @staticmethod
     def _vector_fields(made: EntryVectors, contexts: Sequence[Context]) -> list[dict[str, Any]]:
@@ -321,7 +326,7 @@ class MemoryService:
         # Write order: by time within a path; a batch shares one time and was inserted in key order.
         order = sorted(range(len(items)), key=lambda i: (
             items[i][0], snapshot.entries[i].provenance.written_at, items[i][1], snapshot.entries[i].version))
-        contexts = context_passages(items, order)
+        contexts = context_passages(items, order, expiring=[e.ttl_at is not None for e in snapshot.entries])
         made = await self._entry_vectors(items, contexts)
         entries = [e.with_changes(**fields)
                    for e, fields in zip(snapshot.entries, self._vector_fields(made, contexts))]
@@ -362,6 +367,8 @@ class MemoryService:
         if sweeps is not None:
             sweeps.cancel()
             await asyncio.gather(sweeps, return_exceptions=True)
+        if self._erasing:
+            await asyncio.gather(*self._erasing, return_exceptions=True)
         await self.store.close()
 
     # -- derived values -----------------------------------------------------------------------
@@ -779,6 +786,7 @@ class MemoryService:
             raise ValidationError("query must be a non-empty string, e.g. 'how do we retry failed payments?'.")
         if len(query) > MAX_QUERY_CHARS:
             raise ValidationError(f"query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}.")
+        v.refuse_lone_surrogates(query, "query")
         if isinstance(depth, bool) or depth not in (1, 2, 3):
             raise ValidationError(f"depth must be 1 (hot), 2 (hot+warm) or 3 (all tiers), got {depth!r}.")
         limit = v.validate_limit(limit, maximum=100)
@@ -1036,8 +1044,25 @@ class MemoryService:
                 logger.warning("After erasing memories, %s failed: %s", getattr(listener, "__qualname__", listener),
                                error)
 
+    async def _to_the_end(self, erase: Awaitable[T]) -> T:
+        """Run an erase and what follows it (`_erased`) to the end even if its caller is cancelled: a forget
+        cancelled after its delete committed left the forgotten value in the training-data exports, whose scrub it
+        stopped (red-team finding, 0.7.15; 6 of 6 SDK calls cancelled there). The caller still sees the
+        cancellation; `close` waits for what is left."""
+        task = asyncio.ensure_future(erase)
+        self._erasing.add(task)
+        task.add_done_callback(self._erasing.discard)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(_report_unawaited_erase)  # no caller is left to hear how it ended
+            raise
+
     async def forget(self, entity_path: str, key: str) -> int:
         entity_path, key = v.validate_entity_path(entity_path), v.validate_key(key)
+        return await self._to_the_end(self._forget(entity_path, key))
+
+    async def _forget(self, entity_path: str, key: str) -> int:
         try:
             removed = await self.store.forget(entity_path, key)
         finally:
@@ -1049,6 +1074,9 @@ class MemoryService:
         return removed
 
     async def purge_expired(self) -> int:
+        return await self._to_the_end(self._purge_expired())
+
+    async def _purge_expired(self) -> int:
         removed = await self.store.purge_expired(self.now())
         if removed:
             await self._erased()
@@ -1058,6 +1086,9 @@ class MemoryService:
         """Delete every memory, outcome and trace. The record of the embedder stays (or becomes this service's):
         servers still running with it keep writing its vectors, and a server configured for another embedder must
         keep being refused (after a clear it used to open the store and mix the two)."""
+        await self._to_the_end(self._clear())
+
+    async def _clear(self) -> None:
         if self.embedder is not None:
             await self.store.clear()
             await self._record_embedder()
@@ -1150,6 +1181,14 @@ class MemoryService:
         return kept
 
 
+def _report_unawaited_erase(task: asyncio.Future[Any]) -> None:
+    if task.cancelled() or task.exception() is None:
+        return
+    error = task.exception()
+    level = logging.DEBUG if isinstance(error, NotFoundError) else logging.WARNING
+    logger.log(level, "An erase whose caller was cancelled ended in an error: %s", error)
+
+
 COPY_MIN_CHARS = 64
 """The shortest string value `without_copies` collapses."""
 
@@ -1169,11 +1208,17 @@ def without_copies(
     the first ranked: ten results are not ten copies. A red-team pass wrote 29 copies of one memory and cut a
     conversation's recall@10 from 0.845 to 0.792, the copies taking several places of one top ten (0.7.11). The one
     kept is the earliest written, the original: a copy written later (recency's tie-breaker favours it) does not
-    stand in for it. Only exact copies of at least COPY_MIN_CHARS characters go: a short value ("enabled",
+    stand in for it. Only copies that read the same (`visible_text`: invisible characters and spacing aside) of at
+    least COPY_MIN_CHARS characters go: a short value ("enabled",
     "Caroline: Thanks!") means something different under each key, and its key is part of what was ranked."""
+    seen: dict[str, str | None] = {}
+
     def copy_key(item: tuple[str, float, Any]) -> str | None:
-        value = entries[item[0]].value
-        return value if isinstance(value, str) and len(value) >= COPY_MIN_CHARS else None
+        if item[0] not in seen:
+            value = entries[item[0]].value
+            text = visible_text(value) if isinstance(value, str) else ""
+            seen[item[0]] = text if len(text) >= COPY_MIN_CHARS else None
+        return seen[item[0]]
 
     copies: dict[str, builtins.list[tuple[str, float, Any]]] = {}
     for item in ranked:

@@ -90,6 +90,39 @@ def serialize_value(value: Any, max_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> str
     return text
 
 
+def refuse_lone_surrogates(value: Any, name: str) -> None:
+    """Refuse a lone surrogate ("\\ud800", which JSON can escape) in any string, key or value, of a JSON-like `value`
+    (`name` in the message; "" names its parts from the top level): it is no Unicode text, no store can hold it, and
+    the embedder's tokenizer and pydantic's serializer failed on it with a traceback ("Internal error")."""
+    stack: list[tuple[Any, str]] = [(value, name)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValidationError(
+                    f"{where or 'the top level'} holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text; nothing was done."
+                ) from None
+        elif isinstance(item, dict):
+            stack.extend((v, _member(where, k)) for k, v in item.items())
+            stack.extend((key, f"{where or 'the top level'} (a key)") for key in item)  # popped first
+        elif isinstance(item, (list, tuple)):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+
+
+_PLAIN_MEMBER = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _member(where: str, key: Any) -> str:
+    """`where.key` for a plain key; otherwise the key quoted, escaped and cut (a message must not carry a caller's
+    newline, lone surrogate or 200,000 characters)."""
+    if isinstance(key, str) and _PLAIN_MEMBER.fullmatch(key):
+        return f"{where}.{key}" if where else key
+    shown = repr(key) if len(repr(key)) <= 40 else repr(key)[:40] + "..."
+    return f"{where}[{shown}]"
+
+
 def refuse_non_finite(value: Any, name: str, max_depth: int = 8) -> None:
     """Refuse a NaN or infinite number anywhere in a JSON-like `value` (to `max_depth` levels; deeper parts are
     cut off by redaction anyway): stored, one would make every JSON export of the store fail, and redaction would

@@ -146,6 +146,14 @@ class TrainingDataExporter:
                     f"output_path: {name!r} is a name the exports keep for their own files (ending in "
                     f"{SOURCES_SUFFIX}, .partial or .scrub, or {EXPORTS_LOCK} or {EXPORTS_PENDING}); pick another, e.g. train.jsonl. "
                     "Nothing was written.")
+            longest = len(sources_partial.encode("utf-8"))
+            if longest > NAME_MAX_BYTES:
+                # Too long for the file system with the suffixes its bookkeeping files add; the failure to open one
+                # read as "another export is being written" (red-team finding, 0.7.15).
+                spare = NAME_MAX_BYTES - (longest - len(name.encode("utf-8")))
+                raise ValidationError(
+                    f"output_path: the file name is {len(name.encode('utf-8'))} bytes; with the suffixes of the files "
+                    f"kept beside it it must stay within {spare} bytes. Nothing was written.")
             try:
                 folder = _open_beneath(root, relative.parts[:-1])
 
@@ -379,6 +387,7 @@ SOURCES = "amfs_sources"
 SOURCES_SUFFIX = ".amfs-sources"
 EXPORTS_LOCK = ".amfs-exports.lock"
 EXPORTS_PENDING = ".amfs-exports.pending"
+NAME_MAX_BYTES = 255  # a file name's longest on Linux, macOS and Windows file systems
 
 
 # A memory version an example was made from: (entry key, version, when that version was written). The write

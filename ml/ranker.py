@@ -29,6 +29,7 @@ import asyncio
 import hashlib
 import json
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from dataclasses import asdict, dataclass, field
@@ -80,7 +81,7 @@ class RankerMetrics:
     num_positive: int
     num_negative: int
     accuracy: float
-    """Held-out accuracy: a model fitted on the older 80% of outcome-linked samples, scored on the newest 20%."""
+    """Held-out accuracy: a model fitted on the older outcomes' samples, scored on those of the newest (`_newest`)."""
     feature_importances: dict[str, float]
     trained_at: str
     entity_path: str | None = None
@@ -108,12 +109,15 @@ class _Samples:
     labels: list[int] = field(default_factory=list)
     linked_mask: list[bool] = field(default_factory=list)
     """Outcome-linked samples come first, oldest first; never-linked negatives after them."""
+    outcome_of: list[tuple[float, str] | None] = field(default_factory=list)
+    """Each outcome-linked sample's outcome, as (commit time, ref), so that a cut keeps an outcome's samples together."""
     outcomes: int = 0
 
-    def add(self, row: list[float], label: int, linked: bool) -> None:
+    def add(self, row: list[float], label: int, linked: bool, outcome: tuple[float, str] | None = None) -> None:
         self.rows.append(row)
         self.labels.append(label)
         self.linked_mask.append(linked)
+        self.outcome_of.append(outcome)
 
     @property
     def linked(self) -> int:
@@ -265,7 +269,7 @@ class LearnedRanker:
 
     def _samples(self, history: OutcomeHistory, current: list[MemoryEntry], entity_path: str | None) -> _Samples:
         samples = _Samples()
-        linked: list[tuple[float, list[float], int]] = []
+        linked: list[tuple[float, list[float], int, tuple[float, str]]] = []
         counted_outcomes = set()
         for record in history.outcomes:
             label = int(record.outcome_type is OutcomeType.SUCCESS)
@@ -279,11 +283,12 @@ class LearnedRanker:
                 if stored is None:  # forgotten since
                     continue
                 then = self.service.with_current_tier(history.as_of(stored, at), at)
-                linked.append((at.timestamp(), feature_row(then, seen.ranks if seen else None, at), label))
+                linked.append((at.timestamp(), feature_row(then, seen.ranks if seen else None, at), label,
+                               (record.committed_at.timestamp(), record.outcome_ref)))
                 counted_outcomes.add(record.outcome_ref)
         linked.sort(key=lambda item: item[0])
-        for _, row, label in linked:
-            samples.add(row, label, linked=True)
+        for _, row, label, outcome in linked:
+            samples.add(row, label, linked=True, outcome=outcome)
         samples.outcomes = len(counted_outcomes)
 
         never = [e for e in current if e.entry_key not in history.effects_by_entry]
@@ -350,9 +355,9 @@ class LearnedRanker:
         x[:, self._ignored] = 0.0
         y = np.asarray(samples.labels, dtype=np.float64)
         linked = np.asarray(samples.linked_mask, dtype=bool)
-        held = _newest(linked, np.ones(len(y), dtype=bool))
+        held = _newest(linked, np.ones(len(y), dtype=bool), samples.outcome_of)
         fit_part = ~held
-        valid = _newest(linked, fit_part)
+        valid = _newest(linked, fit_part, samples.outcome_of)
         inner = fit_part & ~valid
         rounds = self.num_boost_round
         evaluated = _both_classes(y[inner]) and valid.any() and held.any()
@@ -419,13 +424,21 @@ class LearnedRanker:
         return booster
 
 
-def _newest(linked: np.ndarray, among: np.ndarray) -> np.ndarray:
-    """The newest HOLDOUT_SHARE of the outcome-linked samples in `among` (they are in time order), and
-    every 1/HOLDOUT_SHARE-th never-linked one (those have no common clock)."""
+def _newest(linked: np.ndarray, among: np.ndarray, outcome_of: Sequence[tuple[float, str] | None]) -> np.ndarray:
+    """The outcome-linked samples in `among` of the newest outcomes, whole outcomes until they make HOLDOUT_SHARE of
+    them (a cut by sample put one outcome's samples on both sides, so the held-out figures were partly seen in
+    training), and every 1/HOLDOUT_SHARE-th never-linked one (those have no common clock)."""
     chosen = np.zeros(len(linked), dtype=bool)
     linked_idx = np.flatnonzero(linked & among)
     if len(linked_idx) >= 5:
-        chosen[linked_idx[len(linked_idx) - max(1, round(len(linked_idx) * HOLDOUT_SHARE)):]] = True
+        sizes = Counter(outcome_of[i] for i in linked_idx)
+        wanted, taken, held_outcomes = max(1, round(len(linked_idx) * HOLDOUT_SHARE)), 0, set()
+        for outcome in sorted(sizes, key=lambda o: o or (0.0, ""), reverse=True):
+            if taken >= wanted:
+                break
+            held_outcomes.add(outcome)
+            taken += sizes[outcome]
+        chosen[[i for i in linked_idx if outcome_of[i] in held_outcomes]] = True
         never_idx = np.flatnonzero(~linked & among)
         chosen[never_idx[:: round(1 / HOLDOUT_SHARE)]] = True
     return chosen

@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from amfs_server.core.retrieval import _STOPWORDS, _WORD, keyword_terms, search_form
+from amfs_server.core.retrieval import _STOPWORDS, keyword_terms, query_word_pattern, search_form
 from amfs_server.session_bench.conversation_bench import BM25_ROW as BM25, DATASET, FUSION, load_conversations, turn_value, turns_of
 from amfs_server.session_bench.intervals import RESAMPLES, interval, paired
 
@@ -44,7 +44,7 @@ def overlap(question: str, evidence: list[str], names: set[str]) -> float | None
     if not terms:
         return None
     # every word of the evidence (keyword_terms stops at a question's 32 terms; a long turn holds more)
-    words = {w for text in evidence for w in _WORD.findall(search_form(text).lower()) if w not in _STOPWORDS}
+    words = {w for text in evidence for w in query_word_pattern().findall(search_form(text).lower()) if w not in _STOPWORDS}
     stems = {_stem(w) for w in words}
     return sum(t in words or _stem(t) in stems for t in terms) / len(terms)
 

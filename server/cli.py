@@ -356,6 +356,13 @@ def memory_import(path: Path) -> None:
     click.echo(_run(load, learning=True, settings=settings))
 
 
+def _crash_backups(settings: Settings) -> list[Path]:
+    """The default re-embed backups in the data directory, and their part-written temporaries: only a re-embed
+    that did not finish leaves them (a finished one removes its own)."""
+    folder = settings.data_dir
+    return sorted([*folder.glob("before-reembed-*.json"), *folder.glob(".before-reembed-*.json.*.tmp")])
+
+
 @memory.command("reembed")
 @click.option("--backup", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Keep the export taken first in this file (default: <data dir>/before-reembed-<time>.json, "
@@ -382,7 +389,7 @@ def memory_reembed(backup: Path | None) -> None:
     # The default backups only guard a re-embed (a crash leaves one for `memory import`); kept in the data directory
     # afterwards each would be a copy of every memory that no later forget could reach. Those a crashed run left go
     # too: the store now holds what they hold (red-team finding, 0.7.11: a forgotten memory survived in one).
-    stale = [old for old in settings.data_dir.glob("before-reembed-*.json") if old != backup or not keep]
+    stale = [old for old in _crash_backups(settings) if old != backup or not keep]
     for old in stale:
         old.unlink(missing_ok=True)
     earlier = sum(1 for old in stale if old != backup)
@@ -417,8 +424,14 @@ def memory_forget(entry_key: str, user: str | None = None) -> None:
         entity_path, key = split_entry_key(entry_key)
         return await services.memory.forget(entity_path, key)
 
-    removed = _run(forget)
+    settings, _ = _settings()
+    removed = _run(forget, settings=settings)
     click.echo(f"Forgot {entry_key} ({removed} versions).")
+    backups = _crash_backups(settings)
+    if backups:
+        click.echo(f"Note: {len(backups)} re-embed backup file(s) a crashed `memory reembed` left in "
+                   f"{settings.data_dir} may still hold it ({', '.join(p.name for p in backups)}); delete them, or "
+                   "run `amfs-server memory reembed` again, which removes them.", err=True)
 
 
 @memory.command("clear")

@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..core.ports import StoreSnapshot
-from ..core.validation import DEFAULT_MAX_VALUE_BYTES, INT64_MAX, MAX_CONFIDENCE
+from ..core.errors import ValidationError as RefusedError
+from ..core.validation import DEFAULT_MAX_VALUE_BYTES, INT64_MAX, MAX_CONFIDENCE, refuse_lone_surrogates
 from ..core.models import MemoryEntry, MemoryType, OutcomeRecord, OutcomeType, TraceEvent
 
 EXPORT_FORMAT = "amfs-export"
@@ -189,20 +190,10 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _refuse_lone_surrogates(raw: Any) -> None:
-    """A lone surrogate ("\\ud800", a valid JSON escape) is no Unicode text: no store can hold it."""
-    stack = [(raw, "top level")]
-    while stack:
-        item, where = stack.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                raise ExportFormatError(f"invalid export at {where}: a lone surrogate (\\ud800-\\udfff) is not text") from None
-        elif isinstance(item, dict):
-            stack.extend((key, where) for key in item)
-            stack.extend((value, f"{where}.{key}" if where != "top level" else str(key)) for key, value in item.items())
-        elif isinstance(item, list):
-            stack.extend((value, f"{where}.{n}") for n, value in enumerate(item))
+    try:
+        refuse_lone_surrogates(raw, "")
+    except RefusedError as error:
+        raise ExportFormatError(f"invalid export: {error}") from None
 
 
 def _entry_from_document(data: dict[str, Any], position: int) -> MemoryEntry:

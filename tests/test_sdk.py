@@ -98,3 +98,52 @@ def test_the_seeds_rrf_is_a_named_configuration_for_the_server_and_a_call(tmp_pa
         assert hybrid.score != configured.score
         with pytest.raises(ValidationError, match="Unknown fusion"):
             mem.retrieve("retry", fusion="borda")
+
+
+def test_closing_while_other_threads_are_mid_call_lets_those_calls_finish_and_refuses_later_ones(tmp_path) -> None:
+    """`close` stopped the loop under calls other threads had in flight, which then waited forever (red-team finding,
+    0.7.15: 5 of 5 runs left callers blocked)."""
+    import threading
+
+    from amfs_server.core.errors import AmfsError
+
+    mem = AgentMemory(agent_id="a", data_dir=tmp_path, embedder="none")
+    mem.write("svc", "k0", "v")
+    started, outcomes = threading.Barrier(5), []
+
+    def worker(n: int) -> None:
+        started.wait()
+        for i in range(50):
+            try:
+                mem.write("svc", f"k{n}-{i}", "v")
+            except AmfsError as error:
+                outcomes.append(str(error))
+                return
+        outcomes.append("finished")
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    started.wait()
+    mem.close()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(thread.is_alive() for thread in threads)
+    assert len(outcomes) == 4
+    assert all(o == "finished" or o.startswith("This AgentMemory is closed") for o in outcomes), outcomes
+    with pytest.raises(AmfsError, match="closed"):
+        mem.read("svc", "k0")
+    with AgentMemory(agent_id="a", data_dir=tmp_path, embedder="none") as again:  # every acknowledged write is there
+        assert again.read("svc", "k0").value == "v"
+
+
+async def test_a_closed_async_sdk_refuses_calls_instead_of_reopening_its_store(tmp_path) -> None:
+    from amfs_server.core.errors import AmfsError
+
+    mem = AsyncAgentMemory(agent_id="a", data_dir=tmp_path, embedder="none")
+    await mem.write("svc", "k", "v")
+    await mem.close()
+    with pytest.raises(AmfsError, match="This AsyncAgentMemory is closed"):
+        await mem.write("svc", "k2", "v")
+    assert mem._opened is False
+    await mem.close()  # a second close does nothing

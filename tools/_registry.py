@@ -21,7 +21,8 @@ from mcp_types import ToolAnnotations
 from pydantic import ValidationError as PydanticValidationError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from ..core.errors import AmfsError
+from ..core.errors import AmfsError, ValidationError
+from ..core.validation import refuse_lone_surrogates
 from ..core.models import Actor
 
 logger = logging.getLogger("amfs_server.tools")
@@ -142,6 +143,10 @@ class ToolErrorMiddleware(Middleware):
             # so it is shown escaped and cut (a newline in it must not start a line of its own in any log).
             raise ToolError(f"Unknown tool {shown_name(name)}; call tools/list for this server's tools.",
                             log_level=logging.DEBUG)
+        try:
+            refuse_lone_surrogates(dict(context.message.arguments or {}), "arguments")
+        except ValidationError as refused:
+            raise ToolError(f"{name} refused its arguments: {refused}", log_level=logging.DEBUG) from None
         try:
             return await call_next(context)
         except Exception as error:

@@ -23,6 +23,7 @@ from amfs_server.adapters import postgres as pg
 from amfs_server.adapters.postgres import PostgresStore, schema_from_dsn
 from amfs_server.core.ports import MemoryStore, OutcomeTarget
 from amfs_server.core.errors import StoreError, ValidationError
+from amfs_server.core.retrieval import keyword_terms
 from amfs_server.core.models import (
     Actor,
     EntryFilter,
@@ -798,3 +799,50 @@ async def test_word_counts_are_filled_for_older_rows_and_counted_at_read_where_m
     finally:
         await store.drop_schema()
         await store.close()
+
+
+async def test_older_rows_get_their_joined_words_split_once_and_only_rows_whose_words_change_are_rewritten(
+        pg_dsn: str) -> None:
+    """Before 0.7.15 a row's search text kept `v2.3.1` or `a/b.py` whole, which PostgreSQL indexes as one token that no
+    query matches. Opening the store splits them (from the last row checked on), rewriting only rows whose indexed
+    words change: an update re-inserts the row into every index, the HNSW graph's included."""
+    schema = fresh_schema()
+    store = PostgresStore(pg_dsn, embedding_dimension=DIM, schema=schema)
+    await store.open()
+    try:
+        texts = {"version": "we deployed build v2.3.1 to staging", "plain": "we talked about dinner, didn't we?"}
+        await store.insert_versions([draft("svc", key, search_text=text) for key, text in texts.items()], ACTOR)
+        await store.close()
+        # as 0.7.14 left them: the text as written, by an older server, and no row checked
+        for key, text in texts.items():
+            await _fetch(pg_dsn, f'UPDATE "{schema}".entries SET search_text = $1, amfs_version = \'0.7.14\' '
+                                 'WHERE key = $2', text, key)
+        await _fetch(pg_dsn, f'DELETE FROM "{schema}".meta WHERE name = $1', pg.SPLIT_WORDS_META)
+        before = {r["key"]: r["ctid"] for r in await _fetch(pg_dsn, f'SELECT key, ctid FROM "{schema}".entries')}
+        unfound = f"SELECT count(*) AS n FROM \"{schema}\".entries WHERE search_tsv @@ to_tsquery('english', 'v2')"
+        assert (await _fetch(pg_dsn, unfound))[0]["n"] == 0
+        # While another process splits them, an opener does not wait or do the same work: it opens at once.
+        import asyncpg
+
+        other = await asyncpg.connect(pg_dsn, timeout=10)
+        try:
+            assert await other.fetchval("SELECT pg_try_advisory_lock(hashtext($1), hashtext('amfs-words-apart'))", schema)
+            store = PostgresStore(pg_dsn, embedding_dimension=DIM, schema=schema)
+            await store.open()
+            assert (await _fetch(pg_dsn, unfound))[0]["n"] == 0 and await store.get_meta(pg.SPLIT_WORDS_META) is None
+            await store.close()
+        finally:
+            await other.close()
+        store = PostgresStore(pg_dsn, embedding_dimension=DIM, schema=schema)
+        await store.open()
+        rows = {r["key"]: r for r in await _fetch(pg_dsn, f'SELECT key, ctid, search_text FROM "{schema}".entries')}
+        assert rows["version"]["search_text"] == "we deployed build v2 3 1 to staging"
+        assert rows["plain"]["ctid"] == before["plain"] and rows["plain"]["search_text"] == texts["plain"]
+        hits = await store.keyword_candidates(keyword_terms("v2.3.1"), EntryFilter(), utcnow(), 10)
+        assert [(e.key, score) for e, score in hits] == [("version", pytest.approx(1.0))]
+        last = max(r["row_id"] for r in await _fetch(pg_dsn, f'SELECT row_id FROM "{schema}".entries'))
+        assert await store.get_meta(pg.SPLIT_WORDS_META) == last
+    finally:
+        await store.drop_schema()
+        await store.close()
+

@@ -639,6 +639,28 @@ async def test_keyword_search_finds_text_stored_with_decomposed_accents(store: M
         assert sorted(keys(await store.keyword_candidates(keyword_terms(query), EntryFilter(), NOW, 10))) == ["nfc", "nfd"]
 
 
+@pytest.mark.parametrize(("stored", "query"), [
+    ("we deployed build v2.3.1 to staging", "v2.3.1"),
+    ("the bug is in src/app/main.py near the top", "main.py"),
+    ("write to bob@example.com for access", "bob@example.com"),
+    ("docs at https://example.org/guide?lang=fr", "guide lang"),
+    ("the ratio was 15.4 percent", "15.4"),
+    ("the meeting runs 10-20 minutes", "20"),
+    ("मुझे हिन्दी संगीत बहुत पसंद है", "हिन्दी"),  # Indic vowel signs and virama inside the word
+    ("كَتَبَ الطالب الدرس", "كَتَبَ"),  # Arabic vowel marks
+])
+async def test_keyword_search_finds_every_word_of_joined_and_marked_text(store: MemoryStore, stored: str, query: str) -> None:
+    """Words joined by dots, slashes, @ or a sign (PostgreSQL's parser took `v2.3.1` or `-20` for one token) and words
+    carrying combining marks (a query cut "हिन्दी" at its vowel signs into letters that matched nothing, on both
+    stores) are each found by their words, with the whole query's weight."""
+    await write(store, draft("c", "it", search_text=stored),
+                *[draft("c", f"other{i}", search_text=f"the weather was {word} today")
+                  for i, word in enumerate(("lovely", "grey", "cold", "windy"))])
+    hits = await store.keyword_candidates(keyword_terms(query), EntryFilter(), NOW, 10)
+    assert [(e.key, score) for e, score in hits] == [("it", pytest.approx(1.0))]
+    assert keyword_terms("\u0301\u0903 " + query) == keyword_terms(query)  # marks alone make no word
+
+
 async def test_keyword_candidates_rank_a_rare_word_above_a_common_one(store: MemoryStore) -> None:
     await write(store, *[draft("svc/common", f"k{i}", search_text=f"deploy pipeline step {i}") for i in range(6)])
     await write(store, draft("svc/rare", "k", search_text="kubernetes cluster"))

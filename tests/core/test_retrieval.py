@@ -631,6 +631,9 @@ def test_near_copies_are_different_texts_sharing_most_of_their_words() -> None:
     assert found[3] == [1, 4]  # an exact copy of 0 is not marked against it (copies collapse instead)
     assert found[2] == [] and found[5] == [] and found[6] == [] and found[7] == []  # unrelated, not text, short, long
     assert near_copies([]) == []
+    # Invisible characters change no word a reader sees: a zero-width space in every word hid a fake (0.7.15).
+    hidden = "\u200b".join(fake[i:i + 3] for i in range(0, len(fake), 3)) + "\u2060\n"
+    assert near_copies([real, hidden, real.replace(" ", "\u00ad ") + "  "]) == [[1], [0, 2], [1]]
 
 
 async def test_of_several_copies_the_earliest_written_takes_the_first_copys_place(store, actor: Actor, monkeypatch) -> None:
@@ -645,6 +648,11 @@ async def test_of_several_copies_the_earliest_written_takes_the_first_copys_plac
     await svc.write(actor, WriteRequest("team", "payments-retry", text))
     monkeypatch.setattr(service_module, "utcnow", real_now)
     await svc.write(Actor("mallory", "s-m"), WriteRequest("team", "payments-retry-copy", text))
+    results = await svc.retrieve(actor, "payments retry backoff", limit=5, explain=True)
+    assert [r.entry.key for r in results] == ["payments-retry"]
+    # Copies that read the same are copies: trailing spaces, zero-width characters inside words (0.7.15).
+    await svc.write(Actor("mallory", "s-m"), WriteRequest("team", "copy-spaced", text + "   "))
+    await svc.write(Actor("mallory", "s-m"), WriteRequest("team", "copy-hidden", text.replace("e", "e\u200b")))
     results = await svc.retrieve(actor, "payments retry backoff", limit=5, explain=True)
     assert [r.entry.key for r in results] == ["payments-retry"]
 

@@ -470,6 +470,35 @@ async def test_search_does_not_count_as_reading(service: MemoryService, actor: A
         await service.commit_outcome(actor, "INC-1", "failure")
 
 
+async def test_a_forget_whose_caller_is_cancelled_still_runs_what_follows_the_erase_and_close_waits_for_it(
+    store, actor: Actor
+) -> None:
+    """A cancelled forget (an SDK call under `asyncio.wait_for`) stopped the export scrub after its delete had
+    committed: the forgotten value stayed in the training-data exports (red-team finding, 0.7.15, 6 of 6)."""
+    import asyncio
+
+    service, _ = await clocked_service(store)
+    await service.write(actor, WriteRequest("svc", "a", "v"))
+    following, release, heard = asyncio.Event(), asyncio.Event(), []
+
+    async def slow_scrub() -> None:
+        following.set()
+        await release.wait()
+        heard.append(len(await service.list()))
+
+    service.after_erase(slow_scrub)
+    caller = asyncio.ensure_future(service.forget("svc", "a"))
+    await following.wait()  # the delete has committed; the scrub is running
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    release.set()
+    await service.close()  # waits for it
+    assert heard == [0]
+    await service.open()
+    assert await service.list() == []
+
+
 async def test_forget_deletes_every_version(service: MemoryService, actor: Actor) -> None:
     await service.write(actor, WriteRequest("svc", "k", 1))
     await service.write(actor, WriteRequest("svc", "k", 2))
@@ -603,3 +632,10 @@ async def test_a_value_holding_a_lone_surrogate_is_a_validation_error_and_nothin
     with pytest.raises(ValidationError, match="lone surrogate"):
         await service.write(actor, WriteRequest("svc", "k", {"note": "x\ud800"}))
     assert await service.list("svc") == []
+
+
+async def test_a_retrieve_query_holding_a_lone_surrogate_is_a_validation_error(service: MemoryService, actor: Actor) -> None:
+    """It reached the embedder's tokenizer and failed there with a bare ValueError (red-team finding, 0.7.15)."""
+    await service.write(actor, WriteRequest("svc", "retry", "retry three times"))
+    with pytest.raises(ValidationError, match=r"^query holds a lone surrogate .*nothing was done"):
+        await service.retrieve(actor, "retry \ud800")

@@ -197,13 +197,22 @@ def test_memory_reembed_command_moves_a_store_to_the_default_embedder(tmp_path: 
     # Without --backup the export taken first guards the re-embed only: gone from the data directory afterwards,
     # where no later forget could reach it (red-team repro: a forgotten memory survived in it).
     # One a crashed re-embed left (killed after its backup, before the store was replaced) goes with the next success.
+    # So does the part-written temporary of a backup whose run was killed while writing it (red-team repro, 0.7.15),
+    # and `memory forget` says where such copies may still hold what it forgot.
     crashed = data_dir / "before-reembed-20261130T114500Z.json"
     crashed.write_text('{"a copy": "of a memory forgotten since"}')
+    part = data_dir / ".before-reembed-20261130T120000Z.json.0a1b2c3d.tmp"
+    part.write_text('{"a part-written copy": "of a memory')
+    forgot = CliRunner().invoke(cli, ["memory", "forget", "svc/payments/retry-policy"])
+    assert forgot.exit_code == 0, forgot.output
+    assert "2 re-embed backup file(s)" in forgot.output and part.name in forgot.output and crashed.name in forgot.output
     again = CliRunner().invoke(cli, ["memory", "reembed"])
     assert again.exit_code == 0, again.output
     assert "the backup taken first was removed" in again.output
-    assert "1 left by an earlier re-embed that did not finish was removed" in again.output
-    assert sorted(p.name for p in data_dir.iterdir() if p.name.startswith("before-reembed")) == []
+    assert "2 left by an earlier re-embed that did not finish were removed" in again.output
+    assert sorted(p.name for p in data_dir.iterdir() if "before-reembed" in p.name) == []
+    forgot = CliRunner().invoke(cli, ["memory", "forget", "svc/payments/timeout"])
+    assert forgot.exit_code == 0 and "backup" not in forgot.output, forgot.output
 
 
 async def refused_then_reembedded(make_store: StoreFactory, why: str, versions: int) -> MemoryService:
@@ -400,6 +409,24 @@ async def test_reembed_makes_the_context_passages_the_writes_made(make_store: St
         assert (rows is None) == (again[version] is None), version
         if rows is not None:
             assert np.allclose(rows, again[version], atol=1e-6), version
+    await service.close()
+
+
+async def test_a_turn_after_a_memory_with_a_ttl_takes_no_passage_from_it_on_write_or_reembed(make_store: StoreFactory) -> None:
+    """An expired turn's words kept ranking the next turn (1st for a question only the expired turn answered) until
+    the expiry sweep erased them (red-team finding, 0.7.15): a memory with a TTL lends no context passage."""
+    service = await open_service(make_store, MODEL_A)
+    await service.write(ACTOR, WriteRequest("chat/c1", "t1", "Ana: We talked about the weather."))
+    await service.write(ACTOR, WriteRequest("chat/c1", "t2", "Ben: My dog is called Biscuit.", ttl_seconds=3600))
+    await service.write(ACTOR, WriteRequest("chat/c1", "t3", "Ana: Oh nice, that is lovely."))
+    await service.write_many(ACTOR, [WriteRequest("chat/c2", "a1", "Ana: A secret for an hour.", ttl_seconds=3600),
+                                     WriteRequest("chat/c2", "a2", "Ben: Noted.")])  # within one batch too
+    await service.write(ACTOR, WriteRequest("chat/c1", "t4", "Ben: Yes, very."))
+    contexts = {(e.entity_path, e.key): e.context_key for e in (await service.store.export_snapshot()).entries}
+    assert contexts == {("chat/c1", "t1"): None, ("chat/c1", "t2"): "t1", ("chat/c1", "t3"): None,
+                        ("chat/c1", "t4"): "t3", ("chat/c2", "a1"): None, ("chat/c2", "a2"): None}
+    await service.reembed()
+    assert {(e.entity_path, e.key): e.context_key for e in (await service.store.export_snapshot()).entries} == contexts
     await service.close()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -92,3 +93,14 @@ async def test_bulk_write_with_one_bad_request_writes_nothing(service: MemorySer
 async def test_confidence_above_one_is_allowed(service: MemoryService, actor: Actor) -> None:
     entry = await service.write(actor, WriteRequest("svc", "risk-x", "v", confidence=1.7))
     assert entry.confidence == 1.7
+
+
+def test_a_lone_surrogate_is_found_in_any_string_key_or_value_and_named_by_where_it_is() -> None:
+    from amfs_server.core.validation import refuse_lone_surrogates
+
+    refuse_lone_surrogates({"note": ["fine", "caf\u00e9 \U0001F600"], "n": 1.5}, "value")  # astral text is text
+    for value, where in [("x\ud800", "value"), ({"a": ["ok", {"b": "\udfff"}]}, "value.a[1].b"),
+                         ({"\ud800": 1}, "value (a key)"), (("ok", "\udc00"), "value[1]"),
+                         ({"\ud800": "\udc00"}, "value (a key)"), ({"a\nb": "\udc00"}, "value['a\\nb']")]:
+        with pytest.raises(ValidationError, match=rf"^{re.escape(where)} holds a lone surrogate"):
+            refuse_lone_surrogates(value, "value")

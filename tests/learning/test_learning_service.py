@@ -399,6 +399,18 @@ async def test_a_non_finite_number_in_a_reported_call_is_refused_and_nothing_is_
     json.dumps(await learning.export(), allow_nan=False)  # what `memory export` writes stays valid JSON
 
 
+async def test_a_refused_mcp_call_with_a_non_finite_argument_is_recorded_without_its_arguments(learning, actor) -> None:
+    """`amfs_write(confidence=Infinity)` is refused by the tool; its record keeps no arguments, so the non-finite one
+    does not stop it being recorded (every such call logged three tracebacks; red-team finding, 0.7.15)."""
+    from amfs_server.core.learning_records import ResultMeta
+
+    interaction = await learning.record_interaction(
+        actor, "amfs_write", {"entity_path": "a", "key": "b", "value": "v", "confidence": float("inf")},
+        result=ResultMeta(is_error=True, error_type="ToolError"), source="mcp")
+    assert interaction is not None and interaction.parameters == {} and interaction.result["is_error"]
+    json.dumps(await learning.export(), allow_nan=False)
+
+
 async def test_oversized_parameters_keep_only_their_names_and_size(learning, actor) -> None:
     bulk = {"rows": [{"id": n, "note": "x" * 500} for n in range(100)], "table": "users"}
     interaction = await learning.record_interaction(actor, "bulk_insert", bulk)

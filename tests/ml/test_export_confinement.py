@@ -14,6 +14,7 @@ from amfs_server.core.errors import StoreError, ValidationError
 from amfs_server.core.models import Actor
 from amfs_server.core.service import MemoryService, WriteRequest
 from amfs_server.ml import MLService, TrainingDataExporter
+from amfs_server.ml.export import NAME_MAX_BYTES
 
 SECRET = "team-b-secret-value"
 
@@ -114,6 +115,16 @@ async def test_an_export_may_not_take_the_name_of_the_exports_own_files(ml: MLSe
         await ml.export_training_data("reward_model", limit=3, output_path=name)
     # nothing written or replaced: the scrub still finds the first export by its own sources file
     assert {p.name: p.read_bytes() for p in ml.export_dir.iterdir()} == before
+
+
+async def test_a_name_too_long_for_the_files_kept_beside_it_is_refused_saying_so(ml: MLService) -> None:
+    """Names of 250-300 characters read as "another export ... is being written right now" (red-team finding, 0.7.15)."""
+    spare = NAME_MAX_BYTES - len(".amfs-sources.partial")
+    with pytest.raises(ValidationError, match=rf"the file name is {spare + 1} bytes; .* within {spare} bytes"):
+        await ml.export_training_data("reward_model", limit=3, output_path="x" * (spare + 1))
+    assert not ml.export_dir.exists() or [p.name for p in ml.export_dir.iterdir() if "x" * 20 in p.name] == []
+    done = await ml.export_training_data("reward_model", limit=3, output_path="x" * spare)
+    assert Path(done.output_path).name == "x" * spare
 
 
 async def test_a_failed_export_leaves_no_partial_file(ml: MLService) -> None:

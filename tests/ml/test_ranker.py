@@ -220,3 +220,22 @@ async def test_stored_models_without_lightgbm_are_not_served_and_the_log_says_ho
     ranker = await load_installed_models(sim_sqlite)
     assert not ranker.trained and sim_sqlite.learned_scorer is None
     assert "pip install '.[ml]' (in the amfs-server checkout)" in caplog.text
+
+
+def test_the_held_out_part_takes_whole_outcomes_newest_first() -> None:
+    """A cut by sample put one outcome's samples on both sides of it, so the held-out figures were partly seen in
+    training (README's "still open" until 0.7.15)."""
+    import numpy as np
+
+    from amfs_server.ml.ranker import _newest
+
+    # Samples in read order; outcomes a (oldest) .. d (newest); e's samples were read early but it came last.
+    outcome_of = [(1.0, "a")] * 4 + [(5.0, "e")] * 2 + [(2.0, "b")] * 4 + [(3.0, "c")] * 3 + [(4.0, "d")] * 3 + [None] * 5
+    linked = np.array([o is not None for o in outcome_of])
+    held = _newest(linked, np.ones(len(outcome_of), dtype=bool), outcome_of)
+    held_outcomes = {outcome_of[i] for i in np.flatnonzero(held & linked)}
+    assert held_outcomes == {(5.0, "e"), (4.0, "d")}  # 16 linked: 3 wanted, so e (2) and then d (3), each whole
+    for outcome in {o for o in outcome_of if o is not None}:
+        sides = {bool(held[i]) for i, o in enumerate(outcome_of) if o == outcome}
+        assert len(sides) == 1, outcome
+    assert list(np.flatnonzero(held & ~linked)) == [16]  # every 5th never-linked one

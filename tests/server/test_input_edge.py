@@ -57,6 +57,23 @@ async def test_a_schema_refusal_reads_as_one_line_naming_each_argument_and_what_
     assert "entity_path: Missing required argument" in missing and "(got" not in missing
 
 
+@pytest.mark.parametrize(("tool", "arguments", "where"), [
+    ("amfs_retrieve", {"query": "retry \ud800"}, "arguments.query"),
+    ("amfs_write", {"entity_path": "svc", "key": "k", "value": {"note": ["ok", "x\udc00"]}}, "arguments.value.note[1]"),
+])
+async def test_a_lone_surrogate_in_any_argument_is_refused_in_one_line_naming_it(
+    client: Client, tool: str, arguments: dict, where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`amfs_answer(query="\\ud800")` was "Internal error" with a serializer traceback in the log (red-team finding,
+    0.7.15): such text is refused before any tool runs, naming where it is."""
+    with caplog.at_level(logging.WARNING):
+        text = await error_text(client, tool, arguments)
+    assert text == (f"{tool} refused its arguments: {where} holds a lone surrogate (\\ud800-\\udfff), which is not "
+                    "Unicode text; nothing was done.")
+    assert not [r for r in caplog.records if r.exc_info]
+    assert (await client.call_tool("amfs_list", {})).structured_content["count"] == 0
+
+
 @pytest.mark.parametrize(
     ("tool", "arguments", "message"),
     [

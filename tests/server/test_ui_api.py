@@ -199,16 +199,38 @@ async def test_an_entry_page_shows_the_newest_versions_and_counts_the_older_ones
 async def test_a_diff_of_versions_that_share_few_lines_marks_whole_lines(settings: Settings) -> None:
     """A red-team finding: ndiff compared changed lines character by character, quadratic in their number (two
     2,000-line versions took 18 s) and on the event loop, so one read-only key's diff stalled every client."""
-    old = {f"line-{n:05d}": f"old text {n}" for n in range(3000)}
-    new = {**{f"line-{n:05d}": f"new text {n}" for n in range(3000)}, "line-01500": "old text 1500"}
+    old = {f"line-{n:05d}": f"old text {n}" for n in range(1900)}
+    new = {**{f"line-{n:05d}": f"new text {n}" for n in range(1900)}, "line-01500": "old text 1500"}
     async with mcp_http(settings) as (http, service):
         await service.write(WRITER, WriteRequest("team-a/big", "config", old))
         await service.write(WRITER, WriteRequest("team-a/big", "config", new))
         diff = (await get(http, "diff", READER, path="team-a/big", key="config", **{"from": 1, "to": 2})).json()
         ops = [line["op"] for line in diff["lines"]]
-        assert ops.count("remove") == ops.count("add") == 2999 and ops.count("same") == 3  # braces and line 1500
+        assert ops.count("remove") == ops.count("add") == 1899 and ops.count("same") == 3  # braces and line 1500
         removed = {line["text"].strip() for line in diff["lines"] if line["op"] == "remove"}
         assert '"line-00007": "old text 7",' in removed and '"line-01500": "old text 1500",' not in removed
+        assert diff["coarse"] is False
+
+
+async def test_a_diff_past_its_line_budget_keeps_the_shared_ends_and_shows_the_middle_removed_and_added(
+        settings: Settings) -> None:
+    """A red-team finding (0.7.15): `SequenceMatcher` is quadratic too; two 16,000-line versions that swap neighbouring
+    lines took 40 s each, and eight at once held every client's store calls for minutes. Past DIFF_LINES changed lines
+    the middle is not matched line by line, and the page says so."""
+    old = [f"item {n}" for n in range(2 * api_module.DIFF_LINES)]
+    new = [old[n ^ 1] for n in range(len(old))] + ["last"]
+    async with mcp_http(settings) as (http, service):
+        await service.write(WRITER, WriteRequest("team-a/big", "list", old))
+        await service.write(WRITER, WriteRequest("team-a/big", "list", new))
+        diff = (await get(http, "diff", READER, path="team-a/big", key="list", **{"from": 1, "to": 2})).json()
+    assert diff["coarse"] is True
+    ops = [line["op"] for line in diff["lines"]]
+    assert ops[0] == "same" and ops[-1] == "same"  # the brackets
+    assert ops.count("remove") == len(old) and ops.count("add") == len(new)
+    assert [line["text"] for line in diff["lines"] if line["op"] in ("same", "remove")] == \
+        json.dumps(old, indent=2).splitlines()
+    assert [line["text"] for line in diff["lines"] if line["op"] in ("same", "add")] == \
+        json.dumps(new, indent=2).splitlines()
 
 
 async def test_outcomes_are_paged_in_the_store_and_an_entry_page_counts_the_older_ones(

@@ -365,6 +365,7 @@
       const show = async () => {
         const d = await api("diff", { path: e.entity_path, key: e.key, from: from.value, to: to.value });
         clear(out).append(...d.lines.map((line) => el("div", { class: line.op }, (line.op === "add" ? "+ " : line.op === "remove" ? "- " : "  ") + line.text)));
+        if (d.coarse) out.prepend(el("p", { class: "note", id: "diff-coarse" }, "Too many changed lines to match them one by one: between the lines both versions share at the start and the end, the old lines are shown removed and the new ones added."));
       };
       from.addEventListener("change", () => show().catch((err) => showError(err.message)));
       to.addEventListener("change", () => show().catch((err) => showError(err.message)));
