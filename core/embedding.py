@@ -365,8 +365,8 @@ def context_passages(
     entry written just before it under the same path (another key), among these or, for the first ones of a path,
     in `before[path]` ((key, value, expiring) of what the store held there, oldest first). Writes and `reembed` both
     call this, so they make the same passages while the store holds the same memories (after an entry with a TTL
-    expired, `reembed` gives the turn after it the passage of the one before). An entry with a TTL (`expiring`) lends none: the turn after it takes
-    no passage, since the expired turn's words would keep ranking it until the expiry sweep erased them (red-team
+    expired, `reembed` gives the turn after it the passage of the one before). An entry with a TTL (`expiring`) lends
+    none: the turn after it takes no passage, since the expired turn's words would keep ranking it until the expiry sweep erased them (red-team
     finding, 0.7.15; a forget strips the passage at once)."""
     written: dict[str, list[tuple[str, Any, bool]]] = {path: list(held) for path, held in (before or {}).items()}
     contexts: list[Context] = [None] * len(entries)

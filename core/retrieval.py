@@ -78,24 +78,30 @@ _STOPWORDS = frozenset(
 _ALNUM = re.compile(r"[^\W_]+")
 
 
+def _code_point_ranges(category_prefix: str, *spans: range) -> list[tuple[int, int]]:
+    """The runs of code points in `spans` whose Unicode category starts with `category_prefix`."""
+    ranges: list[list[int]] = []
+    for span in spans:
+        for cp in span:
+            if unicodedata.category(chr(cp)).startswith(category_prefix):
+                if ranges and ranges[-1][1] == cp - 1:
+                    ranges[-1][1] = cp
+                else:
+                    ranges.append([cp, cp])
+    return [(a, b) for a, b in ranges]
+
+
 @functools.cache
 def _combining_marks() -> str:
     """The combining marks (Unicode categories Mn, Mc, Me) as a regex class body, built once on first use (60 ms)."""
-    ranges: list[list[int]] = []
-    for cp in (*range(0x300, 0x20000), *range(0xE0100, 0xE01F0)):
-        if unicodedata.category(chr(cp)).startswith("M"):
-            if ranges and ranges[-1][1] == cp - 1:
-                ranges[-1][1] = cp
-            else:
-                ranges.append([cp, cp])
-    return "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in ranges)
+    return "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in _code_point_ranges("M", range(0x300, 0x20000),
+                                                                          range(0xE0100, 0xE01F0)))
 
 
 @functools.cache
 def query_word_pattern() -> re.Pattern[str]:
     """A word of a keyword query: a word character, then word characters and combining marks (marks alone make no
-    word). Python's `\\w` leaves out the vowel
-    signs and viramas of Indic scripts and Arabic's vowel marks, so `\\w+` cut "हिन्दी" into one-letter pieces that
+    word). Python's `\\w` leaves out the vowel signs and viramas of Indic scripts and Arabic's vowel marks, so `\\w+` cut "हिन्दी" into one-letter pieces that
     matched nothing on either store; whole, the word is matched as each store's index split it (SQLite searches it
     as a phrase of its FTS5 tokens, PostgreSQL's parser keeps it whole on both sides)."""
     return re.compile(f"\\w[\\w{_combining_marks()}]*")
@@ -116,8 +122,8 @@ def search_form(text: str) -> str:
 def _invisible() -> re.Pattern[str]:
     """Format characters (category Cf: zero-width spaces and joiners, soft hyphens, direction marks, tags); built once,
     on first use."""
-    found = [cp for cp in (*range(0x20000), *range(0xE0000, 0xE0080)) if unicodedata.category(chr(cp)) == "Cf"]
-    return re.compile("[" + "".join(f"\\U{cp:08x}" for cp in found) + "]+")
+    found = _code_point_ranges("Cf", range(0x20000), range(0xE0000, 0xE0080))
+    return re.compile("[" + "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in found) + "]+")
 
 
 _SPACES = re.compile(r"\s+")
