@@ -101,8 +101,8 @@ def _combining_marks() -> str:
 @functools.cache
 def query_word_pattern() -> re.Pattern[str]:
     """A word of a keyword query: a word character, then word characters and combining marks (marks alone make no
-    word). Python's `\\w` leaves out the vowel signs and viramas of Indic scripts and Arabic's vowel marks, so `\\w+` cut "हिन्दी" into one-letter pieces that
-    matched nothing on either store; whole, the word is matched as each store's index split it (SQLite searches it
+    word). Python's `\\w` leaves out the vowel signs and viramas of Indic scripts and Arabic's vowel marks, so
+    `\\w+` cut "हिन्दी" into one-letter pieces that matched nothing on either store; whole, the word is matched as each store's index split it (SQLite searches it
     as a phrase of its FTS5 tokens, PostgreSQL's parser keeps it whole on both sides)."""
     return re.compile(f"\\w[\\w{_combining_marks()}]*")
 
