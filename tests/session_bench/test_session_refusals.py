@@ -21,6 +21,13 @@ BUILD_LOG = "The build log of Bo says " + "cache missed again " * 114
 LONG_QUESTION = ("Whose build log says cache missed again, " + "cache missed again, " * 97)[:1990] + "?"
 
 
+@pytest.fixture(autouse=True)
+def byte_tokenizer(tmp_path, monkeypatch):
+    """tiny-random-qwen2 borrows SmolLM2's tokenizer when a converted SmolLM2 lies in the model cache; these sizes
+    hold for its byte tokenizer only, so each test gets an empty cache of its own."""
+    monkeypatch.setenv("AMFS_LM_CACHE_DIR", str(tmp_path / "lm-cache"))
+
+
 def _session(tmp_path, queries, facts=None):
     path = tmp_path / "session.json"
     path.write_text(json.dumps({"name": "late", "facts": facts or [
@@ -50,6 +57,7 @@ def test_a_question_refused_late_in_a_run_is_reported_and_what_was_measured_is_k
                  "--modes", "B_ams_text,A_ams_prefix,O_gold_text")
     report = sb.run_benchmark(args)
 
+    assert report["config"]["backbone"].endswith("-byte-tok")  # the sizes above are in bytes
     summary = report["summary"]
     for mode in ("B_ams_text", "A_ams_prefix"):
         assert (summary[mode]["n"], summary[mode]["refused"]) == (1, 1), mode
