@@ -45,7 +45,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..core.embedding import CHAT_MINILM, CHAT_MPNET, CHAT_MPNET_QUERY, MINILM_INT8, RETIRED_EMBEDDERS, EmbedderUnavailableError, embed_in_batches
+from ..core.embedding import CHAT_MINILM, CHAT_MPNET, CHAT_MPNET_MIXED, CHAT_MPNET_QUERY, MINILM_INT8, RETIRED_EMBEDDERS, EmbedderUnavailableError, embed_in_batches
 from .wordpiece import WordPieceTokenizer
 
 __all__ = ["OnnxEmbedder", "ONNX_INSTALL_HINT", "VARIANTS", "Variant", "cpu_session_options"]
@@ -76,6 +76,7 @@ class Variant:
     # SHARED_WEIGHTS), and that file's inflated sha256, so a re-exported model is not read at stale offsets
     weights_from: Path | None = None
     weights_sha256: str | None = None
+    built_by: str | None = None  # the script that builds such a graph again
 
 
 VARIANTS: dict[str, Variant] = {
@@ -91,11 +92,40 @@ VARIANTS: dict[str, Variant] = {
                                      ONNX_INSTALL_HINT, tokenizer=_MPNET_DIR / "tokenizer.json", dimension=768,
                                      pad_token="<pad>", token_types=False,
                                      weights_from=_MPNET_DIR / "model_int8.onnx.gz",
-                                     weights_sha256="e25746ecf24668e3e4fa10389a83c3c211e5539cbcd30cf5e1e556d3d9a5b7f3"),
+                                     weights_sha256="e25746ecf24668e3e4fa10389a83c3c211e5539cbcd30cf5e1e556d3d9a5b7f3",
+                                     built_by="scripts/distill_query_encoder.py"),
+    # chat-mpnet itself with its attention projections on dynamic 8-bit kernels, faster on CPUs without VNNI
+    # (scripts/build_mixed_question_side.py); the other weights are read from chat-mpnet's own file
+    "chat-mpnet-mixed-int8": Variant(CHAT_MPNET_MIXED, _MODELS / "chat-mpnet-mixed" / "model_int8.onnx.gz", None,
+                                     ONNX_INSTALL_HINT, tokenizer=_MPNET_DIR / "tokenizer.json", dimension=768,
+                                     pad_token="<pad>", token_types=False,
+                                     weights_from=_MPNET_DIR / "model_int8.onnx.gz",
+                                     weights_sha256="e25746ecf24668e3e4fa10389a83c3c211e5539cbcd30cf5e1e556d3d9a5b7f3",
+                                     built_by="scripts/build_mixed_question_side.py"),
 }
 SHARED_WEIGHTS = "chat-mpnet.onnx"
 """The file name a graph with `Variant.weights_from` gives its external initializers: that model is inflated
 under this name beside it."""
+
+
+def point_into_shared_weights(model: Any, shared_bytes: bytes, own: set[str]) -> None:
+    """Make each initializer of the ONNX `model` not named in `own` (and over 1 KB) an external one that points at
+    where its bytes lie in `shared_bytes`, the inflated model a `Variant.weights_from` names (`SHARED_WEIGHTS`).
+    For the scripts that build such graphs; needs the `onnx` package."""
+    import onnx
+
+    for tensor in model.graph.initializer:
+        if tensor.name in own or not tensor.HasField("raw_data") or len(tensor.raw_data) < 1024:
+            continue
+        offset = shared_bytes.find(tensor.raw_data)
+        if offset < 0:
+            raise ValueError(f"{tensor.name}: its bytes are not in the shared model")
+        length = len(tensor.raw_data)
+        tensor.ClearField("raw_data")
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", SHARED_WEIGHTS), ("offset", str(offset)), ("length", str(length))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
@@ -123,7 +153,7 @@ _ABANDONED_AFTER_S = 600.0
 
 def _sweep_abandoned_inflations() -> None:
     """Remove inflated-model folders that processes stopped during a load left in the temp dir (each up to
-    112 MB, about 140 MB for the fast question side, which inflates chat-mpnet beside its graph): the load runs in
+    112 MB, more for a question side of chat-mpnet's, which inflates chat-mpnet beside its graph): the load runs in
     a daemon thread, so its cleanup does not run when the process is stopped. Another user's folders, which this
     process may not delete, are left alone."""
     try:
@@ -177,7 +207,7 @@ def _model_source(path: Path, spec: Variant | None = None) -> Iterator[str | byt
                 raise EmbedderUnavailableError(
                     f"{path} reads its weights from {shared}, which is not the file it was built against "
                     f"(sha256 {digest[:12]}..., expected {str(spec.weights_sha256)[:12]}...): rebuild it with "
-                    "scripts/distill_query_encoder.py or reinstall amfs-server")
+                    f"{spec.built_by} or reinstall amfs-server")
     except BaseException as exc:  # a cut-short file raises EOFError: no inflated copy is left behind either way
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)

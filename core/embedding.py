@@ -82,6 +82,9 @@ CHAT_MPNET = "chat-mpnet-onnx-int8"
 # chat-mpnet would (scripts/distill_query_encoder.py); it embeds questions only, never what is stored, so a store
 # keeps CHAT_MPNET.
 CHAT_MPNET_QUERY = "chat-mpnet-query-onnx-int8"
+# chat-mpnet itself for questions, its attention projections on dynamic 8-bit kernels: faster on CPUs without VNNI
+# (scripts/build_mixed_question_side.py); questions only, so a store keeps CHAT_MPNET.
+CHAT_MPNET_MIXED = "chat-mpnet-mixed-onnx-int8"
 # all-MiniLM-L6-v2 itself as int8 on onnxruntime: the default up to 0.3.2.
 MINILM_INT8 = "all-MiniLM-L6-v2-onnx-int8"
 # Embedders this release knows by name but no longer ships, and what to do about a store they wrote.

@@ -302,7 +302,7 @@ def build(teacher_bytes: bytes, trained: dict, out: Path) -> Path:
     import onnx
     from onnx import numpy_helper
 
-    from amfs_server.adapters.onnx_embedder import SHARED_WEIGHTS
+    from amfs_server.adapters.onnx_embedder import point_into_shared_weights
 
     model = onnx.load_from_string(teacher_bytes)
     graph = model.graph
@@ -347,17 +347,7 @@ def build(teacher_bytes: bytes, trained: dict, out: Path) -> Path:
     del graph.initializer[:]
     graph.initializer.extend(kept_initializers)
     del graph.value_info[:]
-    for tensor in graph.initializer:  # the unchanged ones: read from the teacher's file where they lie
-        if tensor.name in replaced or not tensor.HasField("raw_data") or len(tensor.raw_data) < 1024:
-            continue
-        offset = teacher_bytes.find(tensor.raw_data)
-        assert offset >= 0, tensor.name
-        length = len(tensor.raw_data)
-        tensor.ClearField("raw_data")
-        tensor.data_location = onnx.TensorProto.EXTERNAL
-        for key, value in (("location", SHARED_WEIGHTS), ("offset", str(offset)), ("length", str(length))):
-            entry = tensor.external_data.add()
-            entry.key, entry.value = key, value
+    point_into_shared_weights(model, teacher_bytes, replaced)  # the unchanged ones: the teacher's file
     plain = out / "model_int8.onnx"
     plain.write_bytes(model.SerializeToString())
     packed = out / "model_int8.onnx.gz"

@@ -124,6 +124,11 @@ def _warm_up_embedder(service: MemoryService) -> asyncio.Task[Any] | None:
             await asyncio.to_thread(load)
         except Exception:
             logger.exception("Loading the embedder failed; writes and retrieval will report it")
+        else:
+            from ..adapters.embedders import question_side
+
+            # AMFS_QUERY_ENCODER=auto picks the question side by the CPU: say which one this server asks with
+            logger.info("Embedder %s loaded; questions embedded by %s", service.embedder.name, question_side(service.embedder))
 
     return asyncio.create_task(warm())
 

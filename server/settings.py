@@ -215,9 +215,10 @@ class Settings(BaseModel):
     embed_threads: int | None = Field(None, ge=1, le=256)
     """Intra-op threads the embedder computes one text on; None: its default (two where two cores are free, for the
     bundled embedders: `adapters.onnx_embedder.default_threads`)."""
-    query_encoder: Literal["full", "fast"] = "full"
-    """What embeds a retrieve's question: the embedder itself (full) or its distilled question side (fast; chat-mpnet
-    only, `adapters.embedders.FAST_QUERY_SIDES`). Stored vectors are the embedder's either way."""
+    query_encoder: Literal["auto", "full", "mixed", "fast"] = "auto"  # adapters.embedders.DEFAULT_QUERY_ENCODER
+    """What embeds a retrieve's question (`adapters.embedders.QUERY_ENCODERS`): the embedder itself (full), itself on
+    faster kernels (mixed), `auto` (mixed on a CPU without VNNI, else full) or its distilled question side (fast).
+    Stored vectors are the embedder's either way."""
     fusion: Literal["hybrid", "rrf"] = "hybrid"
     """How `amfs_retrieve` fuses its strategies: the score-aware default, or the seed's weighted Reciprocal Rank Fusion
     (0.4 semantic, 0.2 keyword, 0.2 temporal, 0.2 confidence; `core.retrieval.RRF_WEIGHTS`)."""

@@ -22,7 +22,7 @@ def alone(name: str) -> dict[str, float]:
     return {strategy: (1.0 if strategy == name else 0.0) for strategy in STRATEGIES}
 
 
-def bench_embedder(spec: str | None, query_encoder: str = "full"):
+def bench_embedder(spec: str | None, query_encoder: str = "auto"):
     """The embedder a benchmark runs with: a known embedder by name (None: the server's default) with
     `query_encoder` as the server's AMFS_QUERY_ENCODER, an ONNX file of MiniLM's or mpnet's architecture
     (``.onnx`` or ``.onnx.gz``, as `scripts/export_embedder_onnx.py` writes it), or a folder
@@ -34,8 +34,8 @@ def bench_embedder(spec: str | None, query_encoder: str = "full"):
         from ..core.embedding import DEFAULT_EMBEDDER
 
         return load_embedder(spec or DEFAULT_EMBEDDER, query_encoder=query_encoder)
-    if query_encoder == "fast":
-        raise ValueError("--query-encoder fast takes an embedder by name, not a model file or folder")
+    if query_encoder in ("fast", "mixed"):
+        raise ValueError(f"--query-encoder {query_encoder} takes an embedder by name, not a model file or folder")
     if Path(spec).is_dir():
         return _model_folder_embedder(Path(spec))
     from ..adapters.onnx_embedder import OnnxEmbedder
@@ -69,14 +69,15 @@ def _model_folder_embedder(folder: Path):
 
 
 def add_query_encoder_option(parser: Any) -> None:
-    from ..adapters.embedders import QUERY_ENCODERS
+    from ..adapters.embedders import DEFAULT_QUERY_ENCODER, QUERY_ENCODERS
 
-    parser.add_argument("--query-encoder", choices=QUERY_ENCODERS, default="full",
-                        help="what embeds the questions (the server's AMFS_QUERY_ENCODER): the embedder itself (full, "
-                             "the default) or chat-mpnet's cheaper question side (fast)")
+    parser.add_argument("--query-encoder", choices=QUERY_ENCODERS, default=DEFAULT_QUERY_ENCODER,
+                        help="what embeds the questions (the server's AMFS_QUERY_ENCODER): mixed on a CPU without "
+                             "VNNI, else full (auto, the server's default), the embedder itself (full), itself on "
+                             "faster kernels (mixed) or chat-mpnet's cheaper question side (fast)")
 
 
-def embedder_option(parser: Any, spec: str | None, query_encoder: str = "full"):
+def embedder_option(parser: Any, spec: str | None, query_encoder: str = "auto"):
     """`bench_embedder(spec, query_encoder)` for a command line's `--embedder` / `--query-encoder`: what is wrong
     is `parser`'s usage error (exit 2 with the message)."""
     from ..core.embedding import EmbedderUnavailableError

@@ -220,14 +220,23 @@ def score_conversation(conversation: dict[str, Any], ranked: list[list[str]]) ->
 async def run_in_process(conversations: list[dict[str, Any]], store_kind: str, embedder=None,
                          selected: dict[str, Ranker] | None = None,
                          with_dates: bool = False, one_store: bool = False,
-                         order: str = "given") -> dict[str, list[dict[str, Any]]]:
+                         order: str = "given", also: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Per ranker, one scored row per question over all `conversations` (each on a fresh `store_kind` store, or
-    with `one_store` all written into one store first, as one server would hold them; questions stay scoped)."""
+    with `one_store` all written into one store first, as one server would hold them; questions stay scoped).
+
+    `also` maps a label to another embedder of the same stored vectors (another question side): every ranker asks
+    the same store again through it, its rows under `ranker @label`, so the two sides pair question by question.
+    The first pass's reads are counted before the second asks; on a store written minutes before, that moves no
+    ranking (`test_a_second_question_side_asks_the_same_store_and_pairs_question_by_question`)."""
     from ..adapters.embedders import load_embedder
 
     embedder = embedder or load_embedder()
     selected = selected or rankers()
-    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in selected}
+    also = also or {}
+    if any((other.name, other.dimension) != (embedder.name, embedder.dimension) for other in also.values()):
+        raise ValueError("a second question side must ask over the same stored vectors (the same embedder name)")
+    rows: dict[str, list[dict[str, Any]]] = {f"{name}{suffix}": [] for suffix in ["", *(f" @{label}" for label in also)]
+                                              for name in selected}
     groups = [conversations] if one_store else [[conversation] for conversation in conversations]
     with tempfile.TemporaryDirectory(prefix="amfs-conv-bench-") as tmp:
         for number, group in enumerate(groups, start=1):
@@ -240,10 +249,12 @@ async def run_in_process(conversations: list[dict[str, Any]], store_kind: str, e
                 await service.open()
                 for conversation in group:
                     await write_conversation(service, conversation, with_dates, order)
-                for conversation in group:  # asked once every conversation of the store is in
-                    for name, ranker in selected.items():
-                        ranked = await ranker(service, conversation, conversation["questions"])
-                        rows[name] += score_conversation(conversation, ranked)
+                for suffix, asking in [("", embedder), *((f" @{label}", other) for label, other in also.items())]:
+                    service.embedder = asking  # what embeds the questions; the stored vectors stay as written
+                    for conversation in group:  # asked once every conversation of the store is in
+                        for name, ranker in selected.items():
+                            ranked = await ranker(service, conversation, conversation["questions"])
+                            rows[name + suffix] += score_conversation(conversation, ranked)
             finally:
                 await close_store(store)
     return rows
@@ -283,7 +294,7 @@ async def _drop_schema(dsn: str, schema: str) -> None:
 
 async def run_via_mcp(conversations: list[dict[str, Any]], store: str = "sqlite",
                       one_store: bool = False, embedder: str | None = None,
-                      query_encoder: str = "full") -> dict[str, list[dict[str, Any]]]:
+                      query_encoder: str = "auto") -> dict[str, list[dict[str, Any]]]:
     """The fusion through `amfs-server` over stdio, next to BM25: a fresh server per conversation (with `one_store`,
     one server holding every conversation, each question scoped to its own), on a fresh SQLite file or, with `store`
     "postgres", in a fresh schema of the benchmarks' PostgreSQL database (dropped after); `embedder` and
@@ -414,6 +425,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              "(PATH.onnx[.gz]) or a folder scripts/finetune_embedder.py wrote (default: the "
                              "server's default)")
     add_query_encoder_option(parser)
+    from ..adapters.embedders import QUERY_ENCODERS
+
+    parser.add_argument("--also-query-encoder", default=None, choices=QUERY_ENCODERS,
+                        help="in process: ask each store again with this question side (an AMFS_QUERY_ENCODER value), "
+                             "every ranker's rows under 'RANKER @ENCODER', paired with --query-encoder's by question "
+                             "(`intervals X.json` compares them); the turns are written once")
     parser.add_argument("--with-dates", action="store_true",
                         help="write each turn with its session date as event_at (in-process only; the held-out "
                              "protocol passes no dates)")
@@ -433,6 +450,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(f"--reattribute-evidence takes a share between 0 and 1, got {args.reattribute_evidence}")
     if args.with_dates and args.via_mcp:
         parser.error("--with-dates runs in process; drop --via-mcp")
+    if args.also_query_encoder is not None and args.via_mcp:
+        parser.error("--also-query-encoder runs in process; drop --via-mcp")
     if args.via_mcp and args.embedder and (args.embedder.endswith((".onnx", ".onnx.gz")) or Path(args.embedder).is_dir()):
         parser.error("--via-mcp takes an embedder by name (the server's AMFS_EMBEDDER), not a model file or folder")
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
@@ -464,10 +483,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                   + (", every conversation in one server" if args.one_store else "")))
     else:
         embedder = embedder_option(parser, args.embedder, args.query_encoder)
+        also = ({args.also_query_encoder: embedder_option(parser, args.embedder, args.also_query_encoder)}
+                if args.also_query_encoder is not None else {})
         report["embedder"] = embedder.name if embedder is not None else DEFAULT_EMBEDDER
+        from ..adapters.embedders import question_side
+
+        report["question_side"] = question_side(embedder)
+        if also:
+            report["also_query_encoder"] = args.also_query_encoder
+            report["also_question_side"] = question_side(also[args.also_query_encoder])
         for store in stores:
             rows = asyncio.run(run_in_process(conversations, store, embedder=embedder, with_dates=args.with_dates,
-                                              one_store=args.one_store, order=args.write_order))
+                                              one_store=args.one_store, order=args.write_order, also=also))
             report["runs"][store] = {"summary": summarise(rows), "questions": rows}
             texts.append(markdown(report["runs"][store]["summary"], store + (" with dates" if args.with_dates else "")
                                   + (", every conversation in one store" if args.one_store else "")

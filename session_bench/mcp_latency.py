@@ -172,8 +172,13 @@ def _turn(n: int) -> str:
 PRELOAD_CONVERSATIONS = 40  # the preload's turns are spread over this many conversations (entity paths)
 
 
-async def preload(env: dict[str, str], entries: int, batch: int = 256) -> None:
-    """Write `entries` memories straight into the server's store (batched embeddings), before it starts."""
+async def preload(env: dict[str, str], entries: int, batch: int = 256, real_vectors: int | None = None) -> None:
+    """Write `entries` memories straight into the server's store (batched embeddings), before it starts. With
+    `real_vectors` only that many are embedded and the rest get mixtures of two of those vectors
+    (`retrieval_bench.mixed_vectors`, their texts real), inserted as the scale benchmark inserts its notes: without
+    a turn's context passage (one passage vector fewer a turn for the second look than `write_many` stores) and at
+    confidence 1.0. Embedding 10,000 turns takes half an hour on two cores without VNNI, while a retrieve's cost
+    depends mostly on how many vectors the store holds, not on what they say."""
     from ..core.models import Actor
     from ..core.service import WriteRequest
     from ..server.composition import build_service
@@ -182,6 +187,16 @@ async def preload(env: dict[str, str], entries: int, batch: int = 256) -> None:
     service = build_service(load_settings(environ=env))
     await service.open()
     try:
+        if real_vectors is not None and service.embedder is not None:
+            from ..core.embedding import embed_entries, entry_texts
+            from .retrieval_bench import fill_store, mixed_vectors
+
+            turns = [(f"conv-{n % PRELOAD_CONVERSATIONS:02d}", f"turn-{n:06d}", _turn(n)) for n in range(entries)]
+            real = embed_entries(service.embedder.embed, [entry_texts(*turn) for turn in turns[:real_vectors]])
+            await fill_store(service.store, turns, mixed_vectors(real, entries), 0, entries)
+            print(f"preloaded {entries} ({min(entries, real_vectors)} embedded, the rest mixtures)", file=sys.stderr,
+                  flush=True)
+            return
         actor = Actor("bench/preload", "preload")
         for start in range(0, entries, batch):
             requests = [
@@ -285,10 +300,10 @@ async def measure(transport: str, env: dict[str, str], calls: int, seed: int, wa
 
 
 def query_embedding_latency(embedder_name: str | None, calls: int, warmup: int,
-                            threads: int | None = None, query_encoder: str = "full") -> dict[str, Any] | None:
+                            threads: int | None = None, query_encoder: str = "auto") -> dict[str, Any] | None:
     """One query at a time through the embedder the server uses (built the same way, in this process): the part
     of a retrieve that the model costs. None with embeddings off."""
-    from ..adapters.embedders import load_embedder
+    from ..adapters.embedders import load_embedder, question_side
     from ..core.embedding import DEFAULT_EMBEDDER, embed_queries
 
     name = DEFAULT_EMBEDDER if embedder_name is None else embedder_name
@@ -305,7 +320,8 @@ def query_embedding_latency(embedder_name: str | None, calls: int, warmup: int,
         cpu.append((time.process_time() - started_cpu) * 1000)
     # CPU time (all threads of this otherwise idle process) is what a query costs on a quiet core; wall time on a
     # shared machine adds the waits for one.
-    return {"embedder": embedder.name, **_summary(timings), "cpu_p50_ms": round(percentile(cpu, 0.50), 2)}
+    return {"embedder": embedder.name, "question_side": question_side(embedder), **_summary(timings),
+            "cpu_p50_ms": round(percentile(cpu, 0.50), 2)}
 
 
 def _summary(samples: list[float]) -> dict[str, float]:
@@ -332,6 +348,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="AMFS_EMBED_THREADS for the server: the embedder's intra-op threads (default: its own, two where two cores are free).",
     )
     add_query_encoder_option(parser)
+    from ..adapters.embedders import QUERY_ENCODERS
+
+    parser.add_argument(
+        "--then-query-encoder", default=None, choices=QUERY_ENCODERS,
+        help="Time the same store again with the server restarted on this AMFS_QUERY_ENCODER (e.g. --query-encoder "
+             "full --then-query-encoder auto): a paired comparison on one preload.",
+    )
     parser.add_argument(
         "--concurrent", type=int, default=1, metavar="N",
         help="Also time the retrieves N at a time on the one session (several agents on one server); default 1: off.",
@@ -340,12 +363,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--preload-entries", type=int, default=0,
         help="Memories written straight into the store (batched) before the server starts, e.g. 10000.",
     )
+    parser.add_argument(
+        "--real-vectors", type=int, default=None, metavar="N",
+        help="With --preload-entries: embed only the first N preloaded turns and give the rest mixtures of two of "
+             "those vectors (their texts real), as `bench retrieval scale --real-vectors` does; for timing only.",
+    )
     parser.add_argument("--json", type=Path, default=None, help="Also write the results here.")
     args = parser.parse_args(argv)
+    if args.real_vectors is not None:
+        from .retrieval_bench import real_vectors_problem
+
+        problem = real_vectors_problem(args.real_vectors, args.preload_entries) if args.preload_entries else \
+            "needs --preload-entries"
+        if problem:
+            parser.error(f"--real-vectors: {problem}")
     if args.embed_threads is not None and args.embed_threads < 1:
         parser.error("--embed-threads must be >= 1")
     if args.concurrent < 1:
         parser.error("--concurrent must be >= 1")
+    encoders = [args.query_encoder] + ([args.then_query_encoder] if args.then_query_encoder else [])
 
     rows = []
     transports = ["stdio", "http"] if args.transport == "both" else [args.transport]
@@ -354,28 +390,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             extra = {"AMFS_EMBEDDER": args.embedder} if args.embedder is not None else {}
             if args.embed_threads is not None:
                 extra["AMFS_EMBED_THREADS"] = str(args.embed_threads)
-            extra["AMFS_QUERY_ENCODER"] = args.query_encoder
-            env = server_env(Path(tmp) / transport, **extra)
-            if args.preload_entries:
-                asyncio.run(preload(env, args.preload_entries))
-            # Scoped to one conversation of the preload, else to one service of the seed notes (_note).
-            scopes = ([f"conv-{n:02d}" for n in range(min(PRELOAD_CONVERSATIONS, args.preload_entries))] if args.preload_entries
-                      else [f"service-{n}" for n in range(10)])
-            rows.append(asyncio.run(measure(transport, env, args.calls, args.seed_entries, args.warmup, args.concurrent,
-                                            scopes)))
-    embedding = query_embedding_latency(args.embedder, args.calls, args.warmup, args.embed_threads, args.query_encoder)
+            for number, encoder in enumerate(encoders):
+                env = server_env(Path(tmp) / transport, **extra, AMFS_QUERY_ENCODER=encoder)
+                if args.preload_entries and number == 0:
+                    asyncio.run(preload(env, args.preload_entries, real_vectors=args.real_vectors))
+                # Scoped to one conversation of the preload, else to one service of the seed notes (_note).
+                scopes = ([f"conv-{n:02d}" for n in range(min(PRELOAD_CONVERSATIONS, args.preload_entries))]
+                          if args.preload_entries else [f"service-{n}" for n in range(10)])
+                row = asyncio.run(measure(transport, env, args.calls, args.seed_entries, args.warmup, args.concurrent,
+                                          scopes))
+                rows.append({**row, "query_encoder": encoder})
+    embeddings = [query_embedding_latency(args.embedder, args.calls, args.warmup, args.embed_threads, encoder)
+                  for encoder in encoders]
 
     print(
         f"MCP round-trip latency, sequential calls (embedder: {args.embedder or 'default'}, "
-        f"query encoder: {args.query_encoder}, "
+        f"query encoder: {' then '.join(encoders)}, "
         f"{args.embed_threads or 'default'} thread(s); "
-        f"{args.preload_entries + args.seed_entries} entries before timing; {os.cpu_count()} CPUs)"
+        f"{args.preload_entries + args.seed_entries} entries before timing"
+        f"{f', {args.real_vectors} of the preloaded embedded, the rest mixtures' if args.real_vectors else ''}"
+        f"{', each later encoder its seed entries more' if len(encoders) > 1 else ''}; {os.cpu_count()} CPUs)"
     )
     print(f"{'transport':<10} {'tool':<14} {'n':>5} {'p50 ms':>9} {'p95 ms':>9} {'mean ms':>9}")
     def line(transport: str, tool: str, stats: dict[str, Any]) -> str:
         return f"{transport:<10} {tool:<14} {stats['n']:>5} {stats['p50_ms']:>9} {stats['p95_ms']:>9} {stats['mean_ms']:>9}"
 
     for row in rows:
+        if len(encoders) > 1:
+            print(f"query encoder {row['query_encoder']}:")
         for tool in ("amfs_write", "amfs_retrieve"):
             if row[tool] is None:
                 print(f"{row['transport']:<10} {tool:<14} (not registered: MemoryService.retrieve missing)")
@@ -392,15 +434,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{row['transport']:<10} cold start to first amfs_write answered: {row['cold_start_first_write_s']} s "
             f"({row['cold_start_server_cpu_s']} CPU s in the server); server RSS after the run: {row['server_rss_mb']} MB"
         )
-    if embedding is not None:
-        print(
-            f"query embedding alone ({embedding['embedder']}, in this process): p50 {embedding['p50_ms']} ms, "
-            f"p95 {embedding['p95_ms']} ms; CPU time p50 {embedding['cpu_p50_ms']} ms"
-        )
+    for encoder, embedding in zip(encoders, embeddings):
+        if embedding is not None:
+            print(
+                f"query embedding alone ({embedding['question_side']}, query encoder {encoder}, in this process): "
+                f"p50 {embedding['p50_ms']} ms, p95 {embedding['p95_ms']} ms; CPU time p50 {embedding['cpu_p50_ms']} ms"
+            )
     if args.json is not None:
         document = {"embedder": args.embedder or "default", "embed_threads": args.embed_threads,
                     "query_encoder": args.query_encoder, "results": rows,
-                    "query_embedding": embedding}
+                    "query_embedding": embeddings[0],
+                    **({"then": [{"query_encoder": e, "query_embedding": q} for e, q in zip(encoders[1:], embeddings[1:])]}
+                       if len(encoders) > 1 else {})}
         args.json.write_text(json.dumps(document, indent=2) + "\n")
     return 0
 

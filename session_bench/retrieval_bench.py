@@ -210,6 +210,16 @@ def cached_vectors(notes: list[tuple[str, str, str]], embedder, cache_dir: Path)
     return made
 
 
+def real_vectors_problem(real: int, count: int) -> str | None:
+    """Why `real` embedded vectors cannot stand for `count` entries through `mixed_vectors`, or None if they can."""
+    if real < 2:
+        return "takes N >= 2 (a mixture needs two real vectors)"
+    if count - real > real * ((real - 1) // 2):
+        least = next(n for n in range(2, count + 1) if count - n <= n * ((n - 1) // 2))
+        return f"{real} real vectors make at most {real * ((real - 1) // 2)} distinct mixtures; {count} entries need N >= {least}"
+    return None
+
+
 def mixed_vectors(real: EntryVectors, count: int) -> EntryVectors:
     """`count` entry vectors of which the first n = len(real) are the real ones and each later one the normalised sum
     of two of them, a different pair each, with the first one's passages.
@@ -245,7 +255,7 @@ async def fill_store(store, notes, vectors: EntryVectors, already: int, target: 
         drafts = [
             NewEntry(p, k, t, json.dumps(t), 1.0, MemoryType.FACT, actor.agent_id, actor.session_id, now, None, None, None,
                      tier_for(score), score, vectors.vectors[i].tolist(), embedding_text(p, k, t),
-                     passage_embeddings=vectors.passages[i].tolist())
+                     passage_embeddings=None if vectors.passages[i] is None else vectors.passages[i].tolist())
             for i, (p, k, t) in enumerate(notes[start:min(target, start + batch)], start=start)
         ]
         await store.insert_versions(drafts, actor)
@@ -438,8 +448,9 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(run_quality(stores, args.out, embedder))
     else:
         sizes = [int(s) for s in args.sizes.split(",")]
-        if args.real_vectors is not None and args.real_vectors < 2:
-            parser.error("--real-vectors must be at least 2 (a mixture needs two real vectors)")
+        problem = args.real_vectors is not None and real_vectors_problem(args.real_vectors, max(sizes))
+        if problem:
+            parser.error(f"--real-vectors: {problem}")
         embedder = embedder_option(parser, args.embedder, args.query_encoder)
         asyncio.run(run_scale(stores, sizes, args.queries, args.ingest_count, args.out, args.cache_dir, embedder,
                               args.real_vectors))

@@ -1,5 +1,6 @@
-"""chat-mpnet's fast question side (AMFS_QUERY_ENCODER=fast): seven of chat-mpnet's layers, the top four retrained,
-embed the questions, chat-mpnet everything stored."""
+"""chat-mpnet's question sides (AMFS_QUERY_ENCODER): the fast one (seven of chat-mpnet's layers, the top four
+retrained) and the mixed one (chat-mpnet itself, its attention projections on dynamic 8-bit kernels), which `auto`
+picks on a CPU without VNNI; either embeds the questions, chat-mpnet everything stored."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import numpy as np
 import pytest
 
 from amfs_server.adapters import onnx_embedder as onnx_mod
-from amfs_server.adapters.embedders import TwoSidedEmbedder, load_embedder
+from amfs_server.adapters import embedders as embedders_mod
+from amfs_server.adapters.embedders import TwoSidedEmbedder, cpu_has_vnni, load_embedder, resolve_query_encoder
 from amfs_server.adapters.onnx_embedder import OnnxEmbedder
-from amfs_server.core.embedding import CHAT_MPNET, CHAT_MPNET_QUERY, EmbedderUnavailableError, embed_queries
+from amfs_server.core.embedding import CHAT_MINILM, CHAT_MPNET, CHAT_MPNET_MIXED, CHAT_MPNET_QUERY, EmbedderUnavailableError, embed_queries
 from amfs_server.server.settings import load_settings
 
 
@@ -53,9 +55,13 @@ def test_load_embedder_builds_the_fast_side_only_for_chat_mpnet() -> None:
     assert isinstance(fast, TwoSidedEmbedder) and fast.name == CHAT_MPNET and fast.dimension == 768
     assert fast.queries.name == CHAT_MPNET_QUERY and fast.documents.name == CHAT_MPNET
     assert load_embedder("chat-mpnet", query_encoder="fast") is fast
-    assert not isinstance(load_embedder("chat-mpnet"), TwoSidedEmbedder)
+    assert not isinstance(load_embedder("chat-mpnet", query_encoder="full"), TwoSidedEmbedder)
     with pytest.raises(ValueError, match="has no fast question side"):
         load_embedder("chat-minilm", query_encoder="fast")
+    mixed = load_embedder("chat-mpnet", query_encoder="mixed")
+    assert isinstance(mixed, TwoSidedEmbedder) and (mixed.name, mixed.queries.name) == (CHAT_MPNET, CHAT_MPNET_MIXED)
+    with pytest.raises(ValueError, match="has no mixed question side"):
+        load_embedder("chat-minilm", query_encoder="mixed")
     with pytest.raises(ValueError, match="Unknown query encoder 'quick'"):
         load_embedder("chat-mpnet", query_encoder="quick")
 
@@ -68,13 +74,40 @@ def test_a_missing_fast_side_file_says_to_reinstall(monkeypatch, tmp_path) -> No
         TwoSidedEmbedder(load_embedder("chat-mpnet"), OnnxEmbedder(variant="chat-mpnet-query-int8")).check_available()
 
 
-def test_a_fast_side_built_against_another_chat_mpnet_file_is_refused(monkeypatch) -> None:
+@pytest.mark.parametrize("variant", ["chat-mpnet-query-int8", "chat-mpnet-mixed-int8"])
+def test_a_question_side_built_against_another_chat_mpnet_file_is_refused(monkeypatch, variant) -> None:
     """Its graph reads chat-mpnet's weights at fixed offsets: after a re-export it would compute nonsense."""
-    spec = onnx_mod.VARIANTS["chat-mpnet-query-int8"]
-    monkeypatch.setitem(onnx_mod.VARIANTS, "chat-mpnet-query-int8",
-                        dataclasses.replace(spec, weights_sha256="0" * 64))
+    spec = onnx_mod.VARIANTS[variant]
+    monkeypatch.setitem(onnx_mod.VARIANTS, variant, dataclasses.replace(spec, weights_sha256="0" * 64))
     with pytest.raises(EmbedderUnavailableError, match="not the file it was built against"):
-        OnnxEmbedder(variant="chat-mpnet-query-int8").load()
+        OnnxEmbedder(variant=variant).load()
+
+
+@pytest.mark.parametrize(("machine", "flags", "expected"), [
+    ("x86_64", "fpu sse2 avx2 fma", False),
+    ("x86_64", "fpu avx2 avx512f avx512_vnni", True),
+    ("x86_64", "fpu avx2 avx_vnni", True),
+    ("aarch64", "fp asimd asimddp", None),
+])
+def test_vnni_is_read_from_the_cpu_flags(monkeypatch, tmp_path, machine, flags, expected) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: A CPU\nflags\t\t: {flags}\n\n")
+    monkeypatch.setattr("platform.machine", lambda: machine)
+    assert cpu_has_vnni(cpuinfo) is expected
+    if machine == "x86_64":
+        assert cpu_has_vnni(tmp_path / "missing") is None  # unknown, not "no": auto stays on the full side
+
+
+@pytest.mark.parametrize(("vnni", "expected"), [(False, "mixed"), (True, "full"), (None, "full")])
+def test_auto_asks_with_the_mixed_side_only_on_a_cpu_known_to_lack_vnni(monkeypatch, vnni, expected) -> None:
+    monkeypatch.setattr(embedders_mod, "cpu_has_vnni", lambda: vnni)
+    assert resolve_query_encoder(CHAT_MPNET, "auto") == expected
+    assert resolve_query_encoder(CHAT_MINILM, "auto") == "full"  # it has no mixed side
+    assert resolve_query_encoder(CHAT_MPNET, "full") == "full" and resolve_query_encoder(CHAT_MPNET, "fast") == "fast"
+    # the process-wide embedder of `auto` is the one of what it resolves to, not a third copy
+    assert load_embedder("chat-mpnet", query_encoder="auto") is load_embedder("chat-mpnet", query_encoder=expected)
+    assert embedders_mod.question_side(load_embedder("chat-mpnet", query_encoder="auto")) == \
+        (CHAT_MPNET_MIXED if expected == "mixed" else CHAT_MPNET)
 
 
 def test_without_a_writable_temp_folder_the_fast_side_says_what_to_set(monkeypatch) -> None:
@@ -87,8 +120,12 @@ def test_without_a_writable_temp_folder_the_fast_side_says_what_to_set(monkeypat
 
 
 def test_the_setting_is_read_from_the_environment_and_checked_against_the_embedder() -> None:
-    assert load_settings({}).query_encoder == "full"
+    assert load_settings({}).query_encoder == "auto" == embedders_mod.DEFAULT_QUERY_ENCODER
     assert load_settings({"AMFS_QUERY_ENCODER": "fast"}).query_encoder == "fast"
+    assert load_settings({"AMFS_QUERY_ENCODER": "mixed"}).query_encoder == "mixed"
+    assert load_settings({"AMFS_QUERY_ENCODER": "auto", "AMFS_EMBEDDER": "chat-minilm"}).query_encoder == "auto"
+    with pytest.raises(Exception, match="no mixed question side"):
+        load_settings({"AMFS_QUERY_ENCODER": "mixed", "AMFS_EMBEDDER": "chat-minilm"})
     assert load_settings({"AMFS_QUERY_ENCODER": "fast", "AMFS_EMBEDDER": "none"}).embedder is None
     with pytest.raises(Exception, match="no fast question side"):
         load_settings({"AMFS_QUERY_ENCODER": "fast", "AMFS_EMBEDDER": "chat-minilm"})
@@ -111,6 +148,23 @@ def test_the_bundled_fast_side_puts_a_question_near_where_chat_mpnet_does() -> N
     assert cosines.min() > 0.8, cosines
     scores = fast_questions @ fast.embed(turns).T
     assert list(scores.argmax(axis=1)) == [0, 1, 2]
+
+
+def test_the_bundled_mixed_side_puts_a_question_where_chat_mpnet_does() -> None:
+    """The same model on other kernels: its question vectors lie within cosine 0.99 of chat-mpnet's own (0.995 at
+    the least on 781 tuning questions, `scripts/build_mixed_question_side.py --fit`), and it finds the same turns."""
+    mixed = load_embedder("chat-mpnet", query_encoder="mixed")
+    questions = ["What did Theo name his sourdough starter?", "When is Maya moving to Lisbon?",
+                 "Which physio is helping Felix after his back operation?",
+                 "How many retries does the payment client make before it gives up?"]
+    turns = ["Theo: I named the starter Clint Yeastwood, he gets fed every morning.",
+             "Maya: The movers come on the 3rd of June and then it's Lisbon for two years!",
+             "Felix: Ruth, my physio, has me walking to the end of the road and back.",
+             "payments/retry-policy: the client retries a declined authorisation 3 times, 2 s apart"]
+    cosines = (mixed.documents.embed(questions) * embed_queries(mixed, questions)).sum(axis=1)
+    assert cosines.min() > 0.99, cosines
+    scores = embed_queries(mixed, questions) @ mixed.embed(turns).T
+    assert list(scores.argmax(axis=1)) == [0, 1, 2, 3]
 
 
 def test_a_server_configured_fast_writes_chat_mpnet_vectors_and_asks_with_the_fast_side(tmp_path) -> None:
@@ -136,3 +190,24 @@ def test_a_server_configured_fast_writes_chat_mpnet_vectors_and_asks_with_the_fa
             await service.close()
 
     assert asyncio.run(run())[0] == "D1:4"
+
+
+def test_a_server_says_which_side_it_asks_with_once_its_embedder_is_loaded(caplog) -> None:
+    """`auto` picks the question side by the CPU, so the server names the one it picked."""
+    import asyncio
+    import logging
+    from types import SimpleNamespace
+
+    from amfs_server.server.app import _warm_up_embedder
+
+    both = TwoSidedEmbedder(Fixed(CHAT_MPNET, [1.0, 0.0]), Fixed(CHAT_MPNET_MIXED, [0.0, 1.0]))
+
+    async def warm() -> None:
+        task = _warm_up_embedder(SimpleNamespace(embedder=both))
+        assert task is not None
+        await task
+
+    with caplog.at_level(logging.INFO, logger="amfs_server.server"):
+        asyncio.run(warm())
+    assert f"Embedder {CHAT_MPNET} loaded; questions embedded by {CHAT_MPNET_MIXED}" in caplog.text
+    assert both.loaded

@@ -257,6 +257,46 @@ def test_every_conversation_in_one_store_ranks_as_a_store_each():
         [(r["id"], r["recall@10"], r["mrr@10"]) for r in apart]
 
 
+def test_a_second_question_side_asks_the_same_store_and_pairs_question_by_question():
+    """`--also-query-encoder`: the turns are written once and every ranker asks again through the other question
+    side, its rows under `RANKER @SIDE`. Asked again through the same side, every question scores the same; through
+    a side that puts every question on one fixed vector, the semantic ranker's scores change."""
+    import numpy as np
+
+    from amfs_server.adapters.embedders import TwoSidedEmbedder, load_embedder
+
+    data = gen.build_dataset(seed=7, conversations=1, sessions=3)
+    conversation = data["conversations"][0]
+    conversation["questions"] = conversation["questions"][:8]
+    embedder = load_embedder("chat-minilm")
+
+    class OnePoint:
+        name, dimension, loaded = "one point", embedder.dimension, True
+
+        def check_available(self) -> None:
+            pass
+
+        def embed(self, texts):
+            return np.tile(np.eye(1, self.dimension, dtype=np.float32), (len(texts), 1))
+
+    selected = {"semantic": bench.service_ranker(bench.alone("semantic")), bench.FUSION: bench.service_ranker(None)}
+    rows = asyncio.run(bench.run_in_process([conversation], "sqlite", embedder=embedder, selected=selected,
+                                            also={"same": embedder, "blind": TwoSidedEmbedder(embedder, OnePoint())}))
+    assert set(rows) == {f"{name}{suffix}" for name in selected for suffix in ("", " @same", " @blind")}
+    score = lambda name: [(r["id"], r["recall@10"], r["mrr@10"]) for r in rows[name]]  # noqa: E731
+    assert score("semantic @same") == score("semantic") and score(f"{bench.FUSION} @same") == score(bench.FUSION)
+    assert [r["id"] for r in rows["semantic @blind"]] == [r["id"] for r in rows["semantic"]]
+    assert score("semantic @blind") != score("semantic")
+
+def test_a_second_question_side_is_refused_where_it_cannot_pair(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--also-query-encoder", "fast", "--via-mcp", "--conversations", "1"])
+    assert "--also-query-encoder runs in process; drop --via-mcp" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--also-query-encoder", "turbo", "--conversations", "1"])
+    assert "--also-query-encoder: invalid choice: 'turbo'" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_one_server_holding_every_conversation_ranks_over_mcp_as_in_process():
     """`--one-store --via-mcp`: one amfs-server over stdio holds both conversations; every question, scoped to its

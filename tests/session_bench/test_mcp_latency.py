@@ -39,3 +39,71 @@ def test_concurrent_retrieves_keep_n_calls_in_flight_and_time_each():
 def test_concurrent_must_be_at_least_one():
     with pytest.raises(SystemExit):
         mcp_latency.main(["--concurrent", "0"])
+
+
+def test_a_second_query_encoder_times_the_same_preloaded_store_again(tmp_path, monkeypatch, capsys):
+    """One preload, two servers one after the other on it; each row says which encoder it timed (a real server
+    over stdio; embeddings off, so no model loads)."""
+    preloads = []
+    real_preload = mcp_latency.preload
+
+    async def counting_preload(env, entries, **options):
+        preloads.append(env["AMFS_DATA_DIR"])
+        await real_preload(env, entries, **options)
+
+    monkeypatch.setattr(mcp_latency, "preload", counting_preload)
+    out = tmp_path / "latency.json"
+    assert mcp_latency.main(["--transport", "stdio", "--calls", "3", "--seed-entries", "2", "--warmup", "1",
+                             "--embedder", "none", "--preload-entries", "5", "--query-encoder", "full",
+                             "--then-query-encoder", "auto", "--json", str(out)]) == 0
+    import json
+
+    document = json.loads(out.read_text())
+    assert [row["query_encoder"] for row in document["results"]] == ["full", "auto"]
+    assert all(row["amfs_retrieve"]["n"] == 3 for row in document["results"])
+    assert len(preloads) == 1
+    assert "query encoder auto:" in capsys.readouterr().out
+
+
+def test_an_unknown_second_query_encoder_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        mcp_latency.main(["--then-query-encoder", "turbo"])
+    assert "--then-query-encoder: invalid choice: 'turbo'" in capsys.readouterr().err
+
+
+def test_a_preload_with_few_real_vectors_fills_the_store_with_every_turn(tmp_path):
+    """`--real-vectors N`: N turns embedded (8 make up to 24 distinct mixtures), the others given mixtures of their vectors; every turn is in the store
+    with its real text, and a retrieve by meaning finds an embedded one."""
+    from amfs_server.core.models import Actor
+    from amfs_server.server.composition import build_service
+    from amfs_server.server.settings import load_settings
+
+    env = mcp_latency.server_env(tmp_path / "store", AMFS_EMBEDDER="chat-minilm")
+    asyncio.run(mcp_latency.preload(env, 30, real_vectors=8))
+
+    async def check():
+        from amfs_server.core.models import utcnow
+
+        service = build_service(load_settings(environ=env))
+        await service.open()
+        try:
+            counts = await service.store.entity_counts(None, utcnow())
+            found = await service.retrieve(Actor("agent/test", "s"), mcp_latency._turn(3), limit=3)
+            return counts, [hit.entry.key for hit in found]
+        finally:
+            await service.close()
+
+    counts, keys = asyncio.run(check())
+    assert sum(counts.values()) == 30 and min(counts) == "conv-00" and max(counts) == "conv-29"
+    assert keys[0] == "turn-000003"
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    (["--real-vectors", "5"], "--real-vectors: needs --preload-entries"),
+    (["--real-vectors", "100", "--preload-entries", "10000"],
+     "100 real vectors make at most 4900 distinct mixtures; 10000 entries need N >= 141"),
+])
+def test_real_vectors_that_cannot_stand_for_the_preload_are_refused_before_any_work(arguments, message, capsys):
+    with pytest.raises(SystemExit):
+        mcp_latency.main(arguments)
+    assert message in capsys.readouterr().err

@@ -62,7 +62,12 @@ def test_real_vectors_fill_keeps_the_real_ones_and_makes_distinct_unit_mixtures(
         retrieval_bench.mixed_vectors(EntryVectors(real, passages), 2050)
 
 
-def test_real_vectors_below_two_is_refused(tmp_path: Path) -> None:
+def test_real_vectors_that_cannot_stand_for_the_largest_size_are_refused(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit):
         retrieval_bench.main(["scale", "--stores", "sqlite", "--sizes", "100", "--real-vectors", "1",
                               "--out", str(tmp_path)])
+    assert "--real-vectors: takes N >= 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        retrieval_bench.main(["scale", "--stores", "sqlite", "--sizes", "1000,100000", "--real-vectors", "400",
+                              "--out", str(tmp_path)])
+    assert "400 real vectors make at most 79600 distinct mixtures; 100000 entries need N >= 447" in capsys.readouterr().err
