@@ -79,6 +79,16 @@ class Variant:
     built_by: str | None = None  # the script that builds such a graph again
 
 
+def _chat_mpnet_question_side(name: str, folder: str, built_by: str) -> Variant:
+    """A question side of chat-mpnet's: its own graph file in `folder`, chat-mpnet's tokenizer, and the weights it
+    shares read from chat-mpnet's file (checked by that file's inflated sha256)."""
+    return Variant(name, _MODELS / folder / "model_int8.onnx.gz", None, ONNX_INSTALL_HINT,
+                   tokenizer=_MPNET_DIR / "tokenizer.json", dimension=768, pad_token="<pad>", token_types=False,
+                   weights_from=_MPNET_DIR / "model_int8.onnx.gz",
+                   weights_sha256="e25746ecf24668e3e4fa10389a83c3c211e5539cbcd30cf5e1e556d3d9a5b7f3",
+                   built_by=built_by)
+
+
 VARIANTS: dict[str, Variant] = {
     "chat-int8": Variant(CHAT_MINILM, _MODELS / "chat-MiniLM-L6" / "model_int8.onnx.gz", None, ONNX_INSTALL_HINT),
     "int8": Variant(MINILM_INT8, None, None, ONNX_INSTALL_HINT),
@@ -86,22 +96,12 @@ VARIANTS: dict[str, Variant] = {
     "chat-mpnet-int8": Variant(CHAT_MPNET, _MPNET_DIR / "model_int8.onnx.gz", None, ONNX_INSTALL_HINT,
                                tokenizer=_MPNET_DIR / "tokenizer.json", dimension=768, pad_token="<pad>",
                                token_types=False),
-    # chat-mpnet's fast question side: its layers 1-3, then 9-12 retrained (scripts/distill_query_encoder.py);
-    # the other weights are read from chat-mpnet's own file
-    "chat-mpnet-query-int8": Variant(CHAT_MPNET_QUERY, _MODELS / "chat-mpnet-query" / "model_int8.onnx.gz", None,
-                                     ONNX_INSTALL_HINT, tokenizer=_MPNET_DIR / "tokenizer.json", dimension=768,
-                                     pad_token="<pad>", token_types=False,
-                                     weights_from=_MPNET_DIR / "model_int8.onnx.gz",
-                                     weights_sha256="e25746ecf24668e3e4fa10389a83c3c211e5539cbcd30cf5e1e556d3d9a5b7f3",
-                                     built_by="scripts/distill_query_encoder.py"),
+    # chat-mpnet's fast question side: its layers 1-3, then 9-12 retrained
+    "chat-mpnet-query-int8": _chat_mpnet_question_side(CHAT_MPNET_QUERY, "chat-mpnet-query",
+                                                       "scripts/distill_query_encoder.py"),
     # chat-mpnet itself with its attention projections on dynamic 8-bit kernels, faster on CPUs without VNNI
-    # (scripts/build_mixed_question_side.py); the other weights are read from chat-mpnet's own file
-    "chat-mpnet-mixed-int8": Variant(CHAT_MPNET_MIXED, _MODELS / "chat-mpnet-mixed" / "model_int8.onnx.gz", None,
-                                     ONNX_INSTALL_HINT, tokenizer=_MPNET_DIR / "tokenizer.json", dimension=768,
-                                     pad_token="<pad>", token_types=False,
-                                     weights_from=_MPNET_DIR / "model_int8.onnx.gz",
-                                     weights_sha256="e25746ecf24668e3e4fa10389a83c3c211e5539cbcd30cf5e1e556d3d9a5b7f3",
-                                     built_by="scripts/build_mixed_question_side.py"),
+    "chat-mpnet-mixed-int8": _chat_mpnet_question_side(CHAT_MPNET_MIXED, "chat-mpnet-mixed",
+                                                       "scripts/build_mixed_question_side.py"),
 }
 SHARED_WEIGHTS = "chat-mpnet.onnx"
 """The file name a graph with `Variant.weights_from` gives its external initializers: that model is inflated
