@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("dump", help="record the fusion's inputs for every question of one split")
-    d.add_argument("--set", choices=("annotated", "generated", "authored", "recurring", "chitchat", "agent"), required=True)
+    d.add_argument("--set", choices=("annotated", "generated", "authored", "recurring", "chitchat", "fresh", "agent"), required=True)
     d.add_argument("--split", choices=("tuning", "test", "all"), default="tuning",
                    help="conversation sets only; the agent set is dumped whole and `score --half` picks a half")
     d.add_argument("--reattribute-evidence", type=float, default=0.0, metavar="SHARE")
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         data = Path(__file__).resolve().parents[1] / "session_bench" / "data"
         datasets = {"annotated": data / "conversations_annotated.json", "generated": None,
                     "authored": data / "conversations_authored.json", "recurring": data / "conversations_recurring.json",
-                    "chitchat": data / "conversations_chitchat.json"}
+                    "chitchat": data / "conversations_chitchat.json", "fresh": data / "conversations_fresh.json"}
         rows = (asyncio.run(dump_agent(embedder)) if args.set == "agent"
                 else asyncio.run(dump_conversations(datasets[args.set], args.split, args.reattribute_evidence, embedder)))
         args.out.parent.mkdir(parents=True, exist_ok=True)
