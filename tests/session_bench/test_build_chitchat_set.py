@@ -32,11 +32,15 @@ def test_pairs_are_cut_to_their_sessions_turn_caps_and_utah_dates(monkeypatch) -
         # a pair with four sessions of 8 turns, each cut to 5: 20 turns; 03:00 UTC is the day before in Utah
         **{f"b{i}": _session("v2" if i == 0 else "v1", "v1" if i == 0 else "v2", f"2018-05-0{i + 1}T03:00:00Z", 8)
            for i in range(4)},
-        # three senders: not a pair
-        "c1": {"messages": [[{"text": "x", "timestamp": "2018-05-01T10:00:00Z", "sender": s}] for s in "pqr"]},
+        # three people in every session: not a pair, though its sessions would qualify
+        **{f"c{i}": {"messages": [[{"text": f"x{t}", "timestamp": f"2018-06-0{i + 1}T10:00:00Z", "sender": "pqr"[t % 3]}]
+                                  for t in range(6)]} for i in range(4)},
+        # a pair with three sessions of 5 turns, earlier than the pair above: second, with fewer sessions
+        **{f"d{i}": _session("w1", "w2", f"2018-03-0{i + 1}T18:00:00Z", 5) for i in range(3)},
     }
     built = builder.build(corpus)
-    assert len(built) == 1
+    assert [(c["conversation_id"], c["split"], c["speakers"], len(c["sessions"])) for c in built] == [
+        ("chit-01", "tuning", ["Alex", "Sam"], 4), ("chit-02", "test", ["Jordan", "Casey"], 3)]
     chat = built[0]
     assert chat["conversation_id"] == "chit-01" and chat["split"] == "tuning"
     assert chat["speakers"] == ["Alex", "Sam"]
