@@ -3,7 +3,7 @@
 Every conversation set made here before was written by language-model helpers, and each ranks search by meaning
 far above plain BM25 while the held-out real conversations do not. The Chit-Chat Challenge corpus (BYU PCC lab,
 2018, MIT licence, on PyPI as `chitchat-dataset`) holds 7,168 typed conversations between students, and some pairs
-of people talked again and again over two to four weeks. This script takes the eight pairs with the most sessions
+of people talked again and again over days or weeks. This script takes the eight pairs with the most sessions
 and writes each as one conversation in the benchmark's format (`session_bench/data/conversations_chitchat.json`
 gets its questions from annotators afterwards, see `session_bench/data/CHITCHAT.md`):
 

@@ -28,7 +28,7 @@ def test_every_question_points_at_turns_that_exist(name, count, splits):
         speakers = conversation["speakers"]
         sessions = conversation["sessions"]
         dates = [date.fromisoformat(s["date"]) for s in sessions]
-        # the real chats' people talked several times a day; every written chat has a session a day at most
+        # the typed chats' people talked several times a day; every written chat has a session a day at most
         assert dates == (sorted(dates) if name == "conversations_chitchat.json" else sorted(set(dates))), \
             conversation["conversation_id"]
         turns = {t["key"]: (s["session"], t) for s in sessions for t in s["turns"]}

@@ -42,8 +42,6 @@ def test_pairs_are_cut_to_their_sessions_turn_caps_and_utah_dates(monkeypatch) -
     assert [(c["conversation_id"], c["split"], c["speakers"], len(c["sessions"])) for c in built] == [
         ("chit-01", "tuning", ["Alex", "Sam"], 4), ("chit-02", "test", ["Jordan", "Casey"], 3)]
     chat = built[0]
-    assert chat["conversation_id"] == "chit-01" and chat["split"] == "tuning"
-    assert chat["speakers"] == ["Alex", "Sam"]
     assert [s["date"] for s in chat["sessions"]] == ["2018-04-30", "2018-05-01", "2018-05-02", "2018-05-03"]
     first = chat["sessions"][0]["turns"]
     assert [t["key"] for t in first] == ["D1:1", "D1:2", "D1:3", "D1:4", "D1:5"]
