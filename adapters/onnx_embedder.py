@@ -46,6 +46,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..core.embedding import CHAT_MINILM, CHAT_MPNET, CHAT_MPNET_MIXED, CHAT_MPNET_QUERY, MINILM_INT8, RETIRED_EMBEDDERS, EmbedderUnavailableError, embed_in_batches
+from .requantize import RECIPE, derived_initializers
 from .wordpiece import WordPieceTokenizer
 
 __all__ = ["OnnxEmbedder", "ONNX_INSTALL_HINT", "VARIANTS", "Variant", "cpu_session_options"]
@@ -77,16 +78,19 @@ class Variant:
     weights_from: Path | None = None
     weights_sha256: str | None = None
     built_by: str | None = None  # the script that builds such a graph again
+    # a recipe (adapters/requantize.py) by which the graph's weights declared at REQUANTIZED are computed at load
+    # from `weights_from`'s file
+    requantize: Path | None = None
 
 
-def _chat_mpnet_question_side(name: str, folder: str, built_by: str) -> Variant:
+def _chat_mpnet_question_side(name: str, folder: str, built_by: str, requantize: bool = False) -> Variant:
     """A question side of chat-mpnet's: its own graph file in `folder`, chat-mpnet's tokenizer, and the weights it
     shares read from chat-mpnet's file (checked by that file's inflated sha256)."""
     return Variant(name, _MODELS / folder / "model_int8.onnx.gz", None, ONNX_INSTALL_HINT,
                    tokenizer=_MPNET_DIR / "tokenizer.json", dimension=768, pad_token="<pad>", token_types=False,
                    weights_from=_MPNET_DIR / "model_int8.onnx.gz",
                    weights_sha256="e25746ecf24668e3e4fa10389a83c3c211e5539cbcd30cf5e1e556d3d9a5b7f3",
-                   built_by=built_by)
+                   built_by=built_by, requantize=_MODELS / folder / RECIPE if requantize else None)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -99,9 +103,9 @@ VARIANTS: dict[str, Variant] = {
     # chat-mpnet's fast question side: its layers 1-3, then 9-12 retrained
     "chat-mpnet-query-int8": _chat_mpnet_question_side(CHAT_MPNET_QUERY, "chat-mpnet-query",
                                                        "scripts/distill_query_encoder.py"),
-    # chat-mpnet itself with its attention projections on dynamic 8-bit kernels, faster on CPUs without VNNI
+    # chat-mpnet itself with every MatMul on dynamic 8-bit kernels, faster on CPUs without VNNI
     "chat-mpnet-mixed-int8": _chat_mpnet_question_side(CHAT_MPNET_MIXED, "chat-mpnet-mixed",
-                                                       "scripts/build_mixed_question_side.py"),
+                                                       "scripts/build_mixed_question_side.py", requantize=True),
 }
 SHARED_WEIGHTS = "chat-mpnet.onnx"
 """The file name a graph with `Variant.weights_from` gives its external initializers: that model is inflated
@@ -356,8 +360,9 @@ class OnnxEmbedder:
             if self._model_path_override is not None:  # a file the caller named, not one the install should hold
                 raise EmbedderUnavailableError(f"ONNX model {path} does not exist: check the path.")
             raise EmbedderUnavailableError(f"ONNX model {path} does not exist. Reinstall amfs-server or: {self._hint}")
-        # A git-lfs pointer instead of real weights is ~130 bytes.
-        if path.stat().st_size < 1_000_000:
+        # A git-lfs pointer instead of real weights is ~130 bytes; the smallest real file, a graph that reads its
+        # weights from another model's file (the mixed question side), tens of KB.
+        if path.stat().st_size < 10_000:
             raise EmbedderUnavailableError(
                 f"{path} is not a real model file (too small; a git-lfs pointer?). Reinstall with: {self._hint}"
             )
@@ -365,7 +370,10 @@ class OnnxEmbedder:
 
     def check_available(self) -> None:
         """Cheap check (nothing loaded) that the model file, tokenizer and runtimes are installed."""
-        self.model_path()
+        path = self.model_path()
+        recipe = VARIANTS[self.variant].requantize
+        if path == self._bundled and recipe is not None and not recipe.is_file():
+            raise EmbedderUnavailableError(f"{recipe}, which {path} needs, is missing; reinstall amfs-server.")
         if not self._tokenizer_path.is_file():
             raise EmbedderUnavailableError(
                 f"Tokenizer file {self._tokenizer_path} is missing; reinstall amfs-server."
@@ -395,10 +403,15 @@ class OnnxEmbedder:
                 f"onnxruntime could not be imported ({exc}). Install with: {self._hint}"
             ) from exc
         path = self.model_path()
+        spec = VARIANTS[self.variant]
         try:
-            with _model_source(path, VARIANTS[self.variant]) as model:
-                return ort.InferenceSession(model, sess_options=cpu_session_options(self.num_threads),
-                                            providers=["CPUExecutionProvider"])
+            with _model_source(path, spec) as model:
+                options = cpu_session_options(self.num_threads)
+                if spec.requantize is not None and path == spec.bundled:
+                    derived = derived_initializers(spec.requantize, Path(str(model)).parent / SHARED_WEIGHTS)
+                    options.add_external_initializers(
+                        list(derived), [ort.OrtValue.ortvalue_from_numpy(array) for array in derived.values()])
+                return ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise EmbedderUnavailableError(
                 f"Failed to load the ONNX embedding model {path}: {exc}. Reinstall with: {self._reinstall_hint(path)}"

@@ -188,6 +188,11 @@ def rankers() -> dict[str, Ranker]:
     return table
 
 
+# --rankers' short names for the rows of `rankers()`
+RANKER_NAMES = {"fusion": FUSION, "speaker": WITH_SPEAKER, "rrf": SEED_RRF, "bm25": BM25_ROW,
+                **{name: name for name in SINGLE_STRATEGIES}}
+
+
 def reattribute_evidence(conversations: list[dict[str, Any]], share: float, seed: int = 11) -> int:
     """Give `share` of the evidence turns (seeded) to the conversation's other speaker, in place; returns how many.
 
@@ -443,7 +448,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--write-order", choices=WRITE_ORDERS, default="given",
                         help="the order each conversation's turns are written in (in-process only; seed 7): as "
                              "given, each run of 8 shuffled, or all shuffled (default: given)")
+    parser.add_argument("--rankers", default=None, metavar="NAMES",
+                        help="in process: only these rankers, comma-separated, of " + ", ".join(RANKER_NAMES)
+                             + " (default: all; each asks every question again, so fewer run faster)")
     args = parser.parse_args(argv)
+    selected = None
+    if args.rankers is not None:
+        names = [name.strip() for name in args.rankers.split(",") if name.strip()]
+        unknown_rankers = [name for name in names if name not in RANKER_NAMES]
+        if unknown_rankers or not names:
+            parser.error(f"--rankers takes names of {', '.join(RANKER_NAMES)}; got {args.rankers!r}")
+        if args.via_mcp:
+            parser.error("--rankers runs in process (over MCP the fusion and BM25 run); drop --via-mcp")
+        every = rankers()
+        selected = {RANKER_NAMES[name]: every[RANKER_NAMES[name]] for name in names}
     if args.write_order != "given" and args.via_mcp:
         parser.error("--write-order runs in process; drop --via-mcp")
     if not 0.0 <= args.reattribute_evidence <= 1.0:
@@ -493,8 +511,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             report["also_query_encoder"] = args.also_query_encoder
             report["also_question_side"] = question_side(also[args.also_query_encoder])
         for store in stores:
-            rows = asyncio.run(run_in_process(conversations, store, embedder=embedder, with_dates=args.with_dates,
-                                              one_store=args.one_store, order=args.write_order, also=also))
+            rows = asyncio.run(run_in_process(conversations, store, embedder=embedder, selected=selected,
+                                              with_dates=args.with_dates, one_store=args.one_store,
+                                              order=args.write_order, also=also))
             report["runs"][store] = {"summary": summarise(rows), "questions": rows}
             texts.append(markdown(report["runs"][store]["summary"], store + (" with dates" if args.with_dates else "")
                                   + (", every conversation in one store" if args.one_store else "")

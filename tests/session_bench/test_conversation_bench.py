@@ -395,3 +395,20 @@ def test_via_mcp_serves_with_the_embedder_asked_for_and_refuses_a_model_file(mon
         bench.main(["--via-mcp", "--embedder", "/tmp/candidate/model_int8.onnx", "--conversations", "1"])
     with pytest.raises(SystemExit):
         bench.main(["--via-mcp", "--with-dates", "--conversations", "1"])
+
+
+def test_rankers_runs_only_the_rankers_named_and_refuses_an_unknown_one(tmp_path, capsys):
+    data = gen.build_dataset(seed=7, conversations=1, sessions=3)
+    data["conversations"][0]["questions"] = data["conversations"][0]["questions"][:6]
+    dataset = tmp_path / "tiny.json"
+    dataset.write_text(json.dumps(data))
+    report = bench.main(["--dataset", str(dataset), "--split", "all", "--embedder", "chat-minilm",
+                         "--rankers", "fusion, bm25"])
+    assert set(report["runs"]["sqlite"]["questions"]) == {bench.FUSION, bench.BM25_ROW}
+    assert all(len(rows) == 6 for rows in report["runs"]["sqlite"]["questions"].values())
+    with pytest.raises(SystemExit):
+        bench.main(["--dataset", str(dataset), "--split", "all", "--rankers", "fusion,cosine"])
+    assert "--rankers takes names of fusion, speaker, rrf, bm25, semantic" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--dataset", str(dataset), "--split", "all", "--rankers", "fusion", "--via-mcp"])
+    assert "--rankers runs in process" in capsys.readouterr().err
