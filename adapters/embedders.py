@@ -114,7 +114,7 @@ _ALIASES = {
 
 # embedder -> the ONNX variant of its distilled question side
 FAST_QUERY_SIDES = {CHAT_MPNET: "chat-mpnet-query-int8"}
-# embedder -> the ONNX variant of itself with faster kernels for its attention projections
+# embedder -> the ONNX variant of itself with every MatMul on faster kernels
 MIXED_QUERY_SIDES = {CHAT_MPNET: "chat-mpnet-mixed-int8"}
 QUESTION_SIDES = {"fast": FAST_QUERY_SIDES, "mixed": MIXED_QUERY_SIDES}
 

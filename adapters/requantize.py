@@ -3,7 +3,7 @@
 The mixed side runs every MatMul of chat-mpnet on onnxruntime's dynamic 8-bit kernels (`DynamicQuantizeMatMul`:
 weights 8-bit per output column, activations quantised per call), which are about twice as fast as chat-mpnet's
 8-bit block MatMuls on a CPU without VNNI. Its weights are chat-mpnet's own 8-bit blocks dequantised and quantised
-again per column: a deterministic function of chat-mpnet's file, so they are computed here at load (under a second)
+again per column: a deterministic function of chat-mpnet's file, so they are computed here at load (about a second)
 rather than shipped as a second copy of the model. The graph (`models/chat-mpnet-mixed`) declares each derived
 tensor as external data at the location `REQUANTIZED`; the recipe beside it (`RECIPE`) says where each MatMul's
 blocks and scales lie in chat-mpnet's inflated file and which of its input channels it computes in float.

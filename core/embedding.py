@@ -82,7 +82,7 @@ CHAT_MPNET = "chat-mpnet-onnx-int8"
 # chat-mpnet would (scripts/distill_query_encoder.py); it embeds questions only, never what is stored, so a store
 # keeps CHAT_MPNET.
 CHAT_MPNET_QUERY = "chat-mpnet-query-onnx-int8"
-# chat-mpnet itself for questions, its attention projections on dynamic 8-bit kernels: faster on CPUs without VNNI
+# chat-mpnet itself for questions, every MatMul on dynamic 8-bit kernels: faster on CPUs without VNNI
 # (scripts/build_mixed_question_side.py); questions only, so a store keeps CHAT_MPNET.
 CHAT_MPNET_MIXED = "chat-mpnet-mixed-onnx-int8"
 # all-MiniLM-L6-v2 itself as int8 on onnxruntime: the default up to 0.3.2.

@@ -1,5 +1,5 @@
 """chat-mpnet's question sides (AMFS_QUERY_ENCODER): the fast one (seven of chat-mpnet's layers, the top four
-retrained) and the mixed one (chat-mpnet itself, its attention projections on dynamic 8-bit kernels), which `auto`
+retrained) and the mixed one (chat-mpnet itself, every MatMul on dynamic 8-bit kernels), which `auto`
 picks on a CPU without VNNI; either embeds the questions, chat-mpnet everything stored."""
 
 from __future__ import annotations

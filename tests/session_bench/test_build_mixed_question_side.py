@@ -70,7 +70,7 @@ def test_outlier_channels_are_masked_out_of_the_8bit_product_and_kept_exact_in_f
     assert np.abs(decomposed - exact).max() < 0.1 < np.abs(plain - exact).max()
 
 
-def test_the_weights_are_read_from_where_the_recipe_says_in_the_shared_file(tmp_path) -> None:
+def test_the_weights_are_read_at_the_recipes_offsets_in_the_shared_file(tmp_path) -> None:
     """Blocks and scales at their offsets in chat-mpnet's inflated file: what is computed at load is what the
     same arrays give in memory."""
     rng = np.random.default_rng(2)
@@ -102,6 +102,8 @@ def test_the_bundled_recipe_floats_16_channels_of_each_feed_forward_matmul_and_n
 
 
 def test_the_script_rebuilds_the_bundled_graph_and_recipe(tmp_path) -> None:
+    """From the bundled recipe's channels (`--calibrate`, which chooses them from onnxruntime's activations, differs
+    slightly between CPUs and is not tested here): the offsets, shapes and graph bytes are checked."""
     pytest.importorskip("onnx")
     build = script("build_mixed_question_side")
     with gzip.open(VARIANTS["chat-mpnet-int8"].bundled, "rb") as source:
