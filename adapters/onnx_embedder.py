@@ -360,11 +360,14 @@ class OnnxEmbedder:
             if self._model_path_override is not None:  # a file the caller named, not one the install should hold
                 raise EmbedderUnavailableError(f"ONNX model {path} does not exist: check the path.")
             raise EmbedderUnavailableError(f"ONNX model {path} does not exist. Reinstall amfs-server or: {self._hint}")
-        # A git-lfs pointer instead of real weights is ~130 bytes; the smallest real file, a graph that reads its
-        # weights from another model's file (the mixed question side), tens of KB.
-        if path.stat().st_size < 10_000:
+        # A git-lfs pointer instead of real weights is ~130 bytes. A model holds megabytes; only a graph that reads
+        # its weights from another model's file (the mixed question side, 26 KB) is smaller.
+        reads_another = VARIANTS[self.variant].requantize is not None and path == self._bundled
+        if path.stat().st_size < (10_000 if reads_another else 1_000_000):
             raise EmbedderUnavailableError(
-                f"{path} is not a real model file (too small; a git-lfs pointer?). Reinstall with: {self._hint}"
+                f"{path} is not a real model file: {path.stat().st_size:,} bytes is too small to hold a model's weights "
+                f"(a git-lfs pointer, a truncated file, or a graph that reads another file's weights?). "
+                f"Reinstall with: {self._hint}"
             )
         return path
 
