@@ -822,9 +822,10 @@ class MemoryService:
         if keyword and fusion == "rrf":
             cutoff = keyword[0][1] * self.config.keyword_min_relative_score
             keyword = [(entry, score) for entry, score in keyword if score >= cutoff]
+        # The pool as read; a tier is worked out only where it is used (the learned ranker's features, the results).
         admitted: dict[str, MemoryEntry] = {}
         for entry, _ in [*semantic, *keyword]:
-            admitted.setdefault(entry.entry_key, self.with_current_tier(entry, now))
+            admitted.setdefault(entry.entry_key, entry)
         # The speaker rule (off by default) is only worked out when it weighs something.
         speaker_query = query if active.get("speaker", 0.0) > 0 else None
         rankings = self._rankings(speaker_query, admitted, semantic, keyword, now, learned, flt.entity_path)
@@ -838,7 +839,8 @@ class MemoryService:
             admitted.update(await self._whole([admitted[key] for key, _, _ in fused]))
             # A version forgotten since it was ranked (its value gone) is not returned as a head.
             fused = [item for item in fused if not isinstance(admitted[item[0]].value, ValueHead)]
-        results = [RetrievedEntry(admitted[key], score, rank, hits) for rank, (key, score, hits) in enumerate(fused, 1)]
+        results = [RetrievedEntry(self.with_current_tier(admitted[key], now), score, rank, hits)
+                   for rank, (key, score, hits) in enumerate(fused, 1)]
         if count_as_read:
             results = await self.record_retrieved(actor, query, results)
         if not explain:
@@ -963,7 +965,7 @@ class MemoryService:
         if learned and self.learned_scorer is not None and entries:
             ranks = {ranking.strategy: dict(zip(ranking.keys, range(1, len(ranking.keys) + 1))) for ranking in rankings}
             per_entry = {e.entry_key: {name: ranks[name].get(e.entry_key, 0) for name in ranks} for e in entries}
-            scores = self.learned_scorer(entries, per_entry, entity_path)
+            scores = self.learned_scorer([self.with_current_tier(e, now) for e in entries], per_entry, entity_path)
             rankings.append(RankedList.from_scored("learned", [(e.entry_key, s) for e, s in zip(entries, scores)]))
         return rankings
 

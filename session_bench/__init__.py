@@ -9,6 +9,7 @@ import sys
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..core.errors import install_extra
 
@@ -130,3 +131,40 @@ async def close_store(store) -> None:
 
 def postgres_dsn() -> str:
     return os.environ.get("AMFS_POSTGRES_DSN") or "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def schema_dsn(dsn: str, schema: str) -> str:
+    """`dsn` with its search path set to `schema` (a server keeps its tables in the DSN's first schema)."""
+    parts = urlsplit(dsn)
+    query = [(name, value) for name, value in parse_qsl(parts.query) if name not in ("search_path", "options")]
+    return urlunsplit(parts._replace(query=urlencode(query + [("search_path", schema)])))
+
+
+async def drop_schema(dsn: str, schema: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await conn.close()
+
+
+async def postgres_problem(dsn: str) -> str | None:
+    """Why a benchmark cannot use the PostgreSQL at `dsn` (None when it can), said before any work starts; the DSN
+    is named without its password."""
+    import asyncpg
+
+    from ..adapters.postgres_base import redact_dsn
+
+    try:
+        conn = await asyncpg.connect(dsn, timeout=10)
+    except Exception as error:  # refused, unknown host, auth: all mean "not here"
+        return (f"cannot connect to PostgreSQL at {redact_dsn(dsn)} ({type(error).__name__}: {error}); start it "
+                "(bash scripts/ensure_postgres.sh) or set AMFS_POSTGRES_DSN")
+    try:
+        if await conn.fetchval("SELECT count(*) FROM pg_available_extensions WHERE name = 'vector'") == 0:
+            return f"PostgreSQL at {redact_dsn(dsn)} has no pgvector extension; install it (bash scripts/ensure_postgres.sh)"
+    finally:
+        await conn.close()
+    return None

@@ -37,12 +37,12 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..core.embedding import DEFAULT_EMBEDDER
 from ..core.models import Actor
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
-from . import SINGLE_STRATEGIES, add_query_encoder_option, alone, close_store, embedder_option, log, open_store, postgres_dsn, pyplot
+from . import (SINGLE_STRATEGIES, add_query_encoder_option, alone, close_store, drop_schema, embedder_option, log,
+               open_store, postgres_dsn, pyplot, schema_dsn)
 
 DATASET = Path(__file__).parent / "data" / "conversations_eval.json"
 SPLITS = ("tuning", "test", "all")
@@ -280,23 +280,6 @@ async def mcp_fusion_ranker(session: Any, conversation: dict[str, Any], question
     return ranked
 
 
-def _schema_dsn(dsn: str, schema: str) -> str:
-    """`dsn` with its search path set to `schema` (the server keeps its tables in the DSN's first schema)."""
-    parts = urlsplit(dsn)
-    query = [(name, value) for name, value in parse_qsl(parts.query) if name not in ("search_path", "options")]
-    return urlunsplit(parts._replace(query=urlencode(query + [("search_path", schema)])))
-
-
-async def _drop_schema(dsn: str, schema: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    finally:
-        await conn.close()
-
-
 async def run_via_mcp(conversations: list[dict[str, Any]], store: str = "sqlite",
                       one_store: bool = False, embedder: str | None = None,
                       query_encoder: str = "auto") -> dict[str, list[dict[str, Any]]]:
@@ -313,7 +296,7 @@ async def run_via_mcp(conversations: list[dict[str, Any]], store: str = "sqlite"
             log(f"[conversations/mcp/{store}] server {number}/{len(groups)}: "
                 f"{', '.join(c['conversation_id'] for c in group)}")
             schema = f"amfs_bench_mcp_{uuid.uuid4().hex[:8]}"
-            extra = {"AMFS_POSTGRES_DSN": _schema_dsn(postgres_dsn(), schema)} if store == "postgres" else {}
+            extra = {"AMFS_POSTGRES_DSN": schema_dsn(postgres_dsn(), schema)} if store == "postgres" else {}
             if embedder is not None:
                 extra["AMFS_EMBEDDER"] = embedder
             extra["AMFS_QUERY_ENCODER"] = query_encoder
@@ -329,7 +312,7 @@ async def run_via_mcp(conversations: list[dict[str, Any]], store: str = "sqlite"
                     ranked = [await mcp_fusion_ranker(session, c, c["questions"]) for c in group]
             finally:
                 if store == "postgres":
-                    await _drop_schema(postgres_dsn(), schema)
+                    await drop_schema(postgres_dsn(), schema)
             for conversation, answers in zip(group, ranked):
                 rows[FUSION + " via MCP"] += score_conversation(conversation, answers)
                 rows[BM25_ROW] += score_conversation(

@@ -9,6 +9,7 @@ own imports are done before the clock starts), and the server process's resident
     python -m amfs_server.session_bench.mcp_latency                    # both transports, default embedder
     python -m amfs_server.session_bench.mcp_latency --embedder none --calls 300 --json out.json
     python -m amfs_server.session_bench.mcp_latency --transport stdio --preload-entries 10000   # retrieve at 10k
+    python -m amfs_server.session_bench.mcp_latency --transport stdio --store postgres   # on PostgreSQL (a fresh schema)
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import add_query_encoder_option
+from . import add_query_encoder_option, drop_schema, postgres_dsn, postgres_problem, schema_dsn
 
 SERVER_COMMAND = [sys.executable, "-c", "from amfs_server.server.cli import main; main()"]
 TOPICS = ["payments", "retries", "timeouts", "deploys", "caching", "auth tokens", "database locks", "queues"]
@@ -336,6 +338,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m amfs_server.session_bench.mcp_latency", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--transport", choices=["stdio", "http", "both"], default="both")
+    parser.add_argument(
+        "--store", choices=["sqlite", "postgres"], default="sqlite",
+        help="The server's store: a fresh SQLite file (default) or a fresh schema of the PostgreSQL at "
+             "AMFS_POSTGRES_DSN (default postgresql://postgres@127.0.0.1:5432/test), dropped after the run.",
+    )
     parser.add_argument("--calls", type=int, default=200, help="Timed calls per tool (default 200).")
     parser.add_argument("--seed-entries", type=int, default=200, help="Entries written before timing (default 200).")
     parser.add_argument("--warmup", type=int, default=20)
@@ -382,6 +389,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.concurrent < 1:
         parser.error("--concurrent must be >= 1")
     encoders = [args.query_encoder] + ([args.then_query_encoder] if args.then_query_encoder else [])
+    if args.store == "postgres" and (problem := asyncio.run(postgres_problem(postgres_dsn()))):
+        parser.error(f"--store postgres: {problem}")
 
     rows = []
     transports = ["stdio", "http"] if args.transport == "both" else [args.transport]
@@ -390,21 +399,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             extra = {"AMFS_EMBEDDER": args.embedder} if args.embedder is not None else {}
             if args.embed_threads is not None:
                 extra["AMFS_EMBED_THREADS"] = str(args.embed_threads)
-            for number, encoder in enumerate(encoders):
-                env = server_env(Path(tmp) / transport, **extra, AMFS_QUERY_ENCODER=encoder)
-                if args.preload_entries and number == 0:
-                    asyncio.run(preload(env, args.preload_entries, real_vectors=args.real_vectors))
-                # Scoped to one conversation of the preload, else to one service of the seed notes (_note).
-                scopes = ([f"conv-{n:02d}" for n in range(min(PRELOAD_CONVERSATIONS, args.preload_entries))]
-                          if args.preload_entries else [f"service-{n}" for n in range(10)])
-                row = asyncio.run(measure(transport, env, args.calls, args.seed_entries, args.warmup, args.concurrent,
-                                          scopes))
-                rows.append({**row, "query_encoder": encoder})
+            schema = f"amfs_bench_latency_{uuid.uuid4().hex[:8]}"  # each transport its own store, as on SQLite
+            if args.store == "postgres":
+                extra["AMFS_POSTGRES_DSN"] = schema_dsn(postgres_dsn(), schema)
+            try:
+                for number, encoder in enumerate(encoders):
+                    env = server_env(Path(tmp) / transport, **extra, AMFS_QUERY_ENCODER=encoder)
+                    if args.preload_entries and number == 0:
+                        asyncio.run(preload(env, args.preload_entries, real_vectors=args.real_vectors))
+                    # Scoped to one conversation of the preload, else to one service of the seed notes (_note).
+                    scopes = ([f"conv-{n:02d}" for n in range(min(PRELOAD_CONVERSATIONS, args.preload_entries))]
+                              if args.preload_entries else [f"service-{n}" for n in range(10)])
+                    row = asyncio.run(measure(transport, env, args.calls, args.seed_entries, args.warmup,
+                                              args.concurrent, scopes))
+                    rows.append({**row, "query_encoder": encoder})
+            finally:
+                if args.store == "postgres":
+                    asyncio.run(drop_schema(postgres_dsn(), schema))
     embeddings = [query_embedding_latency(args.embedder, args.calls, args.warmup, args.embed_threads, encoder)
                   for encoder in encoders]
 
     print(
-        f"MCP round-trip latency, sequential calls (embedder: {args.embedder or 'default'}, "
+        f"MCP round-trip latency, sequential calls ({'PostgreSQL' if args.store == 'postgres' else 'SQLite'}; "
+        f"embedder: {args.embedder or 'default'}, "
         f"query encoder: {' then '.join(encoders)}, "
         f"{args.embed_threads or 'default'} thread(s); "
         f"{args.preload_entries + args.seed_entries} entries before timing"
@@ -441,7 +458,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"p50 {embedding['p50_ms']} ms, p95 {embedding['p95_ms']} ms; CPU time p50 {embedding['cpu_p50_ms']} ms"
             )
     if args.json is not None:
-        document = {"embedder": args.embedder or "default", "embed_threads": args.embed_threads,
+        document = {"store": args.store, "embedder": args.embedder or "default", "embed_threads": args.embed_threads,
                     "query_encoder": args.query_encoder, "results": rows,
                     "query_embedding": embeddings[0],
                     **({"then": [{"query_encoder": e, "query_embedding": q} for e, q in zip(encoders[1:], embeddings[1:])]}

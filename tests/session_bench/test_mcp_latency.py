@@ -4,11 +4,15 @@ the real server runs in the README's command)."""
 from __future__ import annotations
 
 import asyncio
+import os
 from types import SimpleNamespace
 
 import pytest
 
 from amfs_server.session_bench import mcp_latency
+
+# As tests/conftest.py probes it (conftest is not importable under --import-mode=importlib).
+POSTGRES_DSN = os.environ.get("AMFS_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 class SlowSession:
@@ -107,3 +111,58 @@ def test_real_vectors_that_cannot_stand_for_the_preload_are_refused_before_any_w
     with pytest.raises(SystemExit):
         mcp_latency.main(arguments)
     assert message in capsys.readouterr().err
+
+
+def test_store_postgres_times_a_server_on_a_fresh_schema_and_drops_it(tmp_path, monkeypatch):
+    """`--store postgres`: the preload and the server both use one fresh schema of the PostgreSQL at
+    AMFS_POSTGRES_DSN (a real server over stdio, embeddings off), and the schema is gone after the run."""
+    import json
+
+    import asyncpg
+
+    from amfs_server.session_bench import postgres_problem
+
+    if reason := asyncio.run(postgres_problem(POSTGRES_DSN)):
+        pytest.skip(reason)
+    monkeypatch.setenv("AMFS_POSTGRES_DSN", POSTGRES_DSN)
+    seen = []
+    real_measure = mcp_latency.measure
+
+    async def rows_in_the_schema(env):
+        schema = env["AMFS_POSTGRES_DSN"].rsplit("search_path=", 1)[1]
+        conn = await asyncpg.connect(POSTGRES_DSN)
+        try:
+            return schema, await conn.fetchval(f'SELECT count(*) FROM "{schema}".entries')
+        finally:
+            await conn.close()
+
+    async def checking_measure(transport, env, *args, **kwargs):
+        seen.append(await rows_in_the_schema(env))  # the preload went there, before the server started
+        return await real_measure(transport, env, *args, **kwargs)
+
+    monkeypatch.setattr(mcp_latency, "measure", checking_measure)
+    out = tmp_path / "latency.json"
+    assert mcp_latency.main(["--transport", "stdio", "--store", "postgres", "--calls", "3", "--seed-entries", "2",
+                             "--warmup", "1", "--embedder", "none", "--preload-entries", "5", "--json", str(out)]) == 0
+    document = json.loads(out.read_text())
+    assert document["store"] == "postgres" and document["results"][0]["amfs_retrieve"]["n"] == 3
+    [(schema, preloaded)] = seen
+    assert schema.startswith("amfs_bench_latency_") and preloaded == 5
+
+    async def schema_left() -> bool:
+        conn = await asyncpg.connect(POSTGRES_DSN)
+        try:
+            return bool(await conn.fetchval("SELECT count(*) FROM pg_namespace WHERE nspname = $1", schema))
+        finally:
+            await conn.close()
+
+    assert not asyncio.run(schema_left())
+
+
+def test_store_postgres_without_a_server_says_how_to_get_one_before_any_work(monkeypatch, capsys):
+    monkeypatch.setenv("AMFS_POSTGRES_DSN", "postgresql://postgres:hunter2@127.0.0.1:1/test")
+    with pytest.raises(SystemExit):
+        mcp_latency.main(["--store", "postgres", "--preload-entries", "10"])
+    err = capsys.readouterr().err
+    assert "--store postgres: cannot connect to PostgreSQL at postgresql://postgres@127.0.0.1:1/test" in err
+    assert "scripts/ensure_postgres.sh" in err and "hunter2" not in err
