@@ -363,9 +363,10 @@ class OnnxEmbedder:
         # A git-lfs pointer instead of real weights is ~130 bytes. A model holds megabytes; only a graph that reads
         # its weights from another model's file (the mixed question side, 26 KB) is smaller.
         reads_another = VARIANTS[self.variant].requantize is not None and path == self._bundled
-        if path.stat().st_size < (10_000 if reads_another else 1_000_000):
+        size = path.stat().st_size
+        if size < (10_000 if reads_another else 1_000_000):
             raise EmbedderUnavailableError(
-                f"{path} is not a real model file: {path.stat().st_size:,} bytes is too small to hold a model's weights "
+                f"{path} is not a real model file: {size:,} bytes is too small to hold a model's weights "
                 f"(a git-lfs pointer, a truncated file, or a graph that reads another file's weights?). "
                 f"Reinstall with: {self._hint}"
             )

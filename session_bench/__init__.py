@@ -129,8 +129,11 @@ async def close_store(store) -> None:
     await store.close()
 
 
+DEFAULT_POSTGRES_DSN = "postgresql://postgres@127.0.0.1:5432/test"  # what scripts/ensure_postgres.sh provides
+
+
 def postgres_dsn() -> str:
-    return os.environ.get("AMFS_POSTGRES_DSN") or "postgresql://postgres@127.0.0.1:5432/test"
+    return os.environ.get("AMFS_POSTGRES_DSN") or DEFAULT_POSTGRES_DSN
 
 
 def schema_dsn(dsn: str, schema: str) -> str:
@@ -159,9 +162,12 @@ async def postgres_problem(dsn: str) -> str | None:
 
     try:
         conn = await asyncpg.connect(dsn, timeout=10)
-    except Exception as error:  # refused, unknown host, auth: all mean "not here"
+    except (OSError, asyncpg.PostgresError) as error:  # refused, unknown host, auth: "not here"
         return (f"cannot connect to PostgreSQL at {redact_dsn(dsn)} ({type(error).__name__}: {error}); start it "
                 "(bash scripts/ensure_postgres.sh) or set AMFS_POSTGRES_DSN")
+    except Exception as error:  # the DSN did not parse; the driver's text may quote part of the password
+        return (f"cannot use the DSN {redact_dsn(dsn)} ({type(error).__name__}); check AMFS_POSTGRES_DSN, "
+                "percent-encoding '/', '?', '#' and '@' in its password")
     try:
         if await conn.fetchval("SELECT count(*) FROM pg_available_extensions WHERE name = 'vector'") == 0:
             return f"PostgreSQL at {redact_dsn(dsn)} has no pgvector extension; install it (bash scripts/ensure_postgres.sh)"

@@ -42,7 +42,7 @@ from ..core.embedding import DEFAULT_EMBEDDER
 from ..core.models import Actor
 from ..core.service import MemoryService, ServiceConfig, WriteRequest
 from . import (SINGLE_STRATEGIES, add_query_encoder_option, alone, close_store, drop_schema, embedder_option, log,
-               open_store, postgres_dsn, pyplot, schema_dsn)
+               open_store, postgres_dsn, postgres_problem, pyplot, schema_dsn)
 
 DATASET = Path(__file__).parent / "data" / "conversations_eval.json"
 SPLITS = ("tuning", "test", "all")
@@ -459,6 +459,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = set(stores) - {"sqlite", "postgres"}
     if unknown or not stores:
         parser.error(f"--stores takes sqlite and/or postgres, got {args.stores!r}")
+    if "postgres" in stores and (problem := asyncio.run(postgres_problem(postgres_dsn()))):
+        parser.error(f"--stores postgres: {problem}")  # before the SQLite half has run for minutes
     if args.conversations is not None and args.conversations < 1:
         parser.error("--conversations must be at least 1")
     conversations = load_conversations(args.dataset, args.split)[: args.conversations]

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import add_query_encoder_option, drop_schema, postgres_dsn, postgres_problem, schema_dsn
+from . import DEFAULT_POSTGRES_DSN, add_query_encoder_option, drop_schema, postgres_dsn, postgres_problem, schema_dsn
 
 SERVER_COMMAND = [sys.executable, "-c", "from amfs_server.server.cli import main; main()"]
 TOPICS = ["payments", "retries", "timeouts", "deploys", "caching", "auth tokens", "database locks", "queues"]
@@ -341,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--store", choices=["sqlite", "postgres"], default="sqlite",
         help="The server's store: a fresh SQLite file (default) or a fresh schema of the PostgreSQL at "
-             "AMFS_POSTGRES_DSN (default postgresql://postgres@127.0.0.1:5432/test), dropped after the run.",
+             f"AMFS_POSTGRES_DSN (default {DEFAULT_POSTGRES_DSN}), dropped after the run.",
     )
     parser.add_argument("--calls", type=int, default=200, help="Timed calls per tool (default 200).")
     parser.add_argument("--seed-entries", type=int, default=200, help="Entries written before timing (default 200).")
@@ -415,7 +415,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     rows.append({**row, "query_encoder": encoder})
             finally:
                 if args.store == "postgres":
-                    asyncio.run(drop_schema(postgres_dsn(), schema))
+                    try:
+                        asyncio.run(drop_schema(postgres_dsn(), schema))
+                    except Exception as error:  # say what is left behind, and let the run's own error through
+                        print(f"schema {schema} left behind ({type(error).__name__}); drop it with: "
+                              f'DROP SCHEMA "{schema}" CASCADE', file=sys.stderr)
     embeddings = [query_embedding_latency(args.embedder, args.calls, args.warmup, args.embed_threads, encoder)
                   for encoder in encoders]
 

@@ -158,7 +158,6 @@ def test_placeholder_model_file_is_rejected(tmp_path) -> None:
         OnnxEmbedder(model_path=pointer).check_available()
 
 
-
 def test_a_truncated_model_file_is_rejected_but_the_mixed_side_graph_is_not(tmp_path) -> None:
     # Only a graph that reads its weights from another model's file may be that small (26 KB, the mixed side).
     truncated = tmp_path / "model.onnx"

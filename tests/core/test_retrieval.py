@@ -270,9 +270,9 @@ async def test_depth_one_searches_only_hot_entries(rsvc: MemoryService, actor: A
     assert all(int(r.entry.tier) == 1 for r in hot_only)
 
 
-
 async def test_results_carry_the_tier_as_of_the_time_of_asking(store, embedder, actor: Actor) -> None:
-    # The stored tier is the one of the last write; a retrieve works the tier out again for what it returns.
+    # The stored tier is the one of the last write or read; a retrieve works the tier out again for what it returns,
+    # and for the learned ranker, whose features read it (ml/features.py).
     from datetime import timedelta
 
     from amfs_server.core.models import utcnow
@@ -282,9 +282,17 @@ async def test_results_carry_the_tier_as_of_the_time_of_asking(store, embedder, 
     await svc.open()
     await svc.write(actor, WriteRequest("svc", "aging", "deploys happen on tuesdays", importance_score=1.0))
     [fresh] = await svc.retrieve(actor, "when do deploys happen", depth=3)
+    seen: list[int] = []
+
+    def scorer(entries, ranks, entity_path):
+        seen.extend(int(entry.tier) for entry in entries)
+        return [0.0] * len(entries)
+
+    svc.install_learned_scorer(scorer)
     clock[0] += timedelta(days=120)
     [aged] = await svc.retrieve(actor, "when do deploys happen", depth=3)
     assert int(fresh.entry.tier) == 1 and int(aged.entry.tier) > 1  # stored HOT, returned as it stands now
+    assert seen and min(seen) > 1
 
 
 async def test_min_confidence_and_depth_find_passing_entries_that_many_failing_ones_outrank(

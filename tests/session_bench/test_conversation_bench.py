@@ -412,3 +412,12 @@ def test_rankers_runs_only_the_rankers_named_and_refuses_an_unknown_one(tmp_path
     with pytest.raises(SystemExit):
         bench.main(["--dataset", str(dataset), "--split", "all", "--rankers", "fusion", "--via-mcp"])
     assert "--rankers runs in process" in capsys.readouterr().err
+
+
+def test_stores_postgres_without_a_server_is_refused_before_any_conversation_runs(monkeypatch, capsys):
+    monkeypatch.setenv("AMFS_POSTGRES_DSN", "postgresql://postgres:hunter2@127.0.0.1:1/test")
+    with pytest.raises(SystemExit):
+        bench.main(["--split", "tuning", "--conversations", "1", "--stores", "sqlite,postgres"])
+    err = capsys.readouterr().err
+    assert "--stores postgres: cannot connect to PostgreSQL at postgresql://postgres@127.0.0.1:1/test" in err
+    assert "hunter2" not in err and "[conversations/sqlite]" not in err

@@ -11,8 +11,10 @@ import pytest
 
 from amfs_server.session_bench import mcp_latency
 
+from amfs_server.session_bench import DEFAULT_POSTGRES_DSN
+
 # As tests/conftest.py probes it (conftest is not importable under --import-mode=importlib).
-POSTGRES_DSN = os.environ.get("AMFS_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+POSTGRES_DSN = os.environ.get("AMFS_TEST_POSTGRES_DSN", DEFAULT_POSTGRES_DSN)
 
 
 class SlowSession:
@@ -166,3 +168,47 @@ def test_store_postgres_without_a_server_says_how_to_get_one_before_any_work(mon
     err = capsys.readouterr().err
     assert "--store postgres: cannot connect to PostgreSQL at postgresql://postgres@127.0.0.1:1/test" in err
     assert "scripts/ensure_postgres.sh" in err and "hunter2" not in err
+
+
+def test_store_postgres_with_a_dsn_that_does_not_parse_never_shows_its_password(monkeypatch, capsys):
+    # An unencoded '/' in the password: the driver's own message quoted a piece of it ('hun').
+    monkeypatch.setenv("AMFS_POSTGRES_DSN", "postgresql://u:hun/ter2@127.0.0.1:1/test")
+    with pytest.raises(SystemExit):
+        mcp_latency.main(["--store", "postgres"])
+    err = capsys.readouterr().err
+    assert "--store postgres: cannot use the DSN" in err and "percent-encoding" in err
+    assert "hun" not in err and "ter2" not in err
+
+
+def test_store_postgres_drops_its_schema_when_the_run_fails(monkeypatch):
+    import asyncpg
+
+    from amfs_server.session_bench import postgres_problem
+
+    if reason := asyncio.run(postgres_problem(POSTGRES_DSN)):
+        pytest.skip(reason)
+    monkeypatch.setenv("AMFS_POSTGRES_DSN", POSTGRES_DSN)
+    schemas = []
+
+    async def schema_count(schema: str, create: bool = False) -> int:
+        conn = await asyncpg.connect(POSTGRES_DSN)
+        try:
+            if create:
+                await conn.execute(f'CREATE SCHEMA "{schema}"')
+            return await conn.fetchval("SELECT count(*) FROM pg_namespace WHERE nspname = $1", schema)
+        finally:
+            await conn.close()
+
+    async def failing_measure(transport, env, *args, **kwargs):
+        schemas.append(env["AMFS_POSTGRES_DSN"].rsplit("search_path=", 1)[1])
+        assert await schema_count(schemas[-1], create=True) == 1  # as the server makes it
+        raise RuntimeError("the server went away")
+
+    async def preload_nothing(env, entries, **options):
+        return None
+
+    monkeypatch.setattr(mcp_latency, "measure", failing_measure)
+    monkeypatch.setattr(mcp_latency, "preload", preload_nothing)
+    with pytest.raises(RuntimeError, match="the server went away"):
+        mcp_latency.main(["--transport", "stdio", "--store", "postgres", "--embedder", "none"])
+    assert len(schemas) == 1 and asyncio.run(schema_count(schemas[0])) == 0
