@@ -1,0 +1,135 @@
+"""Where a retrieve's time goes, in process: the whole retrieve, the same with the question's vector cached (the
+store and the fusion alone), and each store call of it timed on its own (research; docs/retrieval-record.md, "0.7.19").
+
+The store is `mcp_latency`'s preload (conversational turns over 40 entity paths, `--real-vectors` of them embedded,
+the rest mixtures of their vectors), made once in DIR and reused by later runs; the questions are `mcp_latency`'s
+too, so the figures sit beside its MCP ones (whose difference is the transport).
+
+    python scripts/retrieve_breakdown.py --dir /tmp/breakdown --entries 10000 --real-vectors 1000
+    python scripts/retrieve_breakdown.py --dir /tmp/breakdown --store postgres   # a fresh schema, dropped after
+
+Each figure is a p50 over `--questions` retrieves (default 200), after 16 unmeasured ones. A store call's time
+includes waiting for the store's lock while the other search holds it, so the calls' times do not add up to the
+retrieve's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from amfs_server.core import service as service_module
+from amfs_server.core.models import Actor
+from amfs_server.server.composition import build_service
+from amfs_server.server.settings import load_settings
+from amfs_server.session_bench import drop_schema, postgres_dsn, postgres_problem, schema_dsn
+from amfs_server.session_bench.mcp_latency import PRELOAD_CONVERSATIONS, TOPICS, preload, server_env
+
+STORE_CALLS = ("semantic_candidates", "keyword_candidates", "common_terms", "passage_vectors", "entry_values",
+               "record_reads")
+
+
+def p50(samples: list[float]) -> float:
+    return round(statistics.median(samples), 2)
+
+
+async def breakdown(env: dict[str, str], questions: int) -> dict[str, Any]:
+    service = build_service(load_settings(environ=env))
+    await service.open()
+    real_embed = service_module.embed_queries
+    cache: dict[tuple[str, ...], Any] = {}
+
+    def cached_embed(embedder: Any, texts: list[str]) -> Any:
+        if tuple(texts) not in cache:
+            cache[tuple(texts)] = real_embed(embedder, texts)
+        return cache[tuple(texts)]
+
+    calls: dict[str, list[float]] = defaultdict(list)
+
+    def timed(name: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return await call(*args, **kwargs)
+            finally:
+                calls[name].append((time.perf_counter() - started) * 1000)
+        return wrapper
+
+    actor = Actor("bench/breakdown", "breakdown")
+    asked = [f"how do we handle {TOPICS[n % len(TOPICS)]} safely?" for n in range(questions)]
+    scopes = [f"conv-{n % PRELOAD_CONVERSATIONS:02d}" for n in range(questions)]
+    rows: dict[str, Any] = {}
+    try:
+        for question in asked[:16]:
+            await service.retrieve(actor, question)
+        for label, embed, scoped in (("retrieve", real_embed, False), ("retrieve, question's vector cached", cached_embed, False),
+                                     ("the same, scoped to one conversation", cached_embed, True)):
+            service_module.embed_queries = embed
+            samples = []
+            for question, scope in zip(asked, scopes):
+                started = time.perf_counter()
+                await service.retrieve(actor, question, entity_path=scope if scoped else None)
+                samples.append((time.perf_counter() - started) * 1000)
+            rows[label] = p50(samples)
+        originals = {name: getattr(service.store, name) for name in STORE_CALLS}
+        for name, call in originals.items():
+            setattr(service.store, name, timed(name, call))
+        for question in asked:  # unscoped, the question's vector cached
+            await service.retrieve(actor, question)
+        for name in STORE_CALLS:
+            if calls[name]:
+                rows[f"  {name} (x{len(calls[name]) / questions:.1f} a retrieve)"] = p50(calls[name])
+        service_module.embed_queries = real_embed
+        samples = []
+        for question in asked:
+            started = time.perf_counter()
+            service_module.embed_queries(service.embedder, [question])
+            samples.append((time.perf_counter() - started) * 1000)
+        rows["the question's embedding alone"] = p50(samples)
+    finally:
+        service_module.embed_queries = real_embed
+        await service.close()
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", type=Path, required=True, help="where the SQLite store is made once and reused")
+    parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--entries", type=int, default=10_000)
+    parser.add_argument("--real-vectors", type=int, default=1000)
+    parser.add_argument("--questions", type=int, default=200)
+    args = parser.parse_args()
+    schema = f"amfs_bench_breakdown_{uuid.uuid4().hex[:8]}"
+    extra = {}
+    if args.store == "postgres":
+        if problem := asyncio.run(postgres_problem(postgres_dsn())):
+            parser.error(f"--store postgres: {problem}")
+        extra["AMFS_POSTGRES_DSN"] = schema_dsn(postgres_dsn(), schema)
+    made = args.dir / f"preloaded-{args.entries}-{args.real_vectors}"
+    env = server_env(args.dir, **extra)
+    try:
+        if args.store == "postgres" or not made.exists():
+            args.dir.mkdir(parents=True, exist_ok=True)
+            asyncio.run(preload(env, args.entries, real_vectors=args.real_vectors))
+            if args.store == "sqlite":
+                made.touch()
+        rows = asyncio.run(breakdown(env, args.questions))
+    finally:
+        if args.store == "postgres":
+            asyncio.run(drop_schema(postgres_dsn(), schema))
+    print(f"{args.store}, {args.entries} entries ({args.real_vectors} embedded), p50 ms over {args.questions} retrieves:")
+    for label, value in rows.items():
+        print(f"{label:<48} {value:>8}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

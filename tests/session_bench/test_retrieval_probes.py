@@ -1,0 +1,55 @@
+"""scripts/probe_wide_look.py and scripts/retrieve_breakdown.py on small stores (the record's 0.7.19 figures come from
+them on the real data)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from amfs_server.core import service as service_module
+from amfs_server.core.models import utcnow
+from amfs_server.core.ports import EntryFilter
+from amfs_server.server.composition import build_service
+from amfs_server.server.settings import load_settings
+from amfs_server.session_bench import mcp_latency
+
+from .scripts_dir import script
+
+
+def test_the_wide_look_keeps_the_pools_size_of_the_best_second_look_scores_among_the_wider_pool(tmp_path, monkeypatch):
+    env = mcp_latency.server_env(tmp_path / "store", AMFS_EMBEDDER="chat-minilm")
+    asyncio.run(mcp_latency.preload(env, 60, real_vectors=12))
+    shipped = service_module.MemoryService._semantic_candidates
+    asked: list[int] = []
+
+    async def recording(self, query, flt, now, pool_size, keep=None):
+        asked.append(pool_size)
+        return await shipped(self, query, flt, now, pool_size, keep)
+
+    monkeypatch.setattr(service_module.MemoryService, "_semantic_candidates", recording)  # restored after the test
+
+    async def candidates(pool: int) -> list[tuple[str, float]]:
+        service = build_service(load_settings(environ=env))
+        await service.open()
+        try:
+            found = await service._semantic_candidates("who booked the pottery class?", EntryFilter(), utcnow(), pool)
+            return [(entry.entry_key, round(score, 6)) for entry, score in found]
+        finally:
+            await service.close()
+
+    everything = asyncio.run(candidates(60))  # every turn, ranked by the second look
+    script("probe_wide_look").widen(400)
+    wide = asyncio.run(candidates(10))
+    assert asked == [60, 400]  # the store was asked for the wider pool
+    assert len(wide) == 10 and wide == everything[:10]  # and the best ten of it by the second look were kept
+
+
+def test_the_breakdown_times_the_retrieve_its_store_calls_and_the_embedding_and_puts_the_embedder_back(tmp_path):
+    env = mcp_latency.server_env(tmp_path / "store", AMFS_EMBEDDER="chat-minilm")
+    asyncio.run(mcp_latency.preload(env, 60, real_vectors=12))
+    before = service_module.embed_queries
+    rows = asyncio.run(script("retrieve_breakdown").breakdown(env, 20))
+    assert service_module.embed_queries is before
+    assert {"retrieve", "retrieve, question's vector cached", "the same, scoped to one conversation",
+            "the question's embedding alone"} <= set(rows)
+    assert any(label.strip().startswith("semantic_candidates (x1.0") for label in rows)
+    assert all(value > 0 for value in rows.values())
