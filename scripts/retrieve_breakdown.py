@@ -19,9 +19,9 @@ import argparse
 import asyncio
 import statistics
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from amfs_server.core import service as service_module
 from amfs_server.core.models import Actor
 from amfs_server.server.composition import build_service
 from amfs_server.server.settings import load_settings
-from amfs_server.session_bench import drop_schema, postgres_dsn, postgres_problem, schema_dsn
+from amfs_server.session_bench import fresh_postgres_schema, postgres_dsn, postgres_problem
 from amfs_server.session_bench.mcp_latency import PRELOAD_CONVERSATIONS, TOPICS, preload, server_env
 
 STORE_CALLS = ("semantic_candidates", "keyword_candidates", "common_terms", "passage_vectors", "entry_values",
@@ -101,30 +101,25 @@ async def breakdown(env: dict[str, str], questions: int) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dir", type=Path, required=True, help="where the SQLite store is made once and reused")
+    parser.add_argument("--dir", type=Path, required=True, help="where the SQLite store of each size is made once and reused")
     parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--entries", type=int, default=10_000)
     parser.add_argument("--real-vectors", type=int, default=1000)
     parser.add_argument("--questions", type=int, default=200)
     args = parser.parse_args()
-    schema = f"amfs_bench_breakdown_{uuid.uuid4().hex[:8]}"
-    extra = {}
-    if args.store == "postgres":
-        if problem := asyncio.run(postgres_problem(postgres_dsn())):
-            parser.error(f"--store postgres: {problem}")
-        extra["AMFS_POSTGRES_DSN"] = schema_dsn(postgres_dsn(), schema)
-    made = args.dir / f"preloaded-{args.entries}-{args.real_vectors}"
-    env = server_env(args.dir, **extra)
-    try:
-        if args.store == "postgres" or not made.exists():
-            args.dir.mkdir(parents=True, exist_ok=True)
+    if args.store == "postgres" and (problem := asyncio.run(postgres_problem(postgres_dsn()))):
+        parser.error(f"--store postgres: {problem}")
+    # one SQLite store per size, made once: a second preload into the same store would add to it
+    folder = args.dir / f"preloaded-{args.entries}-{args.real_vectors}"
+    with fresh_postgres_schema("amfs_bench_breakdown") if args.store == "postgres" else nullcontext() as dsn:
+        env = server_env(folder, **({"AMFS_POSTGRES_DSN": dsn} if dsn is not None else {}))
+        made = folder / "preloaded"
+        if dsn is not None or not made.exists():
+            folder.mkdir(parents=True, exist_ok=True)
             asyncio.run(preload(env, args.entries, real_vectors=args.real_vectors))
-            if args.store == "sqlite":
+            if dsn is None:
                 made.touch()
         rows = asyncio.run(breakdown(env, args.questions))
-    finally:
-        if args.store == "postgres":
-            asyncio.run(drop_schema(postgres_dsn(), schema))
     print(f"{args.store}, {args.entries} entries ({args.real_vectors} embedded), p50 ms over {args.questions} retrieves:")
     for label, value in rows.items():
         print(f"{label:<48} {value:>8}")

@@ -4,9 +4,12 @@ Its plotting needs the `[bench]` extra (matplotlib)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -151,6 +154,22 @@ async def drop_schema(dsn: str, schema: str) -> None:
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     finally:
         await conn.close()
+
+
+@contextmanager
+def fresh_postgres_schema(prefix: str) -> Iterator[str]:
+    """The benchmarks' DSN with its search path set to a new schema named `prefix_<8 hex>`, dropped on leaving, also
+    after an error (for code outside an event loop). A drop that fails says what is left and lets the first error
+    through."""
+    schema = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    try:
+        yield schema_dsn(postgres_dsn(), schema)
+    finally:
+        try:
+            asyncio.run(drop_schema(postgres_dsn(), schema))
+        except Exception as error:
+            print(f"schema {schema} left behind ({type(error).__name__}); drop it with: DROP SCHEMA \"{schema}\" CASCADE",
+                  file=sys.stderr)
 
 
 async def postgres_problem(dsn: str) -> str | None:

@@ -27,14 +27,13 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import DEFAULT_POSTGRES_DSN, add_query_encoder_option, drop_schema, postgres_dsn, postgres_problem, schema_dsn
+from . import DEFAULT_POSTGRES_DSN, add_query_encoder_option, fresh_postgres_schema, postgres_dsn, postgres_problem
 
 SERVER_COMMAND = [sys.executable, "-c", "from amfs_server.server.cli import main; main()"]
 TOPICS = ["payments", "retries", "timeouts", "deploys", "caching", "auth tokens", "database locks", "queues"]
@@ -399,10 +398,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             extra = {"AMFS_EMBEDDER": args.embedder} if args.embedder is not None else {}
             if args.embed_threads is not None:
                 extra["AMFS_EMBED_THREADS"] = str(args.embed_threads)
-            schema = f"amfs_bench_latency_{uuid.uuid4().hex[:8]}"  # each transport its own store, as on SQLite
-            if args.store == "postgres":
-                extra["AMFS_POSTGRES_DSN"] = schema_dsn(postgres_dsn(), schema)
-            try:
+            # each transport its own store, as on SQLite
+            with fresh_postgres_schema("amfs_bench_latency") if args.store == "postgres" else nullcontext() as dsn:
+                if dsn is not None:
+                    extra["AMFS_POSTGRES_DSN"] = dsn
                 for number, encoder in enumerate(encoders):
                     env = server_env(Path(tmp) / transport, **extra, AMFS_QUERY_ENCODER=encoder)
                     if args.preload_entries and number == 0:
@@ -413,13 +412,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                     row = asyncio.run(measure(transport, env, args.calls, args.seed_entries, args.warmup,
                                               args.concurrent, scopes))
                     rows.append({**row, "query_encoder": encoder})
-            finally:
-                if args.store == "postgres":
-                    try:
-                        asyncio.run(drop_schema(postgres_dsn(), schema))
-                    except Exception as error:  # say what is left behind, and let the run's own error through
-                        print(f"schema {schema} left behind ({type(error).__name__}); drop it with: "
-                              f'DROP SCHEMA "{schema}" CASCADE', file=sys.stderr)
     embeddings = [query_embedding_latency(args.embedder, args.calls, args.warmup, args.embed_threads, encoder)
                   for encoder in encoders]
 
