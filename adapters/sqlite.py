@@ -268,7 +268,9 @@ def scope_row_ids(conn: sqlite3.Connection, entity_path: str) -> list[int]:
     the range below it as two index searches (1 ms for 5,000 ids at 100k entries; the two as one OR made SQLite
     read every row, 5 ms). Nothing else of the filter is applied: callers apply it to the rows they read."""
     exact, below, above = prefix_clause("entity_path", entity_path)[1]
-    return [row[0] for row in conn.execute(
+    cursor = conn.cursor()
+    cursor.row_factory = None  # plain tuples: a sqlite3.Row each cost 0.3 ms per 1,000 ids
+    return [row_id for row_id, in cursor.execute(
         "SELECT row_id FROM entries WHERE is_current = 1 AND entity_path = ? UNION ALL "
         "SELECT row_id FROM entries WHERE is_current = 1 AND entity_path >= ? AND entity_path < ?",
         (exact, below, above),

@@ -7,6 +7,7 @@ too, so the figures sit beside its MCP ones (whose difference is the transport).
 
     python scripts/retrieve_breakdown.py --dir /tmp/breakdown --entries 10000 --real-vectors 1000
     python scripts/retrieve_breakdown.py --dir /tmp/breakdown --store postgres   # a fresh schema, dropped after
+    python scripts/retrieve_breakdown.py --dir /tmp/breakdown --via-mcp          # and through the MCP server
 
 Each figure is a p50 over `--questions` retrieves (default 200), after 16 unmeasured ones. A store call's time
 includes waiting for the store's lock while the other search holds it, so the calls' times do not add up to the
@@ -30,7 +31,7 @@ from amfs_server.core.models import Actor
 from amfs_server.server.composition import build_service
 from amfs_server.server.settings import load_settings
 from amfs_server.session_bench import fresh_postgres_schema, postgres_dsn, postgres_problem
-from amfs_server.session_bench.mcp_latency import PRELOAD_CONVERSATIONS, TOPICS, preload, server_env
+from amfs_server.session_bench.mcp_latency import PRELOAD_CONVERSATIONS, TOPICS, preload, server_env, stdio_session
 
 STORE_CALLS = ("semantic_candidates", "keyword_candidates", "common_terms", "passage_vectors", "entry_values",
                "record_reads")
@@ -40,7 +41,7 @@ def p50(samples: list[float]) -> float:
     return round(statistics.median(samples), 2)
 
 
-async def breakdown(env: dict[str, str], questions: int) -> dict[str, Any]:
+async def breakdown(env: dict[str, str], questions: int, run_length: int = 1) -> dict[str, Any]:
     service = build_service(load_settings(environ=env))
     await service.open()
     real_embed = service_module.embed_queries
@@ -64,7 +65,8 @@ async def breakdown(env: dict[str, str], questions: int) -> dict[str, Any]:
 
     actor = Actor("bench/breakdown", "breakdown")
     asked = [f"how do we handle {TOPICS[n % len(TOPICS)]} safely?" for n in range(questions)]
-    scopes = [f"conv-{n % PRELOAD_CONVERSATIONS:02d}" for n in range(questions)]
+    # each scope asked `run_length` questions in a row (1: a different scope every time, the least any cache can do)
+    scopes = [f"conv-{n // run_length % PRELOAD_CONVERSATIONS:02d}" for n in range(questions)]
     rows: dict[str, Any] = {}
     try:
         for question in asked[:16]:
@@ -99,6 +101,28 @@ async def breakdown(env: dict[str, str], questions: int) -> dict[str, Any]:
     return rows
 
 
+async def over_mcp(env: dict[str, str], questions: int) -> dict[str, Any]:
+    """The same store through the MCP server over stdio: amfs_retrieve, and amfs_read of a key that does not exist,
+    the cheapest call that reaches the store (what the transport, the MCP framework and the client cost a call)."""
+    asked = [f"how do we handle {TOPICS[n % len(TOPICS)]} safely?" for n in range(questions)]
+
+    async def timed(session: Any, tool: str, arguments: dict[str, Any]) -> float:
+        started = time.perf_counter()
+        result = await session.call_tool(tool, arguments)
+        elapsed = (time.perf_counter() - started) * 1000
+        if result.is_error != (tool == "amfs_read"):  # the absent key's read answers "not found", a retrieve answers
+            raise RuntimeError(f"{tool} answered unexpectedly: {result.content[0].text}")
+        return elapsed
+
+    async with stdio_session(env) as session:
+        for question in asked[:16]:
+            await session.call_tool("amfs_retrieve", {"query": question})
+        retrieves = [await timed(session, "amfs_retrieve", {"query": question}) for question in asked]
+        reads = [await timed(session, "amfs_read", {"entity_path": "absent", "key": f"none-{n}"}) for n in range(questions)]
+    return {"over MCP stdio: amfs_retrieve": p50(retrieves),
+            "over MCP stdio: amfs_read of an absent key": p50(reads)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, required=True, help="where the SQLite store of each size is made once and reused")
@@ -106,7 +130,13 @@ def main() -> int:
     parser.add_argument("--entries", type=int, default=10_000)
     parser.add_argument("--real-vectors", type=int, default=1000)
     parser.add_argument("--questions", type=int, default=200)
+    parser.add_argument("--run-length", type=int, default=1,
+                        help="scoped questions asked of one conversation in a row (default 1: the next one each time)")
+    parser.add_argument("--via-mcp", action="store_true",
+                        help="also time amfs_retrieve, and amfs_read of an absent key, through the MCP server over stdio")
     args = parser.parse_args()
+    if args.run_length < 1:
+        parser.error(f"--run-length must be 1 or more, got {args.run_length}")
     if args.store == "postgres" and (problem := asyncio.run(postgres_problem(postgres_dsn()))):
         parser.error(f"--store postgres: {problem}")
     # one SQLite store per size, made once: a second preload into the same store would add to it
@@ -119,7 +149,9 @@ def main() -> int:
             asyncio.run(preload(env, args.entries, real_vectors=args.real_vectors))
             if dsn is None:
                 made.touch()
-        rows = asyncio.run(breakdown(env, args.questions))
+        rows = asyncio.run(breakdown(env, args.questions, args.run_length))
+        if args.via_mcp:
+            rows.update(asyncio.run(over_mcp(env, args.questions)))
     print(f"{args.store}, {args.entries} entries ({args.real_vectors} embedded), p50 ms over {args.questions} retrieves:")
     for label, value in rows.items():
         print(f"{label:<48} {value:>8}")

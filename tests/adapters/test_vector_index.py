@@ -154,6 +154,55 @@ def test_search_among_scans_exactly_the_ids_given(make_index, data) -> None:
     assert idx.search_among(queries[0], [99_999], 5) == []
 
 
+def test_search_among_answers_from_its_gathered_vectors_until_the_index_changes(make_index, data, tmp_path,
+                                                                                 monkeypatch) -> None:
+    """Asking about the same ids again reuses the vectors gathered for them; every kind of change (a replaced
+    vector, a removed id, a reload, a rebuild, a clear) is seen by the next search, and the cache keeps to its
+    bound."""
+    from amfs_server.adapters import vector_index
+
+    ids, vecs, queries = data
+    idx = make_index(DIM, tmp_path / "v.usearch")
+    idx.add(ids, vecs)
+    among = [int(i) for i in ids[:40]]
+    gets = []
+    real_get = idx._index.get
+    monkeypatch.setattr(idx._index, "get", lambda keys: gets.append(len(keys)) or real_get(keys))
+    first = idx.search_among(queries[0], among, 5)
+    assert idx.search_among(queries[0], list(reversed(among)), 5) == first  # the same set, in another order
+    assert gets == [40]
+    # A replaced vector: the id whose vector now equals the query ranks first.
+    idx.add([among[-1]], queries[:1])
+    assert idx.search_among(queries[0], among, 1)[0][0] == among[-1]
+    # A removed id is not returned.
+    idx.remove([among[-1]])
+    assert among[-1] not in {key for key, _ in idx.search_among(queries[0], among, 40)}
+    # A reload from the file (saved while the id was there), a rebuild, a clear.
+    idx.add([among[-1]], queries[:1])
+    idx.save()
+    idx.remove([among[-1]])
+    assert among[-1] not in {key for key, _ in idx.search_among(queries[0], among, 40)}
+    idx.load()
+    assert idx.search_among(queries[0], among, 1)[0][0] == among[-1]
+    idx.rebuild(ids, vecs)
+    assert [key for key, _ in idx.search_among(queries[0], among, 5)] == exact_top(vecs[:40], ids[:40], queries[0], 5)
+    idx.clear()
+    assert idx.search_among(queries[0], among, 5) == []
+    # The bound: room for two sets of 40 vectors, so a third pushes out the least recently asked.
+    idx.add(ids, vecs)
+    monkeypatch.setattr(vector_index, "GATHERED_CACHE_BYTES", 2 * 40 * DIM * 4)
+    sets = [[int(i) for i in ids[n * 40:(n + 1) * 40]] for n in range(3)]
+    for chosen in sets:
+        idx.search_among(queries[0], chosen, 5)
+    assert idx._gathered_bytes <= vector_index.GATHERED_CACHE_BYTES and len(idx._gathered) == 2
+    gets.clear()
+    real_get = idx._index.get  # clear() made a new usearch index
+    monkeypatch.setattr(idx._index, "get", lambda keys: gets.append(len(keys)) or real_get(keys))
+    idx.search_among(queries[0], sets[2], 5)
+    idx.search_among(queries[0], sets[0], 5)
+    assert gets == [40]  # the third set was kept, the first had been pushed out
+
+
 def test_save_load_round_trip(make_index, tmp_path, data) -> None:
     ids, vecs, queries = data
     path = tmp_path / "sub" / "vectors.usearch"

@@ -53,3 +53,12 @@ def test_the_breakdown_times_the_retrieve_its_store_calls_and_the_embedding_and_
             "the question's embedding alone"} <= set(rows)
     assert any(label.strip().startswith("semantic_candidates (x1.0") for label in rows)
     assert all(value > 0 for value in rows.values())
+
+
+def test_the_breakdown_over_mcp_times_a_retrieve_and_the_cheapest_call_through_a_real_server(tmp_path):
+    env = mcp_latency.server_env(tmp_path / "store", AMFS_EMBEDDER="chat-minilm")
+    asyncio.run(mcp_latency.preload(env, 60, real_vectors=12))
+    rows = asyncio.run(script("retrieve_breakdown").over_mcp(env, 5))
+    assert set(rows) == {"over MCP stdio: amfs_retrieve", "over MCP stdio: amfs_read of an absent key"}
+    # a retrieve embeds the question and searches; reading an absent key does neither
+    assert rows["over MCP stdio: amfs_retrieve"] > rows["over MCP stdio: amfs_read of an absent key"] > 0
