@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
+
 from amfs_server.core import service as service_module
 from amfs_server.core.models import utcnow
 from amfs_server.core.ports import EntryFilter
@@ -62,3 +64,31 @@ def test_the_breakdown_over_mcp_times_a_retrieve_and_the_cheapest_call_through_a
     assert set(rows) == {"over MCP stdio: amfs_retrieve", "over MCP stdio: amfs_read of an absent key"}
     # a retrieve embeds the question and searches; reading an absent key does neither
     assert rows["over MCP stdio: amfs_retrieve"] > rows["over MCP stdio: amfs_read of an absent key"] > 0
+
+
+def test_the_exact_scan_comparison_embeds_real_turns_and_scores_the_graph_against_the_exact_scan():
+    module = script("exact_scan_threshold")
+    turns, questions = module.turns_and_questions(seed=0)
+    assert len(turns) > 10_000 and len(questions) > 5_000 and all(": " in turn for turn in turns[:50])
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((300, 16)).astype(np.float32)
+    asked = vectors[:20] + 0.01  # each question next to a stored vector
+    (row,) = module.compare(vectors, asked, [300], k=10)
+    assert row["vectors"] == 300 and 0.9 <= row["recall@10"] <= 1.0 and 0.9 <= row["top_ten"] <= 1.0
+    assert row["exact_p50_ms"] > 0 and row["graph_p50_ms"] > 0
+
+
+def test_the_exact_scan_bound_is_in_vector_components():
+    from amfs_server.adapters.vector_index import EXACT_SCAN_COMPONENTS, VectorIndex
+
+    assert VectorIndex(768).exact_threshold == EXACT_SCAN_COMPONENTS // 768 == 3906  # chat-mpnet
+    assert VectorIndex(384).exact_threshold == 7812  # MiniLM: a vector of half the width scans in half the time
+    assert VectorIndex(768, exact_threshold=5).exact_threshold == 5
+
+
+def test_the_paired_retrieves_time_both_searches_on_a_store_and_leave_it_usable(tmp_path):
+    env = mcp_latency.server_env(tmp_path / "store", AMFS_EMBEDDER="chat-minilm")
+    asyncio.run(mcp_latency.preload(env, 60, real_vectors=12))
+    found = asyncio.run(script("exact_scan_threshold").paired_retrieves(tmp_path / "store", rounds=2, questions=5,
+                                                                            embedder="chat-minilm"))
+    assert set(found) == {"exact scan", "graph"} and all(len(p50s) == 2 and min(p50s) > 0 for p50s in found.values())
