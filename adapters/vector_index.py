@@ -53,8 +53,8 @@ DEFAULT_EXPANSION_SEARCH = 128
 # exact scan took 0.75 / 1.09 / 1.64 / 2.82 ms at 2,000 / 3,000 / 4,000 / 6,000 vectors, the graph 0.71 / 0.86 /
 # 1.35 / 2.09 ms at recall@64 0.995 / 0.993 / 0.993 / 0.992 of the exact list (its top ten 0.998-0.999); at 10,000
 # (mixtures of real vectors) 5.4 ms against 1.8. Until 0.7.19 the bound was 10,000 vectors, set for 384-d MiniLM
-# (~1 ms at 10k): with 768-d chat-mpnet a store of 10,000 entries took 2.8 ms longer over MCP than one of 10,200
-# (one run each).
+# (~1 ms at 10k): with 768-d chat-mpnet a whole retrieve at 10,000 entries took 2.2 ms longer on average, exact scan
+# and graph taking turns (`python scripts/exact_scan_threshold.py --retrieve-store DIR`).
 EXACT_SCAN_COMPONENTS = 3_000_000
 # `search_among` keeps the vectors it gathered for the last id sets asked about (a conversation's turns, asked many
 # questions in a row), up to this many bytes, until the index next changes: usearch hands vectors back one array
