@@ -31,7 +31,7 @@ from amfs_server.core.embedding import embed_queries
 from amfs_server.core.models import Actor
 from amfs_server.server.composition import build_service
 from amfs_server.server.settings import load_settings
-from amfs_server.session_bench.mcp_latency import TOPICS, server_env
+from amfs_server.session_bench.mcp_latency import bench_questions, server_env
 
 DATA = Path(__file__).resolve().parents[1] / "session_bench" / "data"
 SETS = ("annotated", "authored", "fresh", "recurring", "chitchat")
@@ -82,7 +82,7 @@ async def paired_retrieves(store: Path, rounds: int, questions: int = 200, embed
     service = build_service(load_settings(environ=server_env(store, **({"AMFS_EMBEDDER": embedder} if embedder else {}))))
     await service.open()
     actor = Actor("bench/exact-scan", "exact-scan")
-    asked = [f"how do we handle {TOPICS[n % len(TOPICS)]} safely?" for n in range(questions)]
+    asked = bench_questions(questions)
     try:
         await service.retrieve(actor, asked[0])
         index = service.store._vectors.index  # type: ignore[attr-defined]  # SQLite's, synced by that retrieve

@@ -31,7 +31,9 @@ from amfs_server.core.models import Actor
 from amfs_server.server.composition import build_service
 from amfs_server.server.settings import load_settings
 from amfs_server.session_bench import fresh_postgres_schema, postgres_dsn, postgres_problem
-from amfs_server.session_bench.mcp_latency import PRELOAD_CONVERSATIONS, TOPICS, preload, server_env, stdio_session
+from amfs_server.session_bench.mcp_latency import (
+    PRELOAD_CONVERSATIONS, bench_questions, preload, server_env, stdio_session, timed_call,
+)
 
 STORE_CALLS = ("semantic_candidates", "keyword_candidates", "common_terms", "passage_vectors", "entry_values",
                "record_reads")
@@ -64,7 +66,7 @@ async def breakdown(env: dict[str, str], questions: int, run_length: int = 1) ->
         return wrapper
 
     actor = Actor("bench/breakdown", "breakdown")
-    asked = [f"how do we handle {TOPICS[n % len(TOPICS)]} safely?" for n in range(questions)]
+    asked = bench_questions(questions)
     # each scope asked `run_length` questions in a row (1: a different scope every time, the least any cache can do)
     scopes = [f"conv-{n // run_length % PRELOAD_CONVERSATIONS:02d}" for n in range(questions)]
     rows: dict[str, Any] = {}
@@ -104,21 +106,13 @@ async def breakdown(env: dict[str, str], questions: int, run_length: int = 1) ->
 async def over_mcp(env: dict[str, str], questions: int) -> dict[str, Any]:
     """The same store through the MCP server over stdio: amfs_retrieve, and amfs_read of a key that does not exist,
     the cheapest call that reaches the store (what the transport, the MCP framework and the client cost a call)."""
-    asked = [f"how do we handle {TOPICS[n % len(TOPICS)]} safely?" for n in range(questions)]
-
-    async def timed(session: Any, tool: str, arguments: dict[str, Any]) -> float:
-        started = time.perf_counter()
-        result = await session.call_tool(tool, arguments)
-        elapsed = (time.perf_counter() - started) * 1000
-        if result.is_error != (tool == "amfs_read"):  # the absent key's read answers "not found", a retrieve answers
-            raise RuntimeError(f"{tool} answered unexpectedly: {result.content[0].text}")
-        return elapsed
-
+    asked = bench_questions(questions)
     async with stdio_session(env) as session:
         for question in asked[:16]:
             await session.call_tool("amfs_retrieve", {"query": question})
-        retrieves = [await timed(session, "amfs_retrieve", {"query": question}) for question in asked]
-        reads = [await timed(session, "amfs_read", {"entity_path": "absent", "key": f"none-{n}"}) for n in range(questions)]
+        retrieves = [await timed_call(session, "amfs_retrieve", {"query": question}) for question in asked]
+        reads = [await timed_call(session, "amfs_read", {"entity_path": "absent", "key": f"none-{n}"}, expect_error=True)
+                 for n in range(questions)]  # "not found"
     return {"over MCP stdio: amfs_retrieve": p50(retrieves),
             "over MCP stdio: amfs_read of an absent key": p50(reads)}
 

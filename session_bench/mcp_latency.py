@@ -138,13 +138,19 @@ def percentile(samples: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-async def _timed(session: Any, tool: str, arguments: dict[str, Any]) -> float:
+async def timed_call(session: Any, tool: str, arguments: dict[str, Any], *, expect_error: bool = False) -> float:
+    """Milliseconds of one tool call; raises unless it answered as expected (an error only with `expect_error`)."""
     start = time.perf_counter()
     result = await session.call_tool(tool, arguments)
     elapsed = (time.perf_counter() - start) * 1000
-    if result.is_error:
-        raise RuntimeError(f"{tool} failed: {result.content[0].text}")
+    if result.is_error != expect_error:
+        raise RuntimeError(f"{tool} answered unexpectedly: {result.content[0].text}")
     return elapsed
+
+
+def bench_questions(count: int) -> list[str]:
+    """The questions the latency benchmarks ask, one per topic in turn."""
+    return [f"how do we handle {TOPICS[n % len(TOPICS)]} safely?" for n in range(count)]
 
 
 def _note(n: int) -> dict[str, Any]:
@@ -255,7 +261,7 @@ async def concurrent_retrieves(session: Any, queries: list[str], concurrent: int
     timings: list[float] = []
     for start in range(0, len(queries), concurrent):
         group = queries[start:start + concurrent]
-        timings += await asyncio.gather(*(_timed(session, "amfs_retrieve", {"query": query}) for query in group))
+        timings += await asyncio.gather(*(timed_call(session, "amfs_retrieve", {"query": query}) for query in group))
     return {**_summary(timings), "concurrent": concurrent,
             "calls_per_s": round(len(timings) / (time.perf_counter() - started), 1)}
 
@@ -268,26 +274,26 @@ async def measure(transport: str, env: dict[str, str], calls: int, seed: int, wa
     import_client(transport)
     spawned = time.perf_counter()
     async with session_factory(env) as session:
-        await _timed(session, "amfs_write", {"entity_path": "bench", "key": "cold-start", "value": "first write"})
+        await timed_call(session, "amfs_write", {"entity_path": "bench", "key": "cold-start", "value": "first write"})
         first_write_s = time.perf_counter() - spawned
         first_write_cpu_s = server_cpu_s()
         tools = {tool.name for tool in (await session.list_tools()).tools}
         for n in range(seed):
             await session.call_tool("amfs_write", _note(n))
         for n in range(warmup):
-            await _timed(session, "amfs_write", _note(seed + n))
-        writes = [await _timed(session, "amfs_write", _note(seed + warmup + n)) for n in range(calls)]
+            await timed_call(session, "amfs_write", _note(seed + n))
+        writes = [await timed_call(session, "amfs_write", _note(seed + warmup + n)) for n in range(calls)]
         row: dict[str, Any] = {"transport": transport, "amfs_write": _summary(writes)}
         if "amfs_retrieve" in tools:
-            queries = [f"how do we handle {TOPICS[n % len(TOPICS)]} safely?" for n in range(calls + warmup)]
+            queries = bench_questions(calls + warmup)
             for query in queries[:warmup]:
-                await _timed(session, "amfs_retrieve", {"query": query})
+                await timed_call(session, "amfs_retrieve", {"query": query})
             started = time.perf_counter()
-            timings = [await _timed(session, "amfs_retrieve", {"query": query}) for query in queries[warmup:]]
+            timings = [await timed_call(session, "amfs_retrieve", {"query": query}) for query in queries[warmup:]]
             row["amfs_retrieve"] = {**_summary(timings),
                                     "calls_per_s": round(len(timings) / (time.perf_counter() - started), 1)}
             if scopes:
-                scoped = [await _timed(session, "amfs_retrieve", {"query": query, "entity_path": scopes[n % len(scopes)]})
+                scoped = [await timed_call(session, "amfs_retrieve", {"query": query, "entity_path": scopes[n % len(scopes)]})
                           for n, query in enumerate(queries[warmup:])]
                 row["amfs_retrieve_scoped"] = {**_summary(scoped), "scopes": len(scopes)}
             if concurrent > 1:

@@ -86,7 +86,7 @@ def test_the_exact_scan_bound_is_in_vector_components():
     assert VectorIndex(768, exact_threshold=5).exact_threshold == 5
 
 
-def test_the_paired_retrieves_time_both_searches_on_a_store_and_leave_it_usable(tmp_path):
+def test_the_paired_retrieves_time_both_searches_on_a_store(tmp_path):
     env = mcp_latency.server_env(tmp_path / "store", AMFS_EMBEDDER="chat-minilm")
     asyncio.run(mcp_latency.preload(env, 60, real_vectors=12))
     found = asyncio.run(script("exact_scan_threshold").paired_retrieves(tmp_path / "store", rounds=2, questions=5,
