@@ -71,6 +71,7 @@ from ..core.ports import (
 )
 from ..core.retrieval import distinct_words, query_word_part_pattern, query_word_pattern
 from .postgres_base import (
+    CONNECT_TIMEOUT_S,
     DEFAULT_SCHEMA as DEFAULT_SCHEMA,
     MIGRATION_LOCK_KEY,
     PostgresDatabase,
@@ -275,6 +276,25 @@ _SORT_SQL = sort_sql(POSTGRES)
 _INSERT_ENTRY = POSTGRES.insert("entries", ENTRY_INSERT_COLUMNS) + " "
 _INSERT_TRACE = POSTGRES.insert("trace_events", TRACE_INSERT_COLUMNS)
 _INSERT_EFFECT = POSTGRES.insert("outcome_effects", EFFECT_COLUMNS)
+# record_reads: each (entry, version) read gets its count, tier and priority, and each read its trace in order; both
+# only where that version is still stored (and, where the read names it, written at the same moment).
+_RECORD_READS_SQL = """
+WITH settings AS (SELECT set_config('synchronous_commit', 'off', true)),
+counted AS (
+    UPDATE entries AS e SET recall_count = e.recall_count + r.times, tier = r.tier, priority_score = r.priority
+    FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::smallint[], $6::float8[], $7::timestamptz[])
+        AS r(entity_path, key, version, times, tier, priority, written_at)
+    WHERE e.entity_path = r.entity_path AND e.key = r.key AND e.version = r.version
+        AND (r.written_at IS NULL OR e.written_at = r.written_at)
+    RETURNING e.entity_path, e.key, e.version
+)
+INSERT INTO trace_events (session_id, agent_id, kind, entity_path, key, version, at, detail)
+SELECT $8, $9, $10, t.entity_path, t.key, t.version, $11, t.detail
+FROM unnest($12::text[], $13::text[], $14::int[], $15::text[]) WITH ORDINALITY AS t(entity_path, key, version, detail, n)
+JOIN counted ON counted.entity_path = t.entity_path AND counted.key = t.key AND counted.version = t.version
+CROSS JOIN settings
+ORDER BY t.n
+"""
 _UPSERT_META = upsert_meta_sql(POSTGRES)
 
 
@@ -392,6 +412,7 @@ _TERM_STATS_SQL = (
     "WHERE s.schemaname = $1 AND s.tablename = 'entries' AND s.attname = 'search_tsv'"
 )
 # A one-word tsquery renders as 'lexeme' (quoted): strip the quotes to compare with most_common_elems.
+LEXEME_CACHE_SIZE = 50_000  # words; about 5 MB, emptied when full
 _LEXEME_SQL = (
     "SELECT term, btrim(to_tsquery('english'::regconfig, term)::text, '''') AS lexeme FROM unnest($1::text[]) AS term"
 )
@@ -414,6 +435,8 @@ class PostgresStore(PostgresDatabase):
         if embedding_dimension is not None and int(embedding_dimension) < 1:
             raise StoreError(f"embedding_dimension must be >= 1, got {embedding_dimension}")
         self._term_stats: tuple[float, dict[str, float]] | None = None
+        # a query word's stemmed form (its lexeme under 'english'): fixed for a word, so asked of the server once
+        self._lexemes: dict[str, str] = {}
         self._width_from_store = embedding_dimension is None
         self.embedding_dimension = NO_EMBEDDER_DIMENSION if embedding_dimension is None else int(embedding_dimension)
         self._reembedding = False
@@ -495,19 +518,22 @@ class PostgresStore(PostgresDatabase):
         # One process at a time, the others open at once: every opener used to do the same work (three opening a
         # 20,000-row 0.7.14 store took 19-31 s each; red-team run, 0.7.15). Rows not yet split are still found by
         # meaning and by their other words meanwhile; one left unsplit by a process killed midway is split later.
-        async with self._require_pool().acquire() as holder:
+        # The session lock is held by a connection of its own, closed after: the pool's connections keep no session
+        # state (`_keep_session`), so a lock left on one by a failed unlock would never be released.
+        import asyncpg
+
+        holder = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT_S)
+        try:
             if not await holder.fetchval("SELECT pg_try_advisory_lock(hashtext($1), hashtext('amfs-words-apart'))",
                                          self.schema):
                 return
-            try:
-                while True:
-                    checked, changed = await self._tx(batch)
-                    rewritten += changed
-                    if checked < WORD_COUNT_BATCH:
-                        break
-            finally:
-                await holder.execute("SELECT pg_advisory_unlock(hashtext($1), hashtext('amfs-words-apart'))",
-                                     self.schema)
+            while True:
+                checked, changed = await self._tx(batch)
+                rewritten += changed
+                if checked < WORD_COUNT_BATCH:
+                    break
+        finally:
+            await holder.close()  # releases the lock
         if rewritten:
             logger.warning("Split the joined words (v2.3.1, a/b.py, x@y.org) of %d entries' search text written "
                            "before amfs-server 0.7.15 (once)", rewritten)
@@ -812,13 +838,9 @@ class PostgresStore(PostgresDatabase):
             scope_size=f"({scope_size})",
         )
 
-        async def search(conn: Any) -> list[Any]:
-            # A piece made only of stop words becomes an empty tsquery (and would print a NOTICE): it matches nothing.
-            await conn.execute("SET LOCAL client_min_messages = warning")
-            rows: list[Any] = await conn.fetch(sql, *params.values)
-            return rows
-
-        rows = await self._tx(search, readonly=True)
+        # A piece made only of stop words becomes an empty tsquery: it matches nothing (the pool's connections do
+        # not print the NOTICE it raises).
+        rows = await self._read(lambda conn: conn.fetch(sql, *params.values))
         return length_scaled([(_row_to_entry(row, with_embedding=False), float(row["score"]), row) for row in rows])
 
     async def common_terms(self, terms: list[str], max_matches: int, entity_path: str | None = None) -> set[str]:
@@ -836,8 +858,13 @@ class PostgresStore(PostgresDatabase):
         searchable = [term for term in terms if _tsquery_text([term])]
         if not counts or not searchable:
             return set()
-        lexemes = await self._read(lambda conn: conn.fetch(_LEXEME_SQL, searchable))
-        common = {row["term"] for row in lexemes if counts.get(row["lexeme"], 0.0) > max_matches}
+        if any(term not in self._lexemes for term in searchable):
+            if len(self._lexemes) + len(searchable) > LEXEME_CACHE_SIZE:
+                self._lexemes.clear()
+            unknown = [term for term in searchable if term not in self._lexemes]
+            rows = await self._read(lambda conn: conn.fetch(_LEXEME_SQL, unknown))
+            self._lexemes.update((row["term"], row["lexeme"]) for row in rows)
+        common = {term for term in searchable if counts.get(self._lexemes[term], 0.0) > max_matches}
         if entity_path is None or not common:
             return common
         in_scope = await self._read(lambda conn: conn.fetchval(_scope_size_sql("$1"), entity_path))
@@ -849,11 +876,10 @@ class PostgresStore(PostgresDatabase):
         )
 
         async def count(conn: Any) -> set[str]:
-            await conn.execute("SET LOCAL client_min_messages = warning")
             return {term for term in sorted(common)
                     if await conn.fetchval(scoped_sql, _tsquery_text([term]), entity_path, max_matches + 1) > max_matches}
 
-        return await self._tx(count, readonly=True)
+        return await self._read(count)
 
     async def semantic_candidates(
         self, vector: list[float], flt: EntryFilter, now: datetime, limit: int, *, values: bool = True,
@@ -879,17 +905,19 @@ class PostgresStore(PostgresDatabase):
         )
         ef_search = max(HNSW_EF_SEARCH, min(int(limit), 1000))
 
+        settings = [f"hnsw.ef_search = {ef_search}"]
+        if flt.entity_path is None:
+            # A vector wider than about 500 dimensions (2 KB) is stored out of line (TOAST), which the planner does
+            # not cost: unscoped, it then prefers reading and sorting every row to the HNSW index (768 dimensions at
+            # 10k entries: 36 ms instead of 3). Scoped, reading the scope's rows can be the right plan, so it keeps
+            # its choice there.
+            settings += ["enable_seqscan = off", "enable_sort = off"]
+        if self._iterative_scan:
+            settings.append("hnsw.iterative_scan = relaxed_order")
+        set_local = "".join(f"SET LOCAL {setting};" for setting in settings)  # one round trip for all
+
         async def search(conn: Any) -> list[Any]:
-            if flt.entity_path is None:
-                # A vector wider than about 500 dimensions (2 KB) is stored out of line (TOAST), which the planner
-                # does not cost: unscoped, it then prefers reading and sorting every row to the HNSW index (768
-                # dimensions at 10k entries: 36 ms instead of 3). Scoped, reading the scope's rows can be the right
-                # plan, so it keeps its choice there.
-                await conn.execute("SET LOCAL enable_seqscan = off")
-                await conn.execute("SET LOCAL enable_sort = off")
-            await conn.execute(f"SET LOCAL hnsw.ef_search = {ef_search}")
-            if self._iterative_scan:
-                await conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+            await conn.execute(set_local)
             rows: list[Any] = await conn.fetch(sql, *params.values)
             return rows
 
@@ -939,35 +967,22 @@ class PostgresStore(PostgresDatabase):
             latest[where] = read
         rows = sorted(counts)
 
-        async def write(conn: Any) -> None:
-            # Read bookkeeping, not data: it need not wait for the WAL flush. A PostgreSQL crash may lose the
-            # last fraction of a second of it; it never leaves the store inconsistent.
-            await conn.execute("SET LOCAL synchronous_commit = off")
-            # Only a version still held (the same write) gets its count and its trace: a read that lost a race
-            # with a forget in another process left a trace naming the erased key (red-team repro). The row lock
-            # taken here makes a forget that comes later wait, and then delete this trace with the key's others.
-            updated = await conn.fetch(
-                "UPDATE entries AS e SET recall_count = e.recall_count + r.times, tier = r.tier, "
-                "priority_score = r.priority FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::smallint[], "
-                "$6::float8[], $7::timestamptz[]) AS r(entity_path, key, version, times, tier, priority, written_at) "
-                "WHERE e.entity_path = r.entity_path AND e.key = r.key AND e.version = r.version "
-                "AND (r.written_at IS NULL OR e.written_at = r.written_at) "
-                "RETURNING e.entity_path, e.key, e.version",
-                [w[0] for w in rows], [w[1] for w in rows], [w[2] for w in rows], [counts[w] for w in rows],
-                [int(latest[w].tier) for w in rows], [latest[w].priority_score for w in rows],
-                [latest[w].written_at for w in rows],
-            )
-            held = {(row["entity_path"], row["key"], row["version"]) for row in updated}
-            await conn.executemany(
-                _INSERT_TRACE,
-                [
-                    trace_params(actor.session_id, actor.agent_id, kind, r.entity_path, r.key, r.version, now, r.detail,
-                                 POSTGRES)
-                    for r in reads if (r.entity_path, r.key, r.version) in held
-                ],
-            )
-
-        await self._tx(write)
+        # One statement, one round trip (it was five: BEGIN, SET, UPDATE, INSERT, COMMIT).
+        # synchronous_commit off: read bookkeeping, not data, need not wait for the WAL flush. A PostgreSQL crash may
+        # lose the last fraction of a second of it; it never leaves the store inconsistent. A setting made with
+        # set_config(..., true) holds for the statement's own transaction, whose commit reads it.
+        # Only a version still held (the same write) gets its count and its trace: a read that lost a race with a
+        # forget in another process left a trace naming the erased key (red-team repro). The row lock the UPDATE
+        # takes makes a forget that comes later wait, and then delete these traces with the key's others.
+        await self._tx(lambda conn: conn.execute(
+            _RECORD_READS_SQL,
+            [w[0] for w in rows], [w[1] for w in rows], [w[2] for w in rows], [counts[w] for w in rows],
+            [int(latest[w].tier) for w in rows], [latest[w].priority_score for w in rows],
+            [latest[w].written_at for w in rows],
+            actor.session_id, actor.agent_id, kind, now,
+            [r.entity_path for r in reads], [r.key for r in reads], [r.version for r in reads],
+            [None if r.detail is None else json.dumps(r.detail) for r in reads],
+        ), transaction=False)
 
     async def session_reads(self, session_id: str) -> list[OutcomeTarget]:
         return await self._read(lambda conn: self._session_reads(conn, session_id))

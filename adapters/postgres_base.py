@@ -96,6 +96,14 @@ async def vacuum(pool: Any, where: str, *tables: str) -> bool:
     return True
 
 
+async def _keep_session(conn: Any) -> None:
+    """The pool's reset between borrowers, in place of asyncpg's `SELECT pg_advisory_unlock_all(); CLOSE ALL;
+    UNLISTEN *; RESET ALL` (a round trip each time a connection goes back: five a retrieve). asyncpg still rolls back
+    an open transaction first; nothing else is left to reset, since the stores keep no session state on a pooled
+    connection: settings are `SET LOCAL`, locks are transaction locks, cursors live in transactions, nothing
+    listens (a session lock is taken on a connection of its own: `PostgresEntryStore._split_words_of_older_rows`)."""
+
+
 class PostgresDatabase:
     """Base of the PostgreSQL stores. Subclasses set the class attributes below and `_bootstrap` (what to
     create at start-up, called in one transaction holding the migration lock)."""
@@ -162,7 +170,11 @@ class PostgresDatabase:
                     max_size=self.POOL_MAX_SIZE,
                     timeout=CONNECT_TIMEOUT_S,
                     init=self._init_connection,
-                    server_settings={"search_path": self._search_path, "application_name": self.APPLICATION_NAME},
+                    reset=_keep_session,
+                    # warning: a keyword piece made only of stop words becomes an empty tsquery, which would print a
+                    # NOTICE on every search
+                    server_settings={"search_path": self._search_path, "application_name": self.APPLICATION_NAME,
+                                     "client_min_messages": "warning"},
                 )
             except Exception as error:
                 raise StoreError(
@@ -218,14 +230,20 @@ class PostgresDatabase:
             raise StoreError(f"The {self.DESCRIPTION} is not open; call `await store.open()` first.")
         return self._pool
 
-    async def _tx(self, fn: Callable[[Any], Awaitable[T]], *, readonly: bool = False, isolation: str | None = None) -> T:
-        """Run `fn(conn)` in one transaction; retry it on deadlock / serialisation failure."""
+    async def _tx(
+        self, fn: Callable[[Any], Awaitable[T]], *, readonly: bool = False, isolation: str | None = None,
+        transaction: bool = True,
+    ) -> T:
+        """Run `fn(conn)` in one transaction; retry it on deadlock / serialisation failure. `transaction=False`: `fn`
+        runs one statement, which is its own transaction (two round trips fewer: no BEGIN, no COMMIT)."""
         import asyncpg
 
         pool = self._require_pool()
         for attempt in range(1, MAX_TX_ATTEMPTS + 1):
             try:
                 async with pool.acquire() as conn:
+                    if not transaction:
+                        return await fn(conn)
                     async with conn.transaction(readonly=readonly, isolation=isolation):
                         return await fn(conn)
             # InvalidCachedStatementError: a statement prepared before another process changed the schema (`memory

@@ -92,6 +92,15 @@ MIGRATIONS: list[str] = [
 ]
 
 _INSERT_INTERACTION = insert_interaction_sql(POSTGRES)
+# An interaction alone (no preference changed): one statement, committed without waiting for the WAL flush, like the
+# entry store's read bookkeeping. A PostgreSQL crash may lose the last fraction of a second of such records (as an OS
+# crash may on SQLite, synchronous = NORMAL); it never leaves the store inconsistent. set_config(..., true) holds for
+# the statement's own transaction, whose commit reads it.
+_RECORD_INTERACTION = (
+    "WITH settings AS (SELECT set_config('synchronous_commit', 'off', true)) "
+    f"INSERT INTO learning_interactions ({', '.join(INTERACTION_COLUMNS)}) "
+    f"SELECT {POSTGRES.marks(len(INTERACTION_COLUMNS))} FROM settings"
+)
 _UPSERT_PREFERENCE = upsert_preference_sql(POSTGRES)
 _UPSERT_PATTERN = upsert_pattern_sql(POSTGRES)
 
@@ -118,6 +127,11 @@ class PostgresLearningStore(PostgresDatabase):
     # -- interactions and preferences -------------------------------------------------------
 
     async def record(self, interaction: Interaction | None, changes: Sequence[PreferenceChange]) -> list[Preference]:
+        if not changes:
+            if interaction is not None:
+                await self._tx(lambda conn: conn.execute(_RECORD_INTERACTION, *interaction_params(interaction, POSTGRES)),
+                               transaction=False)
+            return []
         names = sorted({f"{c.user_id}\x1f{c.category}\x1f{c.key}" for c in changes})
 
         async def write(conn: Any) -> list[Preference]:
