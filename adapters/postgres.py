@@ -914,14 +914,7 @@ class PostgresStore(PostgresDatabase):
             settings += ["enable_seqscan = off", "enable_sort = off"]
         if self._iterative_scan:
             settings.append("hnsw.iterative_scan = relaxed_order")
-        set_local = "".join(f"SET LOCAL {setting};" for setting in settings)  # one round trip for all
-
-        async def search(conn: Any) -> list[Any]:
-            await conn.execute(set_local)
-            rows: list[Any] = await conn.fetch(sql, *params.values)
-            return rows
-
-        rows = await self._tx(search, readonly=True)
+        rows: list[Any] = await self._read_with_settings(settings, lambda conn: conn.fetch(sql, *params.values))
         results = []
         for row in rows:
             score = 1.0 - float(row["distance"])

@@ -6,11 +6,12 @@ the core's errors."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import re
 import shlex
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
@@ -283,6 +284,23 @@ class PostgresDatabase:
             if explained is None:
                 raise
             raise explained from error
+
+    async def _read_with_settings(self, settings: Sequence[str], fn: Callable[[Any], Awaitable[T]]) -> T:
+        """Run `fn(conn)` in a read-only transaction with these `SET LOCAL` settings (`"name = value"`), begun in
+        the same message as they are set: one round trip for BEGIN and every setting."""
+        async def run(conn: Any) -> T:
+            await conn.execute("BEGIN READ ONLY;" + "".join(f"SET LOCAL {setting};" for setting in settings))
+            try:
+                result = await fn(conn)
+            except Exception:
+                # (the pool would roll back too when the connection goes back, but reports it as an error)
+                with contextlib.suppress(Exception):
+                    await conn.execute("ROLLBACK")
+                raise
+            await conn.execute("COMMIT")
+            return result
+
+        return await self._read(run)
 
     def _explain(self, error: Exception) -> Exception | None:
         """The error to raise in place of a driver error a caller should understand; None: `error` as it is."""
