@@ -32,7 +32,7 @@ from amfs_server.server.composition import build_service
 from amfs_server.server.settings import load_settings
 from amfs_server.session_bench import fresh_postgres_schema, postgres_dsn, postgres_problem
 from amfs_server.session_bench.mcp_latency import (
-    PRELOAD_CONVERSATIONS, bench_questions, preload, server_env, stdio_session, timed_call,
+    PRELOAD_CONVERSATIONS, bench_questions, preloaded_env, stdio_session, timed_call,
 )
 
 STORE_CALLS = ("semantic_candidates", "keyword_candidates", "common_terms", "passage_vectors", "entry_values",
@@ -133,16 +133,9 @@ def main() -> int:
         parser.error(f"--run-length must be 1 or more, got {args.run_length}")
     if args.store == "postgres" and (problem := asyncio.run(postgres_problem(postgres_dsn()))):
         parser.error(f"--store postgres: {problem}")
-    # one SQLite store per size, made once: a second preload into the same store would add to it
     folder = args.dir / f"preloaded-{args.entries}-{args.real_vectors}"
     with fresh_postgres_schema("amfs_bench_breakdown") if args.store == "postgres" else nullcontext() as dsn:
-        env = server_env(folder, **({"AMFS_POSTGRES_DSN": dsn} if dsn is not None else {}))
-        made = folder / "preloaded"
-        if dsn is not None or not made.exists():
-            folder.mkdir(parents=True, exist_ok=True)
-            asyncio.run(preload(env, args.entries, real_vectors=args.real_vectors))
-            if dsn is None:
-                made.touch()
+        env = preloaded_env(folder, args.entries, args.real_vectors, dsn)
         rows = asyncio.run(breakdown(env, args.questions, args.run_length))
         if args.via_mcp:
             rows.update(asyncio.run(over_mcp(env, args.questions)))

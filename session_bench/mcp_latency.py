@@ -179,6 +179,20 @@ def _turn(n: int) -> str:
 PRELOAD_CONVERSATIONS = 40  # the preload's turns are spread over this many conversations (entity paths)
 
 
+def preloaded_env(folder: Path, entries: int, real_vectors: int, dsn: str | None = None) -> dict[str, str]:
+    """The server environment of a store holding `preload`'s `entries` turns (`real_vectors` of them embedded): a
+    SQLite store in `folder`, preloaded once and reused by later runs (a second preload would add to it), or, with
+    `dsn`, the PostgreSQL schema it names, preloaded now (a fresh one, from `fresh_postgres_schema`)."""
+    env = server_env(folder, **({"AMFS_POSTGRES_DSN": dsn} if dsn is not None else {}))
+    made = folder / "preloaded"
+    if dsn is not None or not made.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        asyncio.run(preload(env, entries, real_vectors=real_vectors))
+        if dsn is None:
+            made.touch()
+    return env
+
+
 async def preload(env: dict[str, str], entries: int, batch: int = 256, real_vectors: int | None = None) -> None:
     """Write `entries` memories straight into the server's store (batched embeddings), before it starts. With
     `real_vectors` only that many are embedded and the rest get mixtures of two of those vectors

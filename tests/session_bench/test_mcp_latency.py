@@ -212,3 +212,19 @@ def test_store_postgres_drops_its_schema_when_the_run_fails(monkeypatch):
     with pytest.raises(RuntimeError, match="the server went away"):
         mcp_latency.main(["--transport", "stdio", "--store", "postgres", "--embedder", "none"])
     assert len(schemas) == 1 and asyncio.run(schema_count(schemas[0])) == 0
+
+
+def test_a_preloaded_sqlite_store_is_made_once_and_reused(tmp_path, monkeypatch):
+    preloads = []
+
+    async def counting_preload(env, entries, **options):
+        preloads.append((env["AMFS_DATA_DIR"], entries, options))
+
+    monkeypatch.setattr(mcp_latency, "preload", counting_preload)
+    folder = tmp_path / "preloaded-40-8"
+    first = mcp_latency.preloaded_env(folder, 40, 8)
+    again = mcp_latency.preloaded_env(folder, 40, 8)
+    assert first == again and first["AMFS_DATA_DIR"] == str(folder)
+    assert preloads == [(str(folder), 40, {"real_vectors": 8})]  # a second preload would add to the store
+    postgres = mcp_latency.preloaded_env(folder, 40, 8, dsn="postgresql://x@127.0.0.1/test?search_path=fresh")
+    assert postgres["AMFS_POSTGRES_DSN"].endswith("search_path=fresh") and len(preloads) == 2  # a fresh schema, always

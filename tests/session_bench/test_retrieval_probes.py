@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 
 from amfs_server.core import service as service_module
 from amfs_server.core.models import utcnow
@@ -92,3 +93,22 @@ def test_the_paired_retrieves_time_both_searches_on_a_store(tmp_path):
     found = asyncio.run(script("exact_scan_threshold").paired_retrieves(tmp_path / "store", rounds=2, questions=5,
                                                                             embedder="chat-minilm"))
     assert set(found) == {"exact scan", "graph"} and all(len(p50s) == 2 and min(p50s) > 0 for p50s in found.values())
+
+
+def test_the_paired_latency_asks_each_question_of_a_baseline_server_running_the_baseline_code(tmp_path):
+    module = script("paired_latency")
+    baseline = module.unpack_baseline("HEAD", tmp_path / "baseline")
+    marker = tmp_path / "baseline-imported"
+    with (baseline / "amfs_server" / "__init__.py").open("a") as init:  # only the baseline's copy leaves this mark
+        init.write(f"\nimport pathlib as _p; _p.Path({str(marker)!r}).write_text('yes')\n")
+    env = mcp_latency.server_env(tmp_path / "store", AMFS_EMBEDDER="chat-minilm")
+    env.pop("PYTHONPATH", None)
+    asyncio.run(mcp_latency.preload(env, 60, real_vectors=12))
+    assert not marker.exists()
+    rows = asyncio.run(module.paired(env, baseline, 4))
+    assert marker.read_text() == "yes"
+    assert set(rows) == {"amfs_retrieve", "amfs_retrieve, scoped", "amfs_read, absent key"}
+    for row in rows.values():
+        assert row["baseline p50"] > 0 and row["this checkout p50"] > 0 and 0 <= row["faster here"] <= 4
+    with pytest.raises(SystemExit, match="no-such-ref"):
+        module.unpack_baseline("no-such-ref", tmp_path / "other")
