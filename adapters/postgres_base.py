@@ -102,7 +102,7 @@ async def _keep_session(conn: Any) -> None:
     UNLISTEN *; RESET ALL` (a round trip each time a connection goes back: five a retrieve). asyncpg still rolls back
     an open transaction first; nothing else is left to reset, since the stores keep no session state on a pooled
     connection: settings are `SET LOCAL`, locks are transaction locks, cursors live in transactions, nothing
-    listens (a session lock is taken on a connection of its own: `PostgresEntryStore._split_words_of_older_rows`)."""
+    listens (a session lock is taken on a connection of its own: `PostgresStore._split_words_of_older_rows`)."""
 
 
 class PostgresDatabase:

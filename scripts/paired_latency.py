@@ -69,14 +69,12 @@ async def paired(env: dict[str, str], baseline_path: Path, questions: int) -> di
                 await session.call_tool("amfs_retrieve", {"query": question})
         rows = {}
         for label, timed in calls(asked).items():
-            base_ms, current_ms = [], []
+            base_ms: list[float] = []
+            current_ms: list[float] = []
             for n, (tool, arguments, error) in enumerate(timed):
-                if n % 2 == 0:
-                    base_ms.append(await timed_call(baseline, tool, arguments, expect_error=error))
-                    current_ms.append(await timed_call(current, tool, arguments, expect_error=error))
-                else:
-                    current_ms.append(await timed_call(current, tool, arguments, expect_error=error))
-                    base_ms.append(await timed_call(baseline, tool, arguments, expect_error=error))
+                turns = [(baseline, base_ms), (current, current_ms)]
+                for session, samples in turns if n % 2 == 0 else turns[::-1]:  # who goes first alternates
+                    samples.append(await timed_call(session, tool, arguments, expect_error=error))
             rows[label] = {
                 "baseline p50": round(statistics.median(base_ms), 2),
                 "this checkout p50": round(statistics.median(current_ms), 2),
