@@ -11,6 +11,7 @@ each kind (the retrieval issue's "fusion that never loses to its best single str
     python scripts/fusion_lab.py dump --set generated --split tuning --out /tmp/lab/gen-tuning.pkl
     python scripts/fusion_lab.py dump --set generated --split tuning --reattribute-evidence 0.1 --out /tmp/lab/gen-r10.pkl
     python scripts/fusion_lab.py dump --set agent --out /tmp/lab/agent.pkl          # both halves; score picks one
+    python scripts/fusion_lab.py dump --set annotated --split tuning --with-dates --out /tmp/lab/ann-dated.pkl   # turns with their session dates
     python scripts/fusion_lab.py score /tmp/lab/ann-tuning.pkl /tmp/lab/gen-tuning.pkl --variants shipped,kw_threshold0.1 --headroom
     python scripts/fusion_lab.py score /tmp/lab/ann-tuning.pkl --variants shipped,sem_top3 --intervals   # more than noise?
 
@@ -70,7 +71,8 @@ def recording() -> Iterator[Recorder]:
         service_module.fuse_hybrid = fuse_hybrid
 
 
-async def dump_conversations(dataset: Path | None, split: str, reattribute: float, embedder=None) -> list[dict[str, Any]]:
+async def dump_conversations(dataset: Path | None, split: str, reattribute: float, embedder=None,
+                             with_dates: bool = False) -> list[dict[str, Any]]:
     from amfs_server.adapters.embedders import load_embedder
     from amfs_server.core.models import Actor
     from amfs_server.core.service import MemoryService, ServiceConfig
@@ -90,7 +92,7 @@ async def dump_conversations(dataset: Path | None, split: str, reattribute: floa
             try:
                 service = MemoryService(store, ServiceConfig(), embedder=embedder)
                 await service.open()
-                await write_conversation(service, conversation)
+                await write_conversation(service, conversation, with_dates)
                 actor = Actor("bench/conversation", f"{conversation['conversation_id']}-questions")
                 prefix = conversation["conversation_id"] + "/"
                 for question in conversation["questions"]:
@@ -258,6 +260,9 @@ VARIANTS: dict[str, Fusion] = {
     **{f"kw_by_best{f}": keyword_by_best_share(f) for f in (0.0, 0.3, 0.6)},
     **{f"kw_gate{t}": keyword_gate(t) for t in (0.3, 0.5, 0.7)},
     **{f"semantic{w}": semantic_weight(w) for w in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)},
+    # recency off: what ranking recency by write time gives where every turn was written within the same hour or
+    # two but carries its session's date (dumps made with --with-dates)
+    "no_recency": lambda rankings, weights: shipped(rankings, dict(weights, temporal=0.0)),
 }
 
 
@@ -350,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--split", choices=("tuning", "test", "all"), default="tuning",
                    help="conversation sets only; the agent set is dumped whole and `score --half` picks a half")
     d.add_argument("--reattribute-evidence", type=float, default=0.0, metavar="SHARE")
+    d.add_argument("--with-dates", action="store_true",
+                   help="write each turn with its session date as event_at (a client that records event times)")
     d.add_argument("--out", type=Path, required=True)
     d.add_argument("--embedder", default=None, metavar="NAME_OR_ONNX",
                    help="another embedder (a name, or an .onnx / .onnx.gz file as export_embedder_onnx.py writes)")
@@ -374,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
 
         embedder = embedder_option(d, args.embedder, args.query_encoder)
         rows = (asyncio.run(dump_agent(embedder)) if args.set == "agent"
-                else asyncio.run(dump_conversations(CONVERSATION_SETS[args.set], args.split, args.reattribute_evidence, embedder)))
+                else asyncio.run(dump_conversations(CONVERSATION_SETS[args.set], args.split, args.reattribute_evidence,
+                                                    embedder, args.with_dates)))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_bytes(pickle.dumps(rows))
         print(f"{len(rows)} questions -> {args.out}", file=sys.stderr)

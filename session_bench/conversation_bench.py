@@ -152,7 +152,8 @@ async def write_conversation(service: MemoryService, conversation: dict[str, Any
     """Every turn as one memory, one write at a time, as a client calling amfs_write per turn would; in order
     unless `order` says otherwise (`write_order`).
 
-    `with_dates` passes each turn's session date as its `event_at` (the held-out protocol passes none)."""
+    `with_dates` passes each turn's session date as its `event_at` (the held-out protocol, as the issue describes
+    it, passes none; a client that records when things happened would)."""
     actor = Actor("bench/conversation", conversation["conversation_id"])
     for turn in write_order(turns_of(conversation), order):
         await service.write(actor, WriteRequest(
@@ -282,11 +283,12 @@ async def mcp_fusion_ranker(session: Any, conversation: dict[str, Any], question
 
 async def run_via_mcp(conversations: list[dict[str, Any]], store: str = "sqlite",
                       one_store: bool = False, embedder: str | None = None,
-                      query_encoder: str = "auto") -> dict[str, list[dict[str, Any]]]:
+                      query_encoder: str = "auto", with_dates: bool = False) -> dict[str, list[dict[str, Any]]]:
     """The fusion through `amfs-server` over stdio, next to BM25: a fresh server per conversation (with `one_store`,
     one server holding every conversation, each question scoped to its own), on a fresh SQLite file or, with `store`
     "postgres", in a fresh schema of the benchmarks' PostgreSQL database (dropped after); `embedder` and
-    `query_encoder` are the server's AMFS_EMBEDDER (default: its default) and AMFS_QUERY_ENCODER."""
+    `query_encoder` are the server's AMFS_EMBEDDER (default: its default) and AMFS_QUERY_ENCODER; `with_dates`
+    passes each turn's session date as `amfs_write`'s `event_at`, as `write_conversation` does in process."""
     from .mcp_latency import server_env, stdio_session
 
     rows: dict[str, list[dict[str, Any]]] = {FUSION + " via MCP": [], BM25_ROW: []}
@@ -306,7 +308,7 @@ async def run_via_mcp(conversations: list[dict[str, Any]], store: str = "sqlite"
                         for turn in turns_of(conversation):
                             result = await session.call_tool("amfs_write", {
                                 "entity_path": conversation["conversation_id"], "key": turn["key"],
-                                "value": turn_value(turn)})
+                                "value": turn_value(turn), **({"event_at": turn["date"]} if with_dates else {})})
                             if result.is_error:
                                 raise RuntimeError(f"amfs_write failed: {result.content[0].text}")
                     ranked = [await mcp_fusion_ranker(session, c, c["questions"]) for c in group]
@@ -449,8 +451,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error("--write-order runs in process; drop --via-mcp")
     if not 0.0 <= args.reattribute_evidence <= 1.0:
         parser.error(f"--reattribute-evidence takes a share between 0 and 1, got {args.reattribute_evidence}")
-    if args.with_dates and args.via_mcp:
-        parser.error("--with-dates runs in process; drop --via-mcp")
     if args.also_query_encoder is not None and args.via_mcp:
         parser.error("--also-query-encoder runs in process; drop --via-mcp")
     if args.via_mcp and args.embedder and (args.embedder.endswith((".onnx", ".onnx.gz")) or Path(args.embedder).is_dir()):
@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.via_mcp:
         for store in stores:
             rows = asyncio.run(run_via_mcp(conversations, store, one_store=args.one_store, embedder=args.embedder,
-                                           query_encoder=args.query_encoder))
+                                           query_encoder=args.query_encoder, with_dates=args.with_dates))
             run = "mcp-stdio" if store == "sqlite" else f"mcp-stdio-{store}"
             report["runs"][run] = {"summary": summarise(rows), "questions": rows}
             texts.append(markdown(report["runs"][run]["summary"],

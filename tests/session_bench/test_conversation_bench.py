@@ -142,16 +142,18 @@ def test_harness_runs_every_ranker_end_to_end_on_sqlite(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def test_the_mcp_protocol_ranks_as_the_service_does_in_process(store: str):
+@pytest.mark.parametrize("store, with_dates", [("sqlite", False), ("sqlite", True),
+                                               pytest.param("postgres", False, marks=pytest.mark.postgres)])
+def test_the_mcp_protocol_ranks_as_the_service_does_in_process(store: str, with_dates: bool):
     """amfs_write per turn and amfs_retrieve per question over stdio (a real server) give the in-process ranking,
-    on either store; the PostgreSQL run leaves no schema behind."""
+    on either store, and with each turn's session date passed as its event time; the PostgreSQL run leaves no
+    schema behind."""
     data = gen.build_dataset(seed=5, conversations=1, sessions=3)
     conversation = data["conversations"][0]
     conversation["questions"] = conversation["questions"][:8]
     schemas_before = asyncio.run(_bench_schemas()) if store == "postgres" else set()
-    via_mcp = asyncio.run(bench.run_via_mcp([conversation], store))[bench.FUSION + " via MCP"]
-    in_process = asyncio.run(bench.run_in_process([conversation], store,
+    via_mcp = asyncio.run(bench.run_via_mcp([conversation], store, with_dates=with_dates))[bench.FUSION + " via MCP"]
+    in_process = asyncio.run(bench.run_in_process([conversation], store, with_dates=with_dates,
                                                   selected={bench.FUSION: bench.service_ranker(None)}))[bench.FUSION]
     if store == "postgres":
         assert asyncio.run(_bench_schemas()) == schemas_before
@@ -393,8 +395,6 @@ def test_via_mcp_serves_with_the_embedder_asked_for_and_refuses_a_model_file(mon
     assert started[0]["AMFS_MODEL_CACHE"] == "/models/here" and started[0]["AMFS_DATA_DIR"] != "/not/for/the/bench"
     with pytest.raises(SystemExit):
         bench.main(["--via-mcp", "--embedder", "/tmp/candidate/model_int8.onnx", "--conversations", "1"])
-    with pytest.raises(SystemExit):
-        bench.main(["--via-mcp", "--with-dates", "--conversations", "1"])
 
 
 def test_rankers_runs_only_the_rankers_named_and_refuses_an_unknown_one(tmp_path, capsys):

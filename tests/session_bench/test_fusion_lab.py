@@ -146,3 +146,30 @@ def test_the_keyword_gate_leans_on_semantic_search_only_where_keyword_hits_are_w
     assert module.shipped(weak, shipped)[:2] == ["b", "a"] and gate(weak, shipped)[:2] == ["a", "b"]
     identifier = {"semantic": 0.3, "keyword": 0.7}
     assert gate(weak, identifier) == module.shipped(weak, identifier)
+
+
+def test_a_dump_with_dates_ranks_recency_by_the_sessions_dates_and_no_recency_drops_that_share(dumped, tmp_path):
+    module, rows = dumped
+    data = json.loads(ANNOTATED.read_text())
+    conversation = data["conversations"][0]
+    conversation["sessions"] = conversation["sessions"][:2]
+    conversation["questions"] = [row_question for row_question in conversation["questions"]
+                                 if row_question["question"] in {row["question"] for row in rows}]
+    data["conversations"] = [conversation]
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(data))
+    dated = asyncio.run(module.dump_conversations(path, "tuning", 0.0, with_dates=True))
+    module.check_reproduces(dated, Path("small, dated"))
+    days = {session["date"] for session in conversation["sessions"]}
+    assert len(days) == 2
+    # recency's raw scores (POSIX timestamps to the hour) lie on the two sessions' days, not on the write time
+    recency = {round(score) for row in dated for r in row["rankings"] if r.strategy == "temporal" for score in r.scores}
+    assert len(recency) == 2 and max(recency) - min(recency) >= 86400
+    undated = {round(score) for row in rows for r in row["rankings"] if r.strategy == "temporal" for score in r.scores}
+    assert not recency & undated
+    # no_recency: the shipped fusion with the recency share at 0; here recency alone breaks a tie
+    rankings = [RankedList("semantic", ["a", "b", "c"], [0.9, 0.9, 0.1]),
+                RankedList("temporal", ["b", "a"], [1_700_000_000.0 + 30 * 86400, 1_700_000_000.0])]
+    weights = {"semantic": 0.5, "keyword": 0.5, "temporal": 0.05}
+    assert module.shipped(rankings, weights)[:2] == ["b", "a"]
+    assert module.VARIANTS["no_recency"](rankings, weights)[:2] == ["a", "b"]
