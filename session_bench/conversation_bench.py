@@ -422,8 +422,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              "every ranker's rows under 'RANKER @ENCODER', paired with --query-encoder's by question "
                              "(`intervals X.json` compares them); the turns are written once")
     parser.add_argument("--with-dates", action="store_true",
-                        help="write each turn with its session date as event_at (in-process only; the held-out "
-                             "protocol passes no dates)")
+                        help="write each turn with its session date as event_at (in process or --via-mcp; the "
+                             "held-out protocol, as the retrieval issue describes it, passes no dates)")
     parser.add_argument("--reattribute-evidence", type=float, default=0.0, metavar="SHARE",
                         help="give this share (0-1) of the evidence turns to the other speaker: the speaker rule's "
                              "stress test (default 0)")
