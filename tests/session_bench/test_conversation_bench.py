@@ -421,3 +421,34 @@ def test_stores_postgres_without_a_server_is_refused_before_any_conversation_run
     err = capsys.readouterr().err
     assert "--stores postgres: cannot connect to PostgreSQL at postgresql://postgres@127.0.0.1:1/test" in err
     assert "hunter2" not in err and "[conversations/sqlite]" not in err
+
+
+def test_via_mcp_with_dates_sends_each_turns_session_date_as_event_at(monkeypatch):
+    """The slow protocol test above cannot tell a dropped `event_at` when dates move none of its 8 questions; this
+    one reads what `amfs_write` was sent."""
+    from contextlib import asynccontextmanager
+
+    from amfs_server.session_bench import mcp_latency
+
+    sent: list[dict] = []
+
+    class Stop(Exception):
+        pass
+
+    class Session:
+        async def call_tool(self, name, arguments):
+            sent.append(arguments)
+            raise Stop
+
+    @asynccontextmanager
+    async def recording_session(env):
+        yield Session()
+
+    monkeypatch.setattr(mcp_latency, "stdio_session", recording_session)
+    conversation = gen.build_dataset(seed=5, conversations=1, sessions=2)["conversations"][0]
+    first = conversation["sessions"][0]["turns"][0]
+    for with_dates in (True, False):
+        with pytest.raises(Stop):
+            asyncio.run(bench.run_via_mcp([conversation], with_dates=with_dates))
+    assert sent[0]["key"] == first["key"] and sent[0]["event_at"] == first["date"]
+    assert "event_at" not in sent[1]

@@ -23,18 +23,23 @@ def lab():
     return script("fusion_lab")
 
 
-@pytest.fixture(scope="module")
-def dumped(tmp_path_factory):
+def small_dataset(folder: Path) -> Path:
+    """ann-01 (tuning split) cut to its first two sessions and six questions answered there, written to `folder`."""
     data = json.loads(ANNOTATED.read_text())
-    conversation = data["conversations"][0]  # ann-01, tuning split
+    conversation = data["conversations"][0]
     conversation["sessions"] = conversation["sessions"][:2]
     kept = {turn["key"] for session in conversation["sessions"] for turn in session["turns"]}
     conversation["questions"] = [q for q in conversation["questions"] if set(q["evidence"]) <= kept][:6]
     assert len(conversation["questions"]) >= 3
     data["conversations"] = [conversation]
-    path = tmp_path_factory.mktemp("lab") / "small.json"
+    path = folder / "small.json"
     path.write_text(json.dumps(data))
-    return lab(), asyncio.run(lab().dump_conversations(path, "tuning", 0.0))
+    return path
+
+
+@pytest.fixture(scope="module")
+def dumped(tmp_path_factory):
+    return lab(), asyncio.run(lab().dump_conversations(small_dataset(tmp_path_factory.mktemp("lab")), "tuning", 0.0))
 
 
 def test_re_fusing_the_dump_as_shipped_gives_what_the_service_returned(dumped):
@@ -150,17 +155,11 @@ def test_the_keyword_gate_leans_on_semantic_search_only_where_keyword_hits_are_w
 
 def test_a_dump_with_dates_ranks_recency_by_the_sessions_dates_and_no_recency_drops_that_share(dumped, tmp_path):
     module, rows = dumped
-    data = json.loads(ANNOTATED.read_text())
-    conversation = data["conversations"][0]
-    conversation["sessions"] = conversation["sessions"][:2]
-    conversation["questions"] = [row_question for row_question in conversation["questions"]
-                                 if row_question["question"] in {row["question"] for row in rows}]
-    data["conversations"] = [conversation]
-    path = tmp_path / "small.json"
-    path.write_text(json.dumps(data))
+    path = small_dataset(tmp_path)
     dated = asyncio.run(module.dump_conversations(path, "tuning", 0.0, with_dates=True))
     module.check_reproduces(dated, Path("small, dated"))
-    days = {session["date"] for session in conversation["sessions"]}
+    assert [row["question"] for row in dated] == [row["question"] for row in rows]
+    days = {session["date"] for session in json.loads(path.read_text())["conversations"][0]["sessions"]}
     assert len(days) == 2
     # recency's raw scores (POSIX timestamps to the hour) lie on the two sessions' days, not on the write time
     recency = {round(score) for row in dated for r in row["rankings"] if r.strategy == "temporal" for score in r.scores}
