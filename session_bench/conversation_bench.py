@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import re
 import statistics
@@ -276,19 +277,29 @@ async def mcp_fusion_ranker(session: Any, conversation: dict[str, Any], question
         if result.is_error:
             raise RuntimeError(f"amfs_retrieve failed: {result.content[0].text}")
         payload = result.structured_content or json.loads(result.content[0].text)
-        prefix = conversation["conversation_id"] + "/"  # compact hits name the entry as "entity_path/key"
-        ranked.append([hit["entry_key"].removeprefix(prefix) for hit in payload["results"]])
+        ranked.append([hit_key(hit, conversation["conversation_id"]) for hit in payload["results"]])
     return ranked
+
+
+def hit_key(hit: dict[str, Any], entity_path: str) -> str:
+    """The turn key of one `amfs_retrieve` result: compact hits (0.3.0 on) name the entry as "entity_path/key";
+    0.2.0's carry the whole entry (`--server-path` runs such a release)."""
+    if "entry_key" in hit:
+        return str(hit["entry_key"]).removeprefix(entity_path + "/")
+    return str(hit["entry"]["key"])
 
 
 async def run_via_mcp(conversations: list[dict[str, Any]], store: str = "sqlite",
                       one_store: bool = False, embedder: str | None = None,
-                      query_encoder: str = "auto", with_dates: bool = False) -> dict[str, list[dict[str, Any]]]:
+                      query_encoder: str = "auto", with_dates: bool = False,
+                      server_path: Path | None = None) -> dict[str, list[dict[str, Any]]]:
     """The fusion through `amfs-server` over stdio, next to BM25: a fresh server per conversation (with `one_store`,
     one server holding every conversation, each question scoped to its own), on a fresh SQLite file or, with `store`
     "postgres", in a fresh schema of the benchmarks' PostgreSQL database (dropped after); `embedder` and
     `query_encoder` are the server's AMFS_EMBEDDER (default: its default) and AMFS_QUERY_ENCODER; `with_dates`
-    passes each turn's session date as `amfs_write`'s `event_at`, as `write_conversation` does in process."""
+    passes each turn's session date as `amfs_write`'s `event_at`, as `write_conversation` does in process;
+    `server_path`, a folder holding another release's `amfs_server` package, runs that release's server (first on
+    its PYTHONPATH) instead of this one."""
     from .mcp_latency import server_env, stdio_session
 
     rows: dict[str, list[dict[str, Any]]] = {FUSION + " via MCP": [], BM25_ROW: []}
@@ -302,6 +313,9 @@ async def run_via_mcp(conversations: list[dict[str, Any]], store: str = "sqlite"
             if embedder is not None:
                 extra["AMFS_EMBEDDER"] = embedder
             extra["AMFS_QUERY_ENCODER"] = query_encoder
+            if server_path is not None:
+                extra["PYTHONPATH"] = os.pathsep.join(
+                    filter(None, [str(server_path.resolve()), os.environ.get("PYTHONPATH")]))
             try:
                 async with stdio_session(server_env(Path(tmp) / f"server-{number}", **extra)) as session:
                     for conversation in group:
@@ -433,6 +447,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--write-order", choices=WRITE_ORDERS, default="given",
                         help="the order each conversation's turns are written in (in-process only; seed 7): as "
                              "given, each run of 8 shuffled, or all shuffled (default: given)")
+    parser.add_argument("--server-path", type=Path, default=None, metavar="DIR",
+                        help="with --via-mcp: run the server of the amfs_server package in DIR (another release, e.g. "
+                             "unpacked by `git archive REF | tar -x -C DIR/amfs_server`) instead of this one; the "
+                             "client, the scoring and BM25 stay this release's")
     parser.add_argument("--rankers", default=None, metavar="NAMES",
                         help="in process: only these rankers, comma-separated, of " + ", ".join(RANKER_NAMES)
                              + " (default: all; each asks every question again, so fewer run faster)")
@@ -447,6 +465,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             parser.error("--rankers runs in process (over MCP the fusion and BM25 run); drop --via-mcp")
         every = rankers()
         selected = {RANKER_NAMES[name]: every[RANKER_NAMES[name]] for name in names}
+    if args.server_path is not None:
+        if not args.via_mcp:
+            parser.error("--server-path runs another release's server over MCP; add --via-mcp")
+        if not (args.server_path / "amfs_server" / "__init__.py").is_file():
+            parser.error(f"--server-path {args.server_path}: no amfs_server package there (expected "
+                         f"{args.server_path / 'amfs_server' / '__init__.py'}); unpack a release with "
+                         f"`mkdir -p {args.server_path}/amfs_server && git archive REF | tar -x -C "
+                         f"{args.server_path}/amfs_server`")
     if args.write_order != "given" and args.via_mcp:
         parser.error("--write-order runs in process; drop --via-mcp")
     if not 0.0 <= args.reattribute_evidence <= 1.0:
@@ -473,17 +499,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         log(f"[conversations] {moved} evidence turns re-attributed to the other speaker")
     report: dict[str, Any] = {"split": args.split, "with_dates": args.with_dates, "write_order": args.write_order, "conversations": [c["conversation_id"] for c in conversations],
                               "questions": sum(len(c["questions"]) for c in conversations),
-                              "query_encoder": args.query_encoder, "runs": {}}
+                              "query_encoder": args.query_encoder,
+                              "server_path": None if args.server_path is None else str(args.server_path), "runs": {}}
     texts = []
     if args.via_mcp:
         for store in stores:
             rows = asyncio.run(run_via_mcp(conversations, store, one_store=args.one_store, embedder=args.embedder,
-                                           query_encoder=args.query_encoder, with_dates=args.with_dates))
+                                           query_encoder=args.query_encoder, with_dates=args.with_dates,
+                                           server_path=args.server_path))
             run = "mcp-stdio" if store == "sqlite" else f"mcp-stdio-{store}"
             report["runs"][run] = {"summary": summarise(rows), "questions": rows}
             texts.append(markdown(report["runs"][run]["summary"],
                                   f"amfs-server over MCP stdio ({'SQLite' if store == 'sqlite' else 'PostgreSQL'})"
-                                  + (", every conversation in one server" if args.one_store else "")))
+                                  + (", every conversation in one server" if args.one_store else "")
+                                  + (f", the server from {args.server_path}" if args.server_path else "")))
     else:
         embedder = embedder_option(parser, args.embedder, args.query_encoder)
         also = ({args.also_query_encoder: embedder_option(parser, args.embedder, args.also_query_encoder)}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -452,3 +454,57 @@ def test_via_mcp_with_dates_sends_each_turns_session_date_as_event_at(monkeypatc
             asyncio.run(bench.run_via_mcp([conversation], with_dates=with_dates))
     assert sent[0]["key"] == first["key"] and sent[0]["event_at"] == first["date"]
     assert "event_at" not in sent[1]
+
+
+def test_server_path_runs_that_releases_server_and_its_older_results_are_read(monkeypatch):
+    """`--server-path` (another release's server over MCP, e.g. 0.2.0, whose figures the retrieval issue quotes) puts
+    that package first on the server's PYTHONPATH, and 0.2.0's results (the whole entry, no `entry_key`) are read as
+    the compact ones are."""
+    from contextlib import asynccontextmanager
+    from types import SimpleNamespace
+
+    from amfs_server.session_bench import mcp_latency
+
+    conversation = gen.build_dataset(seed=5, conversations=1, sessions=2)["conversations"][0]
+    path = conversation["conversation_id"]
+    keys = [turn["key"] for turn in bench.turns_of(conversation)]
+    first = conversation["questions"][0]
+    answer = first["evidence"][0]  # what the older server answers every question with, first
+    envs: list[dict] = []
+
+    class Session:
+        async def call_tool(self, name, arguments):
+            if name == "amfs_write":
+                return SimpleNamespace(is_error=False)
+            old = {"results": [{"rank": 1, "score": 0.9, "entry": {"entity_path": path, "key": answer}},
+                               {"rank": 2, "score": 0.5, "entry": {"entity_path": path, "key": keys[0]}}]}
+            compact = {"results": [{"entry_key": f"{path}/{keys[1]}"}]}
+            return SimpleNamespace(is_error=False, structured_content=old if envs[-1].get("PYTHONPATH") else compact)
+
+    @asynccontextmanager
+    async def recording_session(env):
+        envs.append(env)
+        yield Session()
+
+    monkeypatch.setattr(mcp_latency, "stdio_session", recording_session)
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
+    old = asyncio.run(bench.run_via_mcp([conversation], server_path=Path("/releases/v020")))[bench.FUSION + " via MCP"]
+    assert envs[-1]["PYTHONPATH"].split(os.pathsep) == ["/releases/v020", "/somewhere/else"]
+    monkeypatch.delenv("PYTHONPATH")
+    current = asyncio.run(bench.run_via_mcp([conversation]))[bench.FUSION + " via MCP"]
+    assert "PYTHONPATH" not in envs[-1]
+    by_id = {row["id"]: row for row in old}
+    assert by_id[first["id"]]["mrr@10"] == 1.0  # the older shape's first hit read as the evidence turn it names
+    assert by_id[first["id"]] == {**by_id[first["id"]], **bench.score_question([answer, keys[0]], first["evidence"])}
+    assert len(old) == len(current) == len(conversation["questions"])
+    assert bench.hit_key({"entry_key": f"{path}/{keys[1]}"}, path) == keys[1]
+    assert bench.hit_key({"entry": {"entity_path": path, "key": keys[2]}}, path) == keys[2]
+
+
+def test_server_path_without_a_package_there_is_refused_with_the_unpack_command(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--via-mcp", "--server-path", str(tmp_path), "--split", "test"])
+    assert "git archive REF | tar -x" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--server-path", str(tmp_path)])
+    assert "add --via-mcp" in capsys.readouterr().err
