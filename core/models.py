@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-AMFS_VERSION = "0.7.22"
+AMFS_VERSION = "0.7.23"
 
 PRODUCTION_AGENT_PREFIXES = ("agent/", "prod/", "prod-")
 MANUAL_AGENT_PREFIXES = ("manual", "human/", "user/", "script/", "cli", "import")
