@@ -36,7 +36,7 @@ from amfs_server.session_bench.conversation_bench import (
 
 PEER = "mcp-memory-service 12.4.0"
 # One result of memory_search's text answer: "1. <content>\n   Hash: <hex>\n   Created: ..."
-RESULT = re.compile(r"^(\d+)\. (.*?)\n   Hash: ([0-9a-f]*)\n", re.S | re.M)
+RESULT = re.compile(r"^\d+\. (.*?)\n   Hash: [0-9a-f]*\n", re.S | re.M)
 
 
 def peer_env(peer: Path, store_dir: Path) -> dict[str, str]:
@@ -58,7 +58,7 @@ def read_results(text: str, keys_of: dict[str, list[str]]) -> list[str]:
     """memory_search's answer as turn keys, best first (a text several turns share names each of them)."""
     ranked: list[str] = []
     for match in RESULT.finditer(text):
-        ranked += [key for key in keys_of.get(match.group(2), []) if key not in ranked]
+        ranked += [key for key in keys_of.get(match.group(1), []) if key not in ranked]
     return ranked
 
 
@@ -79,11 +79,12 @@ async def run_conversation(
 async def store_and_ask(session: Any, conversation: dict[str, Any]) -> tuple[list[list[str]], list[str]]:
     """Every turn stored, every question asked, on the peer's MCP `session`: the turn keys it answers each question
     with, and the keys of the turns it refused as duplicates."""
+    turns = turns_of(conversation)
     keys_of: dict[str, list[str]] = {}
-    for turn in turns_of(conversation):
+    for turn in turns:
         keys_of.setdefault(turn_value(turn), []).append(turn["key"])
     refused: list[str] = []
-    for turn in turns_of(conversation):
+    for turn in turns:
         text = answer_text(await session.call_tool("memory_store", {"content": turn_value(turn)}))
         if not text.lower().startswith("memory stored"):
             if "duplicate content" not in text.lower():
@@ -125,6 +126,7 @@ def main() -> int:
     parser.add_argument("--split", choices=SPLITS, default="test")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    args.peer = args.peer.resolve()  # the peer's server runs with its own HOME; its paths must not depend on ours
     if not os.access(args.peer / "venv" / "bin" / "memory", os.X_OK):
         parser.error(f"--peer {args.peer}: no peer installed there; run sh scripts/peer_memory_service_setup.sh "
                      f"{args.peer} first")
